@@ -1,0 +1,1 @@
+"""Shared helpers for the threads-celery test suite (not shipped with the package)."""

@@ -1,0 +1,119 @@
+"""The CI entry point (.ci/run) does what the project documents."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CI_SCRIPT = REPO_ROOT / ".ci" / "run"
+README = REPO_ROOT / "README.md"
+
+TEST_COMMAND = "CI=true .venv/bin/python -m pytest -q"
+PG_START = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+REDIS_START = (
+    'redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no '
+    "--dir /var/lib/redis --logfile /var/log/redis/ci.log"
+)
+
+
+def _code_lines() -> list[str]:
+    """Lines of .ci/run with comments and blank lines removed."""
+    lines = []
+    for raw in CI_SCRIPT.read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            lines.append(line)
+    return lines
+
+
+def _code() -> str:
+    return "\n".join(_code_lines())
+
+
+def test_ci_script_exists_and_is_executable() -> None:
+    assert CI_SCRIPT.is_file()
+    mode = CI_SCRIPT.stat().st_mode
+    assert mode & stat.S_IXUSR, ".ci/run must be executable (chmod +x .ci/run)"
+    assert os.access(CI_SCRIPT, os.X_OK)
+
+
+def test_ci_script_is_strict_bash() -> None:
+    text = CI_SCRIPT.read_text()
+    assert text.splitlines()[0] in {"#!/usr/bin/env bash", "#!/bin/bash"}
+    assert "set -euo pipefail" in _code_lines()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
+def test_ci_script_parses() -> None:
+    result = subprocess.run(["bash", "-n", str(CI_SCRIPT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_ci_script_runs_the_documented_test_command_with_ci_set() -> None:
+    code = _code()
+    assert "export CI=true" in code
+    assert "python -m pytest" in code
+    assert TEST_COMMAND in code
+
+
+def test_ci_script_installs_the_test_extra_into_a_venv() -> None:
+    code = _code()
+    assert "-m venv .venv" in code
+    assert re.search(r"pip install .*-e '\.\[test\]'", code)
+
+
+def test_ci_script_checks_and_starts_postgresql() -> None:
+    code = _code()
+    assert "pg_isready" in code and "-h 127.0.0.1 -p 5432" in code
+    assert PG_START in code
+
+
+def test_ci_script_checks_and_starts_redis() -> None:
+    code = _code()
+    assert "redis-cli -h 127.0.0.1" in code and "ping" in code
+    assert REDIS_START in code
+
+
+def test_ci_script_turns_no_tests_collected_into_a_failure() -> None:
+    code = _code()
+    match = re.search(r"^5\)(.*?);;", code, flags=re.MULTILINE | re.DOTALL)
+    assert match, "pytest exit code 5 must be handled explicitly"
+    assert "no tests ran" in match.group(1)
+    assert "rc=1" in match.group(1)
+
+
+def _readme_test_commands() -> list[str]:
+    """Shell lines mentioning pytest inside code blocks of README's "Run the tests" section."""
+    text = README.read_text()
+    heading = re.search(r"^(#+)\s*Run the tests\b.*$", text, flags=re.MULTILINE | re.IGNORECASE)
+    if heading is None:
+        return []
+    level = len(heading.group(1))
+    rest = text[heading.end() :]
+    next_heading = re.search(rf"^#{{1,{level}}}\s", rest, flags=re.MULTILINE)
+    section = rest[: next_heading.start()] if next_heading else rest
+    commands = []
+    for block in re.findall(r"```[^\n]*\n(.*?)```", section, flags=re.DOTALL):
+        for line in block.splitlines():
+            line = line.strip().removeprefix("$ ").strip()
+            if "pytest" in line and not line.startswith("#"):
+                commands.append(line)
+    return commands
+
+
+def test_ci_script_matches_readme_when_present() -> None:
+    if not README.exists():
+        pytest.skip("README.md not written yet")
+    commands = _readme_test_commands()
+    if not commands:
+        pytest.skip('README.md has no "Run the tests" section with a pytest command yet')
+    code = _code()
+    for command in commands:
+        assert command in code, f"README's test command {command!r} is not what .ci/run runs"

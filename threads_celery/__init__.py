@@ -1,0 +1,72 @@
+"""threads-celery: a durable agent runtime on Celery and PostgreSQL.
+
+Names are imported lazily, so ``import threads_celery.client`` in a web app pulls in neither the
+model layer nor any tool code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "tool": "tools",
+    "Tool": "tools",
+    "Agent": "agents",
+    "ToolContext": "context",
+    "Reconcile": "effects",
+    "Found": "effects",
+    "NotFound": "effects",
+    "LookupUnknown": "effects",
+    "Threads": "client",
+    "Settings": "settings",
+    "Message": "records",
+    "ToolCall": "records",
+    "ToolResult": "records",
+    "Run": "records",
+    "RunHandle": "records",
+    "ConfigError": "exceptions",
+    "ThreadsError": "exceptions",
+    "UnknownAgent": "exceptions",
+    "RunNotFound": "exceptions",
+    "RunTimeout": "exceptions",
+    "PayloadTooLarge": "exceptions",
+    "StoreUnavailable": "exceptions",
+    "BrokerUnavailable": "exceptions",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .agents import Agent
+    from .client import Threads
+    from .context import ToolContext
+    from .effects import Found, LookupUnknown, NotFound, Reconcile
+    from .exceptions import (
+        BrokerUnavailable,
+        ConfigError,
+        PayloadTooLarge,
+        RunNotFound,
+        RunTimeout,
+        StoreUnavailable,
+        ThreadsError,
+        UnknownAgent,
+    )
+    from .records import Message, Run, RunHandle, ToolCall, ToolResult
+    from .settings import Settings
+    from .tools import Tool, tool
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'threads_celery' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,211 @@
+"""Agent definitions and the per-process registry that workers resolve agents from.
+
+An agent is code (instructions, a model, tools) that must exist in every worker process; the
+store only ever holds its name and a fingerprint of its configuration. A thread is pinned to that
+fingerprint: changing an agent's tools or settings under a live thread is a ConfigError, because a
+config change starts a new thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar
+
+from .exceptions import ConfigError, UnknownAgent
+from .tools import Tool
+
+AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,127}$")
+DEFAULT_MAX_STEPS = 50
+
+Instructions = str | Callable[[], str]
+
+
+class Agent:
+    """An agent: instructions, a model and tools, advanced one durable step at a time.
+
+    Build one directly, ``Agent(name=..., instructions=..., model=..., tools=[...])``, or subclass
+    and set the same names as class attributes (hooks for agent tools are methods on the
+    subclass). ``model`` is a pydantic-ai model object or a model string such as
+    ``"openai:gpt-4o-mini"``.
+    """
+
+    name: ClassVar[str] = ""
+    instructions: Instructions = ""
+    model: Any = None
+    tools: Sequence[Tool] = ()
+    subagents: Sequence[Any] = ()
+    variables: Sequence[Any] = ()
+    permissions: Any = None
+    max_steps: int = DEFAULT_MAX_STEPS
+    deps: Any = None
+
+    def __init__(
+        self,
+        name: str | None = None,
+        instructions: Instructions | None = None,
+        model: Any = None,
+        tools: Sequence[Tool] | None = None,
+        *,
+        subagents: Sequence[Any] | None = None,
+        variables: Sequence[Any] | None = None,
+        permissions: Any = None,
+        max_steps: int | None = None,
+        deps: Any = None,
+    ) -> None:
+        # Instance attributes shadow the class attributes, so subclasses may set either.
+        self.name = name if name is not None else (type(self).name or type(self).__name__)  # type: ignore[misc]
+        if instructions is not None:
+            self.instructions = instructions
+        if model is not None:
+            self.model = model
+        self.tools = tuple(tools if tools is not None else type(self).tools)
+        self.subagents = tuple(subagents if subagents is not None else type(self).subagents)
+        self.variables = tuple(variables if variables is not None else type(self).variables)
+        if permissions is not None:
+            self.permissions = permissions
+        if max_steps is not None:
+            self.max_steps = max_steps
+        if deps is not None:
+            self.deps = deps
+        self._validate()
+        self._tools_by_name = {t.name: t for t in self.tools}
+
+    def _validate(self) -> None:
+        if not isinstance(self.name, str) or not AGENT_NAME.match(self.name):
+            raise ConfigError(
+                f"agent name {self.name!r} is invalid: start with a letter; use letters, digits, "
+                "'_', '-' or '.' (at most 128 characters)"
+            )
+        if self.model is None:
+            raise ConfigError(f"agent {self.name!r} needs a model (a model string or object)")
+        seen: set[str] = set()
+        for t in self.tools:
+            if not isinstance(t, Tool):
+                raise ConfigError(
+                    f"agent {self.name!r}: tools must be built with tool(...), got {type(t).__name__}"
+                )
+            if t.name in seen:
+                raise ConfigError(f"agent {self.name!r}: two tools are named {t.name!r}")
+            seen.add(t.name)
+        if not isinstance(self.max_steps, int) or self.max_steps < 1:
+            raise ConfigError(f"agent {self.name!r}: max_steps must be a positive integer")
+
+    def tool_named(self, name: str) -> Tool | None:
+        """The tool of that name, or None."""
+        return self._tools_by_name.get(name)
+
+    def system_prompt(self) -> str:
+        """The instructions as text (callables are evaluated on each model turn)."""
+        value = self.instructions() if callable(self.instructions) else self.instructions
+        return value or ""
+
+    def model_identity(self) -> str:
+        """A stable name for the configured model, used in the config fingerprint."""
+        if isinstance(self.model, str):
+            return self.model
+        system = getattr(self.model, "system", "")
+        model_name = getattr(self.model, "model_name", type(self.model).__name__)
+        return f"{system}:{model_name}"
+
+    def config_hash(self) -> str:
+        """A digest of the configuration a live thread is pinned to."""
+        instructions = self.instructions if isinstance(self.instructions, str) else (
+            getattr(self.instructions, "__qualname__", repr(self.instructions))
+        )
+        payload = {
+            "name": self.name,
+            "instructions": instructions,
+            "model": self.model_identity(),
+            "tools": [t.fingerprint() for t in self.tools],
+            "max_steps": self.max_steps,
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
+    def describe(self) -> dict[str, Any]:
+        """What the store records of this agent (no code, no secrets)."""
+        return {
+            "name": self.name,
+            "model": self.model_identity(),
+            "tools": [
+                {"name": t.name, "effect": t.effect, "ends_turn": t.ends_turn, "queue": t.queue}
+                for t in self.tools
+            ],
+        }
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} tools={[t.name for t in self.tools]}>"
+
+
+class AgentRegistry:
+    """The agents this process can run, by name. Thread-safe; later registrations must agree."""
+
+    def __init__(self) -> None:
+        self._agents: dict[str, Agent] = {}
+        self._lock = threading.Lock()
+
+    def add(self, agent: Agent) -> Agent:
+        """Register ``agent``; a different agent under a taken name is a ConfigError."""
+        if not isinstance(agent, Agent):
+            raise ConfigError(f"can only register Agent instances, not {type(agent).__name__}")
+        with self._lock:
+            current = self._agents.get(agent.name)
+            if current is not None and current is not agent and current.config_hash() != agent.config_hash():
+                raise ConfigError(
+                    f"agent name {agent.name!r} is already registered with another configuration"
+                )
+            self._agents[agent.name] = agent
+        return agent
+
+    def get(self, name: str) -> Agent:
+        """The agent of that name; UnknownAgent if this process never loaded it."""
+        try:
+            return self._agents[name]
+        except KeyError:
+            known = ", ".join(sorted(self._agents)) or "none"
+            raise UnknownAgent(
+                f"agent {name!r} is not loaded in this process (loaded: {known}); "
+                "set THREADS_AGENTS to the module that defines it"
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._agents
+
+    def __iter__(self) -> Any:
+        return iter(list(self._agents.values()))
+
+    def load(self, specs: str | Iterable[str]) -> list[Agent]:
+        """Import agents from ``module`` or ``module:attribute`` specs (comma-separated).
+
+        A bare module registers every Agent instance at its top level.
+        """
+        if isinstance(specs, str):
+            specs = [s.strip() for s in specs.split(",") if s.strip()]
+        loaded: list[Agent] = []
+        for spec in specs:
+            loaded.extend(self.add(a) for a in import_agents(spec))
+        return loaded
+
+
+def import_agents(spec: str) -> list[Agent]:
+    """The agents named by ``module:attribute``, or every top-level Agent in ``module``."""
+    module_name, _, attribute = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import agent module {module_name!r}: {exc}") from exc
+    if attribute:
+        value = getattr(module, attribute, None)
+        if isinstance(value, type) and issubclass(value, Agent):
+            value = value()
+        if not isinstance(value, Agent):
+            raise ConfigError(f"{spec!r} is not an Agent (got {type(value).__name__})")
+        return [value]
+    agents = [v for v in vars(module).values() if isinstance(v, Agent)]
+    if not agents:
+        raise ConfigError(f"module {module_name!r} defines no Agent at its top level")
+    return agents

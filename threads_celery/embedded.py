@@ -1,0 +1,74 @@
+"""An in-process Celery worker for the embedded default.
+
+This is the real worker machinery (consumer, task pool, acks, retries) on the memory transport
+with a thread pool, run on a background thread. It is what ``threads-celery run`` and
+``Threads.embedded()`` use; it is not ``task_always_eager``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import Celery
+from celery.apps.worker import Worker  # noqa: F401 - makes sure worker bootsteps are importable
+from celery.utils.nodenames import anon_nodename
+from celery.worker import WorkController
+
+from .exceptions import ThreadsError
+
+log = logging.getLogger("threads_celery.embedded")
+
+
+class _Controller(WorkController):
+    """A WorkController that tells us when its consumer is ready."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.ready = threading.Event()
+        super().__init__(*args, **kwargs)
+
+    def on_consumer_ready(self, consumer: Any) -> None:
+        self.ready.set()
+
+
+class EmbeddedWorker:
+    """Runs a Celery worker with a thread pool inside this process."""
+
+    def __init__(self, app: Celery, *, concurrency: int = 2, ready_timeout: float = 30.0) -> None:
+        self.app = app
+        self.concurrency = concurrency
+        self.ready_timeout = ready_timeout
+        self._controller: _Controller | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._controller is not None:
+            return
+        self.app.finalize()
+        controller = _Controller(
+            app=self.app,
+            hostname=anon_nodename(hostname=None, prefix="threads-embedded"),
+            pool="threads",
+            concurrency=self.concurrency,
+            loglevel=logging.WARNING,
+            without_heartbeat=True,
+            without_mingle=True,
+            without_gossip=True,
+            ready_callback=None,
+        )
+        thread = threading.Thread(target=controller.start, name="threads-embedded-worker", daemon=True)
+        thread.start()
+        if not controller.ready.wait(self.ready_timeout):
+            controller.stop(in_sighandler=False)
+            raise ThreadsError("the embedded worker did not become ready")
+        self._controller, self._thread = controller, thread
+
+    def stop(self, timeout: float = 10.0) -> None:
+        controller, thread = self._controller, self._thread
+        self._controller = self._thread = None
+        if controller is None:
+            return
+        controller.stop(in_sighandler=False)
+        if thread is not None:
+            thread.join(timeout)

@@ -1,0 +1,100 @@
+"""Every exception threads-celery raises, under one root and split by audience.
+
+- :class:`ConfigError` is a developer mistake found at definition or configuration time.
+- :class:`RuntimeFailure` and its children are runtime conditions a caller may handle
+  (the store or broker is down, a run is unknown, a payload is too large).
+- :class:`FenceLost` is internal control flow: a worker whose lease moved on stops writing.
+
+Each class's docstring is its default message. Exceptions that carry fields define
+``__reduce__`` so they survive pickling across a process or task boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ThreadsError(Exception):
+    """threads-celery failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigError(ThreadsError, ValueError):
+    """The definition or configuration is invalid."""
+
+
+class RuntimeFailure(ThreadsError):
+    """A run could not be carried out."""
+
+
+class StoreUnavailable(RuntimeFailure):
+    """The database cannot be reached."""
+
+
+class BrokerUnavailable(RuntimeFailure):
+    """The message broker cannot be reached."""
+
+
+class UnknownAgent(RuntimeFailure, LookupError):
+    """No agent of that name is registered."""
+
+
+class RunNotFound(RuntimeFailure, LookupError):
+    """No run has that id."""
+
+    def __init__(self, run_id: str, message: str | None = None) -> None:
+        self.run_id = run_id
+        super().__init__(message or f"no run has id {run_id!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.message))
+
+
+class ThreadNotFound(RuntimeFailure, LookupError):
+    """No thread has that id."""
+
+    def __init__(self, thread_id: str, message: str | None = None) -> None:
+        self.thread_id = thread_id
+        super().__init__(message or f"no thread has id {thread_id!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.thread_id, self.message))
+
+
+class PayloadTooLarge(RuntimeFailure):
+    """The payload is larger than the configured limit."""
+
+    def __init__(self, size: int, limit: int, what: str = "message") -> None:
+        self.size, self.limit, self.what = size, limit, what
+        super().__init__(f"{what} is {size} bytes, over the limit of {limit} bytes")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.size, self.limit, self.what))
+
+
+class RunTimeout(RuntimeFailure, TimeoutError):
+    """The run did not finish in time."""
+
+    def __init__(self, run_id: str, timeout: float, status: str) -> None:
+        self.run_id, self.timeout, self.status = run_id, timeout, status
+        super().__init__(f"run {run_id} did not finish within {timeout:g}s (status: {status})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.timeout, self.status))
+
+
+class FenceLost(ThreadsError):
+    """This worker no longer holds the run: its lease moved on and its writes are refused."""
+
+    def __init__(self, run_id: str, fence: int) -> None:
+        self.run_id, self.fence = run_id, fence
+        super().__init__(f"run {run_id}: fence {fence} is stale; the write was refused")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.fence))

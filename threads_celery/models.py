@@ -1,0 +1,229 @@
+"""The model adapter: one streamed model turn through pydantic-ai's direct model layer.
+
+Stored messages are turned into pydantic-ai messages here and nowhere else; the runtime sees only
+:class:`ModelTurn` (text plus the calls the model asked for, with their raw argument JSON).
+The web-app side never imports this module, so pydantic-ai is imported lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .records import Message
+from .tools import Tool
+
+_loops = threading.local()
+_model_cache: dict[str, Any] = {}
+_model_cache_lock = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedCall:
+    """A tool call as the model sent it: arguments are the raw JSON text."""
+
+    call_id: str
+    name: str
+    args: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTurn:
+    """The outcome of one model turn."""
+
+    text: str
+    calls: tuple[RequestedCall, ...] = ()
+    model_name: str = ""
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """A piece of the model's stream, as it arrives.
+
+    ``kind`` is ``text`` (``text`` holds the delta), ``call`` (a tool call appeared: ``index``,
+    ``name``, ``call_id``) or ``args`` (``index`` and the ``text`` of an argument fragment).
+    """
+
+    kind: str
+    index: int = 0
+    text: str = ""
+    name: str = ""
+    call_id: str = ""
+
+
+OnStream = Callable[[StreamEvent], None]
+
+
+def run_coroutine(coro: Any) -> Any:
+    """Run ``coro`` on this thread's long-lived event loop.
+
+    One loop per worker thread, kept for the thread's life, so HTTP clients that providers cache
+    stay bound to a loop that still exists.
+    """
+    loop = getattr(_loops, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+        _loops.loop = loop
+    return loop.run_until_complete(coro)
+
+
+def resolve_model(model: Any) -> Any:
+    """A pydantic-ai Model for a model object or a model string (cached per string)."""
+    if not isinstance(model, str):
+        return model
+    with _model_cache_lock:
+        cached = _model_cache.get(model)
+        if cached is None:
+            from pydantic_ai.models import infer_model
+
+            cached = _model_cache[model] = infer_model(model)
+        return cached
+
+
+def to_model_messages(system_prompt: str, history: Sequence[Message]) -> list[Any]:
+    """Stored messages as pydantic-ai request/response messages, in order."""
+    from pydantic_ai.messages import (
+        ModelRequest,
+        ModelResponse,
+        SystemPromptPart,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+
+    out: list[Any] = []
+    pending: list[Any] = [SystemPromptPart(content=system_prompt)] if system_prompt else []
+    for message in history:
+        if message.role == "assistant":
+            if pending:
+                out.append(ModelRequest(parts=pending))
+                pending = []
+            parts: list[Any] = []
+            if message.text:
+                parts.append(TextPart(content=message.text))
+            parts.extend(
+                ToolCallPart(tool_name=c.name, args=c.args or "{}", tool_call_id=c.id)
+                for c in message.tool_calls
+            )
+            out.append(ModelResponse(parts=parts or [TextPart(content="")]))
+        elif message.role == "tool" and message.tool_result is not None:
+            result = message.tool_result
+            pending.append(
+                ToolReturnPart(
+                    tool_name=result.name,
+                    content=result.content,
+                    tool_call_id=result.call_id,
+                    outcome="failed" if result.is_error else "success",
+                )
+            )
+        else:
+            pending.append(UserPromptPart(content=message.text))
+    if pending:
+        out.append(ModelRequest(parts=pending))
+    return out
+
+
+def tool_definitions(tools: Sequence[Tool]) -> list[Any]:
+    """pydantic-ai ToolDefinitions for our tools."""
+    from pydantic_ai.tools import ToolDefinition
+
+    return [
+        ToolDefinition(
+            name=t.name, description=t.description, parameters_json_schema=t.parameters_json_schema()
+        )
+        for t in tools
+    ]
+
+
+def request_turn(
+    model: Any,
+    system_prompt: str,
+    history: Sequence[Message],
+    tools: Sequence[Tool],
+    *,
+    on_stream: OnStream | None = None,
+) -> ModelTurn:
+    """Call the model once, streaming, and return what it said and which tools it called."""
+    return run_coroutine(
+        request_turn_async(model, system_prompt, history, tools, on_stream=on_stream)
+    )
+
+
+async def request_turn_async(
+    model: Any,
+    system_prompt: str,
+    history: Sequence[Message],
+    tools: Sequence[Tool],
+    *,
+    on_stream: OnStream | None = None,
+) -> ModelTurn:
+    from pydantic_ai.direct import model_request_stream
+    from pydantic_ai.messages import (
+        PartDeltaEvent,
+        PartStartEvent,
+        TextPart,
+        TextPartDelta,
+        ToolCallPart,
+        ToolCallPartDelta,
+    )
+    from pydantic_ai.models import ModelRequestParameters
+
+    params = ModelRequestParameters(function_tools=tool_definitions(tools), allow_text_output=True)
+    messages = to_model_messages(system_prompt, history)
+    async with model_request_stream(
+        resolve_model(model), messages, model_request_parameters=params
+    ) as stream:
+        async for event in stream:
+            if on_stream is None:
+                continue
+            if isinstance(event, PartStartEvent):
+                part = event.part
+                if isinstance(part, TextPart) and part.content:
+                    on_stream(StreamEvent("text", event.index, text=part.content))
+                elif isinstance(part, ToolCallPart):
+                    on_stream(
+                        StreamEvent("call", event.index, name=part.tool_name, call_id=part.tool_call_id)
+                    )
+                    if isinstance(part.args, str) and part.args:
+                        on_stream(StreamEvent("args", event.index, text=part.args))
+            elif isinstance(event, PartDeltaEvent):
+                delta = event.delta
+                if isinstance(delta, TextPartDelta) and delta.content_delta:
+                    on_stream(StreamEvent("text", event.index, text=delta.content_delta))
+                elif isinstance(delta, ToolCallPartDelta) and isinstance(delta.args_delta, str):
+                    on_stream(StreamEvent("args", event.index, text=delta.args_delta))
+        response = stream.get()
+    texts: list[str] = []
+    calls: list[RequestedCall] = []
+    for part in response.parts:
+        if isinstance(part, TextPart):
+            texts.append(part.content)
+        elif isinstance(part, ToolCallPart):
+            calls.append(
+                RequestedCall(call_id=part.tool_call_id, name=part.tool_name, args=_args_text(part.args))
+            )
+    usage = response.usage
+    return ModelTurn(
+        text="".join(texts),
+        calls=tuple(calls),
+        model_name=response.model_name or "",
+        usage={
+            "input_tokens": int(getattr(usage, "input_tokens", 0) or 0),
+            "output_tokens": int(getattr(usage, "output_tokens", 0) or 0),
+        },
+    )
+
+
+def _args_text(args: Any) -> str:
+    """The arguments as the model sent them: text stays text (even when it is not JSON)."""
+    if args is None:
+        return "{}"
+    if isinstance(args, str):
+        return args
+    return json.dumps(args)

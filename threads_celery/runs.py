@@ -1,0 +1,185 @@
+"""Run lifecycle transitions shared by the client and the workers.
+
+A thread is driven by one run at a time (``threads.active_run_id``). A run that arrives while
+another is active waits as ``queued``; its user message joins the thread only when it becomes
+active, so messages are queued and never interleaved. Each function here is one piece of a
+transaction: it takes a :class:`~threads_celery.store.Tx` and returns the outbox entries the
+caller publishes after commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+from .exceptions import ConfigError, FenceLost, ThreadNotFound
+from .records import TERMINAL_STATUSES, OutboxEntry, Run
+from .store import Tx
+
+STEP_TASK = "threads.step"
+TOOL_TASK = "threads.tool"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_id(prefix: str) -> str:
+    """A fresh, sortable-enough id such as ``run_3f2a...``."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def step_key(run_id: str, step: int) -> str:
+    """The outbox key and Celery task id of a model step."""
+    return f"step:{run_id}:{step}"
+
+
+def effect_key_for(run_id: str, step: int, index: int) -> str:
+    """The effect key of a tool call: stable across every retry of the same call."""
+    return f"{run_id}:{step}:{index}"
+
+
+def step_entry(run: Run | str, step: int, agent: str) -> OutboxEntry:
+    run_id = run if isinstance(run, str) else run.id
+    return OutboxEntry(
+        key=step_key(run_id, step),
+        task=STEP_TASK,
+        args=(run_id, step),
+        argsrepr=f"({agent!r} step {step}, run {run_id})",
+    )
+
+
+def tool_entry(effect_key: str, tool: str, queue: str | None) -> OutboxEntry:
+    return OutboxEntry(
+        key=effect_key,
+        task=TOOL_TASK,
+        args=(effect_key,),
+        queue=queue,
+        argsrepr=f"({tool!r}, {effect_key})",
+    )
+
+
+def submit_run(
+    tx: Tx,
+    *,
+    agent: str,
+    config_hash: str,
+    message: str,
+    now: datetime,
+    thread_id: str | None = None,
+    run_id: str | None = None,
+) -> tuple[Run, list[OutboxEntry]]:
+    """Record a new run on a (new or existing) thread; activate it if the thread is idle."""
+    run_id = run_id or new_id("run")
+    if thread_id is None:
+        thread_id = new_id("thread")
+        tx.insert_thread(thread_id, agent, config_hash, now)
+    else:
+        thread = tx.get_thread(thread_id, lock=True)
+        if thread is None:
+            tx.insert_thread(thread_id, agent, config_hash, now)
+        else:
+            if thread.agent != agent:
+                raise ConfigError(
+                    f"thread {thread_id!r} belongs to agent {thread.agent!r}, not {agent!r}"
+                )
+            if thread.config_hash != config_hash:
+                raise ConfigError(
+                    f"agent {agent!r} changed since thread {thread_id!r} began; "
+                    "a config change starts a new thread"
+                )
+    tx.insert_run(run_id, thread_id, agent, message, now)
+    run = tx.get_run(run_id)
+    assert run is not None
+    entries: list[OutboxEntry] = []
+    if tx.set_active_run(thread_id, run_id, expected=None):
+        entries.append(activate(tx, run, now))
+    return run, entries
+
+
+def activate(tx: Tx, run: Run, now: datetime) -> OutboxEntry:
+    """The run now drives its thread: its message joins the history and its first step is due."""
+    tx.insert_message(
+        thread_id=run.thread_id,
+        seq=tx.next_seq(run.thread_id),
+        run_id=run.id,
+        role="user",
+        text=run.input,
+        now=now,
+    )
+    entry = step_entry(run, 0, run.agent)
+    tx.insert_outbox(entry, now)
+    return entry
+
+
+def finish(
+    tx: Tx,
+    run: Run,
+    *,
+    fence: int,
+    status: str,
+    now: datetime,
+    output: str | None = None,
+    error: str | None = None,
+) -> list[OutboxEntry]:
+    """End the run (fenced) and hand the thread to the next queued run, if any."""
+    if status not in TERMINAL_STATUSES:
+        raise ValueError(f"{status!r} is not a terminal status")
+    # Lock the thread first: a start racing this release must either see the thread idle or be
+    # seen here as queued, never neither.
+    tx.get_thread(run.thread_id, lock=True)
+    moved = tx.advance_run(
+        run.id,
+        fence=fence,
+        now=now,
+        status=status,
+        output=output,
+        error=error,
+        finished_at=now,
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+    if moved is None:
+        raise FenceLost(run.id, fence)
+    return release_thread(tx, run, now)
+
+
+def release_thread(tx: Tx, run: Run, now: datetime) -> list[OutboxEntry]:
+    """Pass the thread from ``run`` to the oldest queued run behind it."""
+    following = tx.next_queued_run(run.thread_id, after=run.id)
+    if following is None:
+        tx.set_active_run(run.thread_id, None, expected=run.id)
+        return []
+    if not tx.set_active_run(run.thread_id, following.id, expected=run.id):
+        return []
+    return [activate(tx, following, now)]
+
+
+def cancel(tx: Tx, run_id: str, *, now: datetime, reason: str = "cancelled") -> tuple[Run, list[OutboxEntry]]:
+    """Abort a run that has not ended; a no-op for one that has."""
+    run = tx.get_run(run_id, lock=True)
+    if run is None:
+        from .exceptions import RunNotFound
+
+        raise RunNotFound(run_id)
+    if run.is_terminal:
+        return run, []
+    thread = tx.get_thread(run.thread_id, lock=True)
+    if thread is None:
+        raise ThreadNotFound(run.thread_id)
+    tx.advance_run(
+        run.id,
+        fence=run.fence,
+        now=now,
+        status="aborted",
+        error=reason,
+        finished_at=now,
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+    entries: list[OutboxEntry] = []
+    if thread.active_run_id == run.id:
+        entries = release_thread(tx, run, now)
+    ended = tx.get_run(run_id)
+    assert ended is not None
+    return ended, entries

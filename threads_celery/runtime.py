@@ -1,0 +1,479 @@
+"""The step machine: what ``threads.step`` and ``threads.tool`` do.
+
+Each task loads the ledger, asks a pure decision function what to do, and applies the answer in
+one transaction that also records the next task (an outbox row). The outbox is published right
+after commit. Every write a worker makes is conditional on the run's fence, so a worker whose
+lease moved on has its late writes refused (:class:`~threads_celery.exceptions.FenceLost`).
+
+Commits per tool call: one for a read_only tool (its rerun is safe, so no claim is recorded
+before it runs), two for every other effect (the claim is the evidence that the effect may have
+happened).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, assert_never
+
+from . import models, runs
+from .agents import Agent, AgentRegistry
+from .context import ToolContext
+from .effects import (
+    AlreadySettled,
+    CallRecord,
+    NeedsLookup,
+    Park,
+    RecordFound,
+    RunAgain,
+    Wait,
+    decide_recovery,
+    run_lookup,
+)
+from .exceptions import FenceLost, UnknownAgent
+from .records import CallRow, OutboxEntry, Run
+from .settings import Settings
+from .store import Store, Tx
+from .store.repository import args_digest
+from .tools import Tool, ToolArgumentsError, ToolOutputError, render_result
+
+log = logging.getLogger("threads_celery.runtime")
+
+Publish = Callable[[Sequence[OutboxEntry]], None]
+
+
+class RetryLater(Exception):
+    """Not now: another worker holds the run, or a transient failure. Try again in ``countdown``."""
+
+    def __init__(self, countdown: float, reason: str) -> None:
+        super().__init__(reason)
+        self.countdown = max(0.05, countdown)
+        self.reason = reason
+
+
+# -- decisions (pure) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """Nothing to do: the task is a duplicate, stale, or its run has ended."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """Another worker holds the run's lease until ``until``."""
+
+    until: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Proceed:
+    """Claim the run and do the work."""
+
+
+StepDecision = Skip | Busy | Proceed
+
+
+def lease_held(run: Run, now: datetime) -> bool:
+    return run.lease_owner is not None and run.lease_expires_at is not None and run.lease_expires_at > now
+
+
+def decide_step(run: Run | None, step: int, now: datetime) -> StepDecision:
+    """Whether a delivery of step ``step`` should run."""
+    if run is None:
+        return Skip("no such run")
+    if run.is_terminal:
+        return Skip(f"run is {run.status}")
+    if run.step != step:
+        return Skip(f"step {step} is not due (the run is at step {run.step})")
+    if run.status not in ("queued", "running"):
+        return Skip(f"run is {run.status}")
+    if lease_held(run, now):
+        assert run.lease_expires_at is not None
+        return Busy(run.lease_expires_at)
+    return Proceed()
+
+
+CallDecision = Skip | Busy | Proceed | RunAgain | RecordFound | Park | NeedsLookup
+
+
+def decide_call(call: CallRow, run: Run, now: datetime, tool: Tool | None, lookup: Any = None) -> CallDecision:
+    """Whether a delivery of a tool call should run, and how, given the ledger."""
+    if run.is_terminal:
+        return Skip(f"run is {run.status}")
+    if call.status in ("completed", "error", "skipped"):
+        return Skip("call already settled")
+    if call.status == "parked":
+        return Skip("call is parked")
+    if run.status != "running":
+        return Skip(f"run is {run.status}")
+    if run.step != call.step + 1:
+        return Skip("call belongs to a step that is not current")
+    if lease_held(run, now):
+        assert run.lease_expires_at is not None
+        return Busy(run.lease_expires_at)
+    if call.status == "pending" and call.attempt == 0:
+        return Proceed()
+    record = CallRecord(
+        effect_key=call.effect_key,
+        effect=call.effect,  # type: ignore[arg-type]
+        status=call.status,  # type: ignore[arg-type]
+        attempt=call.attempt,
+        first_started_at=call.first_started_at,
+        lease_expires_at=call.lease_expires_at,
+        dedup_window_ms=tool.dedup_window_ms if tool else None,
+        finality=tool.reconcile.finality if tool and tool.reconcile else None,
+    )
+    decision = decide_recovery(record, now=now, lookup=lookup)
+    if isinstance(decision, AlreadySettled):
+        return Skip("call already settled")
+    if isinstance(decision, Wait):
+        return Busy(decision.until)
+    return decision
+
+
+# -- the machine -----------------------------------------------------------------------------
+
+
+class Runtime:
+    """Advances runs: one model step or one tool call per task."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: AgentRegistry,
+        *,
+        publish: Publish,
+        settings: Settings | None = None,
+        worker_id: str | None = None,
+        clock: Callable[[], datetime] = runs.utcnow,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.publish = publish
+        self.settings = settings or Settings()
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.clock = clock
+
+    # -- model steps -----------------------------------------------------------------------
+
+    def run_step(self, run_id: str, step: int, *, attempt: int = 0) -> str:
+        """Carry out model step ``step`` of a run. Returns what happened, for logs and tests."""
+        now = self.clock()
+        lease = timedelta(seconds=self.settings.step_lease_s)
+        with self.store.transaction() as tx:
+            run = tx.get_run(run_id, lock=True)
+            decision = decide_step(run, step, now)
+            if isinstance(decision, Skip):
+                tx.delete_outbox(runs.step_key(run_id, step))
+                return f"skipped: {decision.reason}"
+            if isinstance(decision, Busy):
+                raise RetryLater((decision.until - now).total_seconds(), "run is held by another worker")
+            assert run is not None
+            fence = tx.claim_run(run_id, fence=run.fence, owner=self.worker_id, lease_until=now + lease, now=now)
+            if fence is None:
+                raise RetryLater(0.1, "run was claimed concurrently")
+            tx.delete_outbox(runs.step_key(run_id, step))
+            history = tx.list_messages(run.thread_id)
+        try:
+            agent = self.registry.get(run.agent)
+        except UnknownAgent as exc:
+            return self._step_failed(run, fence, step, attempt, exc)
+        if step >= agent.max_steps:
+            self._finish(run, fence, "error", error=f"the run reached its limit of {agent.max_steps} model steps")
+            return "error: step limit"
+        heartbeat = _Heartbeat(lambda: self._extend_run_lease(run.id, fence, lease), lease.total_seconds() / 3)
+        try:
+            turn = models.request_turn(
+                agent.model, agent.system_prompt(), history, agent.tools, on_stream=lambda _e: heartbeat.beat()
+            )
+        except Exception as exc:  # the provider failed: retry with backoff, then fail the run
+            return self._step_failed(run, fence, step, attempt, exc)
+        return self._commit_step(run, fence, step, agent, turn)
+
+    def _commit_step(self, run: Run, fence: int, step: int, agent: Agent, turn: models.ModelTurn) -> str:
+        now = self.clock()
+        calls = [
+            (
+                runs.effect_key_for(run.id, step, i),
+                requested,
+                agent.tool_named(requested.name),
+            )
+            for i, requested in enumerate(turn.calls)
+        ]
+        entries: list[OutboxEntry] = []
+        with self.store.transaction() as tx:
+            moved = tx.advance_run(
+                run.id, fence=fence, now=now, step=step + 1, lease_owner=None, lease_expires_at=None
+            )
+            if moved is None:
+                raise FenceLost(run.id, fence)
+            from .records import ToolCall
+
+            tx.insert_message(
+                thread_id=run.thread_id,
+                seq=tx.next_seq(run.thread_id),
+                run_id=run.id,
+                role="assistant",
+                text=turn.text,
+                now=now,
+                tool_calls=tuple(
+                    ToolCall(id=r.call_id, name=r.name, args=r.args, effect_key=key) for key, r, _ in calls
+                ),
+            )
+            if calls:
+                tx.insert_tool_calls(
+                    [
+                        {
+                            "effect_key": key,
+                            "run_id": run.id,
+                            "thread_id": run.thread_id,
+                            "step": step,
+                            "idx": i,
+                            "calls_in_step": len(calls),
+                            "call_id": requested.call_id,
+                            "tool": requested.name,
+                            "args": requested.args,
+                            "args_hash": args_digest(requested.args),
+                            "effect": t.effect if t else "read_only",
+                            "queue": t.queue if t else None,
+                            "status": "pending",
+                            "attempt": 0,
+                            "is_error": False,
+                            "created_at": now,
+                        }
+                        for i, (key, requested, t) in enumerate(calls)
+                    ]
+                )
+                first_key, first, first_tool = calls[0]
+                entry = runs.tool_entry(first_key, first.name, first_tool.queue if first_tool else None)
+                tx.insert_outbox(entry, now)
+                entries.append(entry)
+                outcome = f"called {', '.join(r.name for _, r, _ in calls)}"
+            else:
+                entries.extend(
+                    runs.finish(tx, run, fence=moved, status="completed", now=now, output=turn.text)
+                )
+                outcome = "completed"
+        self.publish(entries)
+        return outcome
+
+    def _step_failed(self, run: Run, fence: int, step: int, attempt: int, exc: Exception) -> str:
+        reason = f"{type(exc).__name__}: {exc}"
+        if attempt < self.settings.model_retries:
+            # Give the lease back so the retry (on any worker) can claim at once.
+            with self.store.transaction() as tx:
+                if tx.advance_run(run.id, fence=fence, now=self.clock(), lease_owner=None, lease_expires_at=None) is None:
+                    raise FenceLost(run.id, fence)
+            log.warning("run %s step %d failed (attempt %d), retrying: %s", run.id, step, attempt + 1, reason)
+            raise RetryLater(min(2.0**attempt, 30.0), reason)
+        self._finish(run, fence, "error", error=f"model step {step} failed after {attempt + 1} attempts: {reason}")
+        return f"error: {reason}"
+
+    def _finish(self, run: Run, fence: int, status: str, *, output: str | None = None, error: str | None = None) -> None:
+        with self.store.transaction() as tx:
+            entries = runs.finish(tx, run, fence=fence, status=status, now=self.clock(), output=output, error=error)
+        self.publish(entries)
+
+    def _extend_run_lease(self, run_id: str, fence: int, lease: timedelta) -> bool:
+        with self.store.transaction() as tx:
+            return tx.extend_run_lease(run_id, fence=fence, owner=self.worker_id, lease_until=self.clock() + lease)
+
+    # -- tool calls ------------------------------------------------------------------------
+
+    def run_tool(self, effect_key: str) -> str:
+        """Carry out one tool call. Returns what happened, for logs and tests."""
+        now = self.clock()
+        with self.store.read() as tx:
+            loaded = tx.get_call_and_run(effect_key)
+        if loaded is None:
+            return "skipped: no such call"
+        call, run = loaded
+        agent = self.registry.get(run.agent) if run.agent in self.registry else None
+        tool = agent.tool_named(call.tool) if agent else None
+        decision = decide_call(call, run, now, tool)
+        if isinstance(decision, NeedsLookup):
+            assert tool is not None and tool.reconcile is not None
+            decision = decide_call(call, run, now, tool, lookup=run_lookup(tool.reconcile, effect_key))
+        if isinstance(decision, Skip):
+            return f"skipped: {decision.reason}"
+        if isinstance(decision, Busy):
+            raise RetryLater((decision.until - now).total_seconds(), "run is held by another worker")
+        if agent is None:
+            raise UnknownAgent(f"agent {run.agent!r} is not loaded in this worker")
+        if isinstance(decision, Park):
+            self._park(run, call, decision.reason)
+            return f"parked: {decision.reason}"
+        if isinstance(decision, RecordFound):
+            content = render_result(decision.value)
+            return self._commit_call(run, run.fence, call, agent, tool, content, is_error=False, own_outbox=True)
+        if isinstance(decision, (Proceed, RunAgain)):
+            return self._execute(run, call, agent, tool, now)
+        assert_never(decision)
+
+    def _execute(self, run: Run, call: CallRow, agent: Agent, tool: Tool | None, now: datetime) -> str:
+        if tool is None:
+            names = ", ".join(t.name for t in agent.tools) or "none"
+            content = f"unknown tool {call.tool!r}; the tools you can call are: {names}"
+            return self._commit_call(run, run.fence, call, agent, None, content, is_error=True, own_outbox=True)
+        try:
+            parsed = tool.parse_arguments(call.args)
+        except ToolArgumentsError as exc:
+            return self._commit_call(run, run.fence, call, agent, tool, str(exc), is_error=True, own_outbox=True)
+        fence, attempt, own_outbox = run.fence, call.attempt, True
+        if tool.effect != "read_only":
+            lease = timedelta(seconds=self.settings.tool_lease_s)
+            with self.store.transaction() as tx:
+                claimed = tx.claim_run(run.id, fence=run.fence, owner=self.worker_id, lease_until=now + lease, now=now)
+                if claimed is None:
+                    raise RetryLater(0.1, "run was claimed concurrently")
+                tx.claim_call(call.effect_key, owner=self.worker_id, lease_until=now + lease, now=now)
+                tx.delete_outbox(call.effect_key)
+            fence, attempt, own_outbox = claimed, call.attempt + 1, False
+        ctx = ToolContext(
+            effect_key=call.effect_key,
+            run_id=run.id,
+            thread_id=run.thread_id,
+            attempt=max(attempt, 1),
+            deps=agent.deps,
+            heartbeat=lambda: self._extend_call_lease(run.id, call.effect_key, fence, own_outbox),
+            is_cancelled=lambda: self._is_cancelled(run.id),
+        )
+        try:
+            value = models.run_coroutine(tool.execute(parsed, ctx)) if tool.is_async else tool.execute(parsed, ctx)
+            value = tool.check_output(value)
+            content, is_error = render_result(value), False
+        except ToolOutputError as exc:
+            content, is_error = str(exc), True
+        except Exception as exc:  # the tool failed: the model sees why and the run goes on
+            content, is_error = f"{type(exc).__name__}: {exc}", True
+        return self._commit_call(run, fence, call, agent, tool, content, is_error=is_error, own_outbox=own_outbox)
+
+    def _commit_call(
+        self,
+        run: Run,
+        fence: int,
+        call: CallRow,
+        agent: Agent,
+        tool: Tool | None,
+        content: str,
+        *,
+        is_error: bool,
+        own_outbox: bool,
+    ) -> str:
+        from .records import ToolResult
+
+        now = self.clock()
+        ends_turn = tool is not None and tool.ends_turn and not is_error
+        entries: list[OutboxEntry] = []
+        with self.store.transaction() as tx:
+            moved = tx.advance_run(run.id, fence=fence, now=now, lease_owner=None, lease_expires_at=None)
+            if moved is None:
+                raise FenceLost(run.id, fence)
+            tx.settle_call(call.effect_key, status="error" if is_error else "completed", result=content, is_error=is_error, now=now)
+            seq = tx.next_seq(run.thread_id)
+            tx.insert_message(
+                thread_id=run.thread_id,
+                seq=seq,
+                run_id=run.id,
+                role="tool",
+                text=content,
+                now=now,
+                tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error),
+            )
+            if own_outbox:
+                tx.delete_outbox(call.effect_key)
+            if ends_turn:
+                skipped = _skip_rest_of_step(tx, run, call, seq + 1, now)
+                entries.extend(
+                    runs.finish(tx, run, fence=moved, status="completed", now=now, output=_last_assistant_text(tx, run))
+                )
+                outcome = f"ended the turn{f' (skipped {skipped})' if skipped else ''}"
+            elif call.is_last_in_step:
+                entry = runs.step_entry(run, run.step, agent.name)
+                tx.insert_outbox(entry, now)
+                entries.append(entry)
+                outcome = "error" if is_error else "completed"
+            else:
+                following = tx.get_next_call(run.id, call.step, call.index + 1)
+                entry = runs.tool_entry(following.effect_key, following.tool, following.queue)
+                tx.insert_outbox(entry, now)
+                entries.append(entry)
+                outcome = "error" if is_error else "completed"
+        self.publish(entries)
+        return outcome
+
+    def _park(self, run: Run, call: CallRow, reason: str) -> None:
+        with self.store.transaction() as tx:
+            moved = tx.advance_run(run.id, fence=run.fence, now=self.clock(), status="parked", lease_owner=None, lease_expires_at=None)
+            if moved is None:
+                raise FenceLost(run.id, run.fence)
+            tx.park_call(call.effect_key, reason=reason)
+            tx.delete_outbox(call.effect_key)
+
+    def _extend_call_lease(self, run_id: str, effect_key: str, fence: int, read_only: bool) -> bool:
+        now = self.clock()
+        until = now + timedelta(seconds=self.settings.tool_lease_s)
+        with self.store.transaction() as tx:
+            if read_only:
+                tx.touch_outbox(effect_key, now)
+                return True
+            if not tx.extend_run_lease(run_id, fence=fence, owner=self.worker_id, lease_until=until):
+                return False
+            tx.extend_call_lease(effect_key, until)
+            return True
+
+    def _is_cancelled(self, run_id: str) -> bool:
+        with self.store.read() as tx:
+            run = tx.get_run(run_id)
+        return run is None or run.status == "aborted"
+
+
+def _skip_rest_of_step(tx: Tx, run: Run, call: CallRow, seq: int, now: datetime) -> int:
+    """Settle the calls after an ends_turn call as skipped, so every call has a result."""
+    from .records import ToolResult
+
+    rest = [c for c in tx.calls_in_step(run.id, call.step) if c.index > call.index]
+    for offset, later in enumerate(rest):
+        text = f"skipped: {call.tool} ended the turn"
+        tx.settle_call(later.effect_key, status="skipped", result=text, is_error=True, now=now)
+        tx.insert_message(
+            thread_id=run.thread_id,
+            seq=seq + offset,
+            run_id=run.id,
+            role="tool",
+            text=text,
+            now=now,
+            tool_result=ToolResult(call_id=later.call_id, name=later.tool, content=text, is_error=True),
+        )
+    return len(rest)
+
+
+def _last_assistant_text(tx: Tx, run: Run) -> str:
+    for message in reversed(tx.list_messages(run.thread_id)):
+        if message.role == "assistant" and message.run_id == run.id:
+            return message.text
+    return ""
+
+
+class _Heartbeat:
+    """Calls ``extend`` at most every ``interval`` seconds while a stream is flowing."""
+
+    def __init__(self, extend: Callable[[], bool], interval: float) -> None:
+        self.extend = extend
+        self.interval = interval
+        self.last = time.monotonic()
+
+    def beat(self) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            if not self.extend():
+                raise FenceLost("(stream)", -1)

@@ -1,0 +1,94 @@
+"""Configuration, from keyword arguments or ``THREADS_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .exceptions import ConfigError
+
+DEFAULT_BROKER_VISIBILITY_TIMEOUT_S = 3600
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, not {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be positive, not {value}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, not {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be positive, not {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything tunable. Leases are how long a silent worker is presumed alive."""
+
+    database_url: str | None = None
+    broker_url: str | None = None
+    agents: tuple[str, ...] = ()
+    step_lease_s: float = 60.0
+    tool_lease_s: float = 300.0
+    max_message_bytes: int = 1_000_000
+    model_retries: int = 3
+    # Celery: a task must end well inside the broker's visibility timeout, or the broker
+    # hands a still-running task to a second worker.
+    visibility_timeout_s: int = DEFAULT_BROKER_VISIBILITY_TIMEOUT_S
+    task_time_limit_s: int = 1800
+    task_soft_time_limit_s: int = 1740
+    outbox_stale_after_s: float = 10.0
+    reconcile_interval_s: float = 5.0
+    extra_celery: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.task_time_limit_s >= self.visibility_timeout_s:
+            raise ConfigError(
+                f"task time limit ({self.task_time_limit_s}s) must be below the broker's "
+                f"visibility timeout ({self.visibility_timeout_s}s)"
+            )
+        if self.task_soft_time_limit_s >= self.task_time_limit_s:
+            raise ConfigError("the soft time limit must be below the hard time limit")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from ``THREADS_*`` variables, then keyword overrides (None is ignored)."""
+        env = os.environ if env is None else env
+        agents = tuple(s.strip() for s in env.get("THREADS_AGENTS", "").split(",") if s.strip())
+        visibility = _int(env, "THREADS_VISIBILITY_TIMEOUT_S", DEFAULT_BROKER_VISIBILITY_TIMEOUT_S)
+        hard = _int(env, "THREADS_TASK_TIME_LIMIT_S", min(1800, visibility // 2))
+        values: dict[str, Any] = {
+            "database_url": env.get("THREADS_DATABASE_URL") or None,
+            "broker_url": env.get("THREADS_BROKER_URL") or None,
+            "agents": agents,
+            "step_lease_s": _float(env, "THREADS_STEP_LEASE_S", 60.0),
+            "tool_lease_s": _float(env, "THREADS_TOOL_LEASE_S", 300.0),
+            "max_message_bytes": _int(env, "THREADS_MAX_MESSAGE_BYTES", 1_000_000),
+            "visibility_timeout_s": visibility,
+            "task_time_limit_s": hard,
+            "task_soft_time_limit_s": _int(env, "THREADS_TASK_SOFT_TIME_LIMIT_S", max(1, hard - 60)),
+            "outbox_stale_after_s": _float(env, "THREADS_OUTBOX_STALE_AFTER_S", 10.0),
+            "reconcile_interval_s": _float(env, "THREADS_RECONCILE_INTERVAL_S", 5.0),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def with_(self, **changes: Any) -> Settings:
+        return replace(self, **changes)

@@ -1,0 +1,102 @@
+"""Turning a database URL into a configured SQLAlchemy engine.
+
+PostgreSQL goes through psycopg 3. SQLite (the embedded default) runs in WAL mode with a busy
+timeout, and every transaction begins IMMEDIATE so that two writer threads queue on the lock
+instead of failing on a read-to-write upgrade.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Engine, create_engine, make_url
+from sqlalchemy.exc import ArgumentError
+
+from ..exceptions import ConfigError
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def parse_database_url(raw: str, *, source: str = "database URL") -> URL:
+    """Validate and normalise a database URL; ConfigError names what is wrong."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError(f"{source} is empty")
+    try:
+        url = make_url(raw.strip())
+    except ArgumentError:
+        raise ConfigError(
+            f"{source} is not a valid database URL (expected e.g. "
+            "postgresql://user@host:5432/dbname or sqlite:///path/to/file.db)"
+        ) from None
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        if url.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
+            url = url.set(drivername="postgresql+psycopg")
+        if url.drivername != "postgresql+psycopg":
+            raise ConfigError(f"{source}: use the psycopg 3 driver (postgresql+psycopg://)")
+        if not url.database:
+            raise ConfigError(f"{source} names no database")
+        return url
+    if backend == "sqlite":
+        return url
+    raise ConfigError(
+        f"{source} uses {backend!r}; threads-celery stores in PostgreSQL or SQLite"
+    )
+
+
+def safe_url(url: URL | str) -> str:
+    """The URL with any password masked, for messages and logs."""
+    if isinstance(url, str):
+        try:
+            url = make_url(url)
+        except ArgumentError:
+            return "<unparseable URL>"
+    return url.render_as_string(hide_password=True)
+
+
+def create_store_engine(url: URL, **overrides: Any) -> Engine:
+    """An engine for ``url`` with the settings the ledger relies on."""
+    if url.get_backend_name() == "sqlite":
+        return _sqlite_engine(url, **overrides)
+    options: dict[str, Any] = {
+        "pool_pre_ping": True,
+        "pool_size": 5,
+        "max_overflow": 10,
+        "connect_args": {"connect_timeout": 5},
+    }
+    options.update(overrides)
+    return create_engine(url, **options)
+
+
+def _sqlite_engine(url: URL, **overrides: Any) -> Engine:
+    database = url.database or ""
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    options: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
+    if database in ("", ":memory:"):
+        # One shared connection, or every thread would see its own empty database.
+        from sqlalchemy.pool import StaticPool
+
+        options["poolclass"] = StaticPool
+    options.update(overrides)
+    engine = create_engine(url, **options)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control from the driver so BEGIN IMMEDIATE below is the only BEGIN.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        readonly = connection.get_execution_options().get("threads_readonly", False)
+        connection.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+
+    return engine

@@ -1,0 +1,492 @@
+"""Every query the ledger runs, by name. Nothing outside this module builds SQL.
+
+:class:`Store` owns the engine and opens transactions; :class:`Tx` is one transaction's named
+queries. Rows are turned into the frozen values of :mod:`threads_celery.records` here and never
+leave as rows. Writes that belong to a run's driver are conditional on the run's fence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from ..exceptions import StoreUnavailable
+from ..records import CallRow, Message, OutboxEntry, Run, ToolCall, ToolResult
+from .engine import safe_url
+from .schema import agents, messages, outbox, runs, threads, tool_calls
+
+
+TOOL_TASK_NAME = "threads.tool"
+
+
+class Store:
+    """The ledger: a narrow interface over one database."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+
+    @contextmanager
+    def transaction(self) -> Iterator[Tx]:
+        """One read-write transaction, committed on success and rolled back on error."""
+        try:
+            with self.engine.begin() as conn:
+                yield Tx(conn, self.dialect)
+        except OperationalError as exc:
+            if _is_connection_error(exc):
+                raise StoreUnavailable(
+                    f"cannot reach the database at {safe_url(self.engine.url)}: {_first_line(exc)}"
+                ) from exc
+            raise
+
+    @contextmanager
+    def read(self) -> Iterator[Tx]:
+        """A read-only transaction (deferred on SQLite, so readers do not queue on writers)."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execution_options(threads_readonly=True)
+                yield Tx(conn, self.dialect)
+        except OperationalError as exc:
+            if _is_connection_error(exc):
+                raise StoreUnavailable(
+                    f"cannot reach the database at {safe_url(self.engine.url)}: {_first_line(exc)}"
+                ) from exc
+            raise
+
+    def ping(self) -> None:
+        """Raise StoreUnavailable unless the database answers."""
+        with self.read() as tx:
+            tx.conn.execute(select(1))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _is_connection_error(exc: DBAPIError) -> bool:
+    if exc.connection_invalidated:
+        return True
+    text = str(exc.orig).lower() if exc.orig is not None else ""
+    return any(
+        marker in text
+        for marker in ("connection", "could not connect", "server closed", "terminating", "timeout")
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    return (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+
+
+def args_digest(args: str) -> str:
+    """The hash an approval binds to: the exact argument text."""
+    return hashlib.sha256(args.encode()).hexdigest()
+
+
+class Tx:
+    """The named queries of one transaction."""
+
+    def __init__(self, conn: Connection, dialect: str) -> None:
+        self.conn = conn
+        self.dialect = dialect
+
+    # -- agents ------------------------------------------------------------------------------
+
+    def upsert_agent(self, name: str, config_hash: str, description: dict[str, Any], now: datetime) -> None:
+        row = self.conn.execute(select(agents.c.config_hash).where(agents.c.name == name)).first()
+        if row is None:
+            self.conn.execute(
+                insert(agents).values(
+                    name=name, config_hash=config_hash, description=description, updated_at=now
+                )
+            )
+        elif row.config_hash != config_hash:
+            self.conn.execute(
+                update(agents)
+                .where(agents.c.name == name)
+                .values(config_hash=config_hash, description=description, updated_at=now)
+            )
+
+    def agent_hash(self, name: str) -> str | None:
+        return self.conn.execute(select(agents.c.config_hash).where(agents.c.name == name)).scalar()
+
+    # -- threads -----------------------------------------------------------------------------
+
+    def get_thread(self, thread_id: str, *, lock: bool = False) -> Row[Any] | None:
+        query = select(threads).where(threads.c.id == thread_id)
+        if lock:
+            query = query.with_for_update()
+        return self.conn.execute(query).first()
+
+    def insert_thread(
+        self, thread_id: str, agent: str, config_hash: str, now: datetime, parent_thread_id: str | None = None
+    ) -> None:
+        self.conn.execute(
+            insert(threads).values(
+                id=thread_id,
+                agent=agent,
+                config_hash=config_hash,
+                parent_thread_id=parent_thread_id,
+                active_run_id=None,
+                created_at=now,
+            )
+        )
+
+    def set_active_run(self, thread_id: str, run_id: str | None, *, expected: str | None) -> bool:
+        """Hand the thread to ``run_id`` if it is held by ``expected`` (None: idle)."""
+        held = (
+            threads.c.active_run_id.is_(None)
+            if expected is None
+            else threads.c.active_run_id == expected
+        )
+        result = self.conn.execute(
+            update(threads).where(threads.c.id == thread_id, held).values(active_run_id=run_id)
+        )
+        return result.rowcount == 1
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def insert_run(self, run_id: str, thread_id: str, agent: str, input: str, now: datetime) -> None:
+        self.conn.execute(
+            insert(runs).values(
+                id=run_id,
+                thread_id=thread_id,
+                agent=agent,
+                status="queued",
+                input=input,
+                step=0,
+                fence=0,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+
+    def get_run(self, run_id: str, *, lock: bool = False) -> Run | None:
+        query = select(runs).where(runs.c.id == run_id)
+        if lock:
+            query = query.with_for_update()
+        row = self.conn.execute(query).first()
+        return _run(row) if row is not None else None
+
+    def next_queued_run(self, thread_id: str, *, after: str) -> Run | None:
+        """The oldest run still queued on the thread behind ``after``."""
+        row = self.conn.execute(
+            select(runs)
+            .where(runs.c.thread_id == thread_id, runs.c.status == "queued", runs.c.id != after)
+            .order_by(runs.c.created_at, runs.c.id)
+            .limit(1)
+        ).first()
+        return _run(row) if row is not None else None
+
+    def list_runs(
+        self, *, thread_id: str | None = None, statuses: Sequence[str] | None = None, limit: int = 100
+    ) -> list[Run]:
+        query = select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
+        if thread_id is not None:
+            query = query.where(runs.c.thread_id == thread_id)
+        if statuses:
+            query = query.where(runs.c.status.in_(list(statuses)))
+        return [_run(row) for row in self.conn.execute(query)]
+
+    def claim_run(
+        self, run_id: str, *, fence: int, owner: str, lease_until: datetime, now: datetime
+    ) -> int | None:
+        """Take the run's lease; returns the new fence, or None if the fence moved."""
+        return self.conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.fence == fence)
+            .values(
+                fence=runs.c.fence + 1,
+                status="running",
+                lease_owner=owner,
+                lease_expires_at=lease_until,
+                started_at=func.coalesce(runs.c.started_at, now),
+                updated_at=now,
+            )
+            .returning(runs.c.fence)
+        ).scalar()
+
+    def extend_run_lease(self, run_id: str, *, fence: int, owner: str, lease_until: datetime) -> bool:
+        result = self.conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.fence == fence, runs.c.lease_owner == owner)
+            .values(lease_expires_at=lease_until)
+        )
+        return result.rowcount == 1
+
+    def advance_run(self, run_id: str, *, fence: int, now: datetime, **values: Any) -> int | None:
+        """Write a transition of the run if ``fence`` still holds; returns the new fence."""
+        return self.conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.fence == fence)
+            .values(fence=runs.c.fence + 1, updated_at=now, **values)
+            .returning(runs.c.fence)
+        ).scalar()
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def next_seq(self, thread_id: str) -> int:
+        last = self.conn.execute(
+            select(func.max(messages.c.seq)).where(messages.c.thread_id == thread_id)
+        ).scalar()
+        return 0 if last is None else int(last) + 1
+
+    def insert_message(
+        self,
+        *,
+        thread_id: str,
+        seq: int,
+        run_id: str | None,
+        role: str,
+        text: str,
+        now: datetime,
+        tool_calls: Sequence[ToolCall] = (),
+        tool_result: ToolResult | None = None,
+        key: str | None = None,
+    ) -> None:
+        parts: dict[str, Any] | None = None
+        if tool_calls:
+            parts = {"tool_calls": [c.to_json() for c in tool_calls]}
+        elif tool_result is not None:
+            parts = {"tool_result": tool_result.to_json()}
+        self.conn.execute(
+            insert(messages).values(
+                thread_id=thread_id,
+                seq=seq,
+                run_id=run_id,
+                role=role,
+                text=text,
+                parts=parts,
+                key=key,
+                created_at=now,
+            )
+        )
+
+    def list_messages(self, thread_id: str, *, after: int = -1, limit: int | None = None) -> list[Message]:
+        query = (
+            select(messages)
+            .where(messages.c.thread_id == thread_id, messages.c.seq > after)
+            .order_by(messages.c.seq)
+        )
+        if limit is not None:
+            query = query.limit(limit)
+        return [_message(row) for row in self.conn.execute(query)]
+
+    # -- tool calls --------------------------------------------------------------------------
+
+    def insert_tool_calls(self, rows: Sequence[dict[str, Any]]) -> None:
+        if rows:
+            self.conn.execute(insert(tool_calls), list(rows))
+
+    def get_call_and_run(self, effect_key: str, *, lock: bool = False) -> tuple[CallRow, Run] | None:
+        """The call's ledger row and its run's row, in one statement."""
+        query = (
+            select(tool_calls, *[c.label(f"r__{c.name}") for c in runs.c])
+            .join(runs, runs.c.id == tool_calls.c.run_id)
+            .where(tool_calls.c.effect_key == effect_key)
+        )
+        if lock:
+            query = query.with_for_update()
+        row = self.conn.execute(query).first()
+        if row is None:
+            return None
+        mapping = row._mapping
+        run_values = {c.name: mapping[f"r__{c.name}"] for c in runs.c}
+        return _call(mapping), _run_from_mapping(run_values)
+
+    def calls_in_step(self, run_id: str, step: int) -> list[CallRow]:
+        rows = self.conn.execute(
+            select(tool_calls)
+            .where(tool_calls.c.run_id == run_id, tool_calls.c.step == step)
+            .order_by(tool_calls.c.idx)
+        )
+        return [_call(row._mapping) for row in rows]
+
+    def get_next_call(self, run_id: str, step: int, index: int) -> CallRow:
+        row = self.conn.execute(
+            select(tool_calls).where(
+                tool_calls.c.run_id == run_id, tool_calls.c.step == step, tool_calls.c.idx == index
+            )
+        ).one()
+        return _call(row._mapping)
+
+    def extend_call_lease(self, effect_key: str, lease_until: datetime) -> None:
+        self.conn.execute(
+            update(tool_calls)
+            .where(tool_calls.c.effect_key == effect_key, tool_calls.c.status == "started")
+            .values(lease_expires_at=lease_until)
+        )
+
+    def claim_call(
+        self, effect_key: str, *, owner: str, lease_until: datetime, now: datetime
+    ) -> None:
+        """Record that the call is starting: the evidence that its effect may have happened."""
+        self.conn.execute(
+            update(tool_calls)
+            .where(tool_calls.c.effect_key == effect_key)
+            .values(
+                status="started",
+                attempt=tool_calls.c.attempt + 1,
+                first_started_at=func.coalesce(tool_calls.c.first_started_at, now),
+                lease_owner=owner,
+                lease_expires_at=lease_until,
+            )
+        )
+
+    def settle_call(
+        self, effect_key: str, *, status: str, result: str, is_error: bool, now: datetime
+    ) -> None:
+        self.conn.execute(
+            update(tool_calls)
+            .where(tool_calls.c.effect_key == effect_key)
+            .values(
+                status=status,
+                result=result,
+                is_error=is_error,
+                lease_owner=None,
+                lease_expires_at=None,
+                finished_at=now,
+            )
+        )
+
+    def park_call(self, effect_key: str, *, reason: str) -> None:
+        self.conn.execute(
+            update(tool_calls)
+            .where(tool_calls.c.effect_key == effect_key)
+            .values(status="parked", park_reason=reason, lease_owner=None, lease_expires_at=None)
+        )
+
+    # -- outbox ------------------------------------------------------------------------------
+
+    def insert_outbox(self, entry: OutboxEntry, now: datetime) -> None:
+        self.conn.execute(
+            insert(outbox).values(
+                key=entry.key,
+                task=entry.task,
+                args=list(entry.args),
+                queue=entry.queue,
+                argsrepr=entry.argsrepr,
+                created_at=now,
+                publish_count=0,
+            )
+        )
+
+    def delete_outbox(self, key: str) -> None:
+        self.conn.execute(delete(outbox).where(outbox.c.key == key))
+
+    def stale_outbox(
+        self, *, step_cutoff: datetime, tool_cutoff: datetime, limit: int
+    ) -> list[OutboxEntry]:
+        """Rows nobody consumed in time, locked so two reconcilers never share one.
+
+        A read_only tool's row lives until its result commits (it records no claim), so tool
+        rows wait a whole tool lease (or the last heartbeat) before they count as lost.
+        """
+        last_seen = func.coalesce(outbox.c.published_at, outbox.c.created_at)
+        query = (
+            select(outbox)
+            .where(
+                ((outbox.c.task == TOOL_TASK_NAME) & (last_seen < tool_cutoff))
+                | ((outbox.c.task != TOOL_TASK_NAME) & (last_seen < step_cutoff))
+            )
+            .order_by(outbox.c.created_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        return [
+            OutboxEntry(
+                key=row.key,
+                task=row.task,
+                args=tuple(row.args),
+                queue=row.queue,
+                argsrepr=row.argsrepr,
+            )
+            for row in self.conn.execute(query)
+        ]
+
+    def touch_outbox(self, key: str, now: datetime) -> None:
+        """A running read_only call is alive: defer the republish of its row."""
+        self.conn.execute(update(outbox).where(outbox.c.key == key).values(published_at=now))
+
+    def mark_republished(self, keys: Sequence[str], now: datetime) -> None:
+        if keys:
+            self.conn.execute(
+                update(outbox)
+                .where(outbox.c.key.in_(list(keys)))
+                .values(published_at=now, publish_count=outbox.c.publish_count + 1)
+            )
+
+    def outbox_keys(self) -> list[str]:
+        return list(self.conn.execute(select(outbox.c.key).order_by(outbox.c.key)).scalars())
+
+
+# -- row conversion ----------------------------------------------------------------------------
+
+
+def _run(row: Row[Any]) -> Run:
+    return _run_from_mapping(row._mapping)
+
+
+def _run_from_mapping(m: Any) -> Run:
+    return Run(
+        id=m["id"],
+        thread_id=m["thread_id"],
+        agent=m["agent"],
+        status=m["status"],
+        step=m["step"],
+        fence=m["fence"],
+        input=m["input"],
+        output=m["output"],
+        error=m["error"],
+        created_at=m["created_at"],
+        started_at=m["started_at"],
+        finished_at=m["finished_at"],
+        lease_owner=m["lease_owner"],
+        lease_expires_at=m["lease_expires_at"],
+    )
+
+
+def _message(row: Row[Any]) -> Message:
+    parts = row.parts or {}
+    return Message(
+        thread_id=row.thread_id,
+        seq=row.seq,
+        role=row.role,
+        text=row.text or "",
+        tool_calls=tuple(ToolCall.from_json(c) for c in parts.get("tool_calls", ())),
+        tool_result=ToolResult.from_json(parts["tool_result"]) if "tool_result" in parts else None,
+        run_id=row.run_id,
+        created_at=row.created_at,
+    )
+
+
+def _call(m: Any) -> CallRow:
+    return CallRow(
+        effect_key=m["effect_key"],
+        run_id=m["run_id"],
+        thread_id=m["thread_id"],
+        step=m["step"],
+        index=m["idx"],
+        call_id=m["call_id"],
+        tool=m["tool"],
+        args=m["args"],
+        status=m["status"],
+        attempt=m["attempt"],
+        calls_in_step=m["calls_in_step"],
+        effect=m["effect"],
+        queue=m["queue"],
+        first_started_at=m["first_started_at"],
+        lease_expires_at=m["lease_expires_at"],
+        result=m["result"],
+        is_error=bool(m["is_error"]),
+        park_reason=m["park_reason"],
+    )
+
+
+__all__ = ["Store", "Tx", "args_digest"]

@@ -1,0 +1,169 @@
+"""The ledger's tables (SQLAlchemy Core). Alembic migrations are held against this metadata.
+
+Conversation history is rows, never one growing blob, and never travels through the broker.
+Timestamps are stored as UTC; SQLite gets naive UTC text that sorts the same way.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+metadata = MetaData(naming_convention=NAMING)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are not stored; use an aware UTC datetime")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+Id = String(64)
+
+agents = Table(
+    "agents",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("config_hash", String(64), nullable=False),
+    Column("description", JSON, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+threads = Table(
+    "threads",
+    metadata,
+    Column("id", Id, primary_key=True),
+    Column("agent", String(128), nullable=False),
+    Column("config_hash", String(64), nullable=False),
+    Column("parent_thread_id", Id, ForeignKey("threads.id", ondelete="CASCADE"), nullable=True),
+    # The run that drives this thread now; NULL when idle. Runs queue behind it.
+    Column("active_run_id", Id, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index(None, "parent_thread_id"),
+)
+
+messages = Table(
+    "messages",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("thread_id", Id, ForeignKey("threads.id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("run_id", Id, nullable=True),
+    Column("role", String(16), nullable=False),
+    Column("text", Text, nullable=False, default=""),
+    Column("parts", JSON, nullable=True),
+    # A deterministic key for injected messages, so a redelivery never adds one twice.
+    Column("key", String(255), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    UniqueConstraint("thread_id", "seq"),
+    UniqueConstraint("thread_id", "key"),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", Id, primary_key=True),
+    Column("thread_id", Id, ForeignKey("threads.id", ondelete="CASCADE"), nullable=False),
+    Column("agent", String(128), nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("input", Text, nullable=False),
+    # The number of the next model step; the tool calls of step n run while step == n + 1.
+    Column("step", Integer, nullable=False, default=0),
+    # Bumped by every claim and every commit; each write is conditional on it.
+    Column("fence", BigInteger, nullable=False, default=0),
+    Column("lease_owner", String(255), nullable=True),
+    Column("lease_expires_at", UTCDateTime, nullable=True),
+    Column("output", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("started_at", UTCDateTime, nullable=True),
+    Column("finished_at", UTCDateTime, nullable=True),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Index(None, "thread_id", "created_at"),
+    Index(None, "status", "lease_expires_at"),
+)
+
+tool_calls = Table(
+    "tool_calls",
+    metadata,
+    Column("effect_key", String(255), primary_key=True),
+    Column("run_id", Id, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("thread_id", Id, nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("idx", Integer, nullable=False),
+    # How many calls the model asked for in this step: the last one hands over to the next step.
+    Column("calls_in_step", Integer, nullable=False),
+    Column("call_id", String(255), nullable=False),
+    Column("tool", String(255), nullable=False),
+    Column("args", Text, nullable=False),
+    Column("args_hash", String(64), nullable=False),
+    Column("effect", String(32), nullable=False),
+    Column("queue", String(255), nullable=True),
+    Column("status", String(32), nullable=False),
+    Column("attempt", Integer, nullable=False, default=0),
+    Column("first_started_at", UTCDateTime, nullable=True),
+    Column("lease_owner", String(255), nullable=True),
+    Column("lease_expires_at", UTCDateTime, nullable=True),
+    Column("result", Text, nullable=True),
+    Column("is_error", Boolean, nullable=False, default=False),
+    Column("park_reason", Text, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("finished_at", UTCDateTime, nullable=True),
+    UniqueConstraint("run_id", "step", "idx"),
+    Index(None, "status", "lease_expires_at"),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("key", String(255), primary_key=True),
+    Column("task", String(128), nullable=False),
+    Column("args", JSON, nullable=False),
+    Column("queue", String(255), nullable=True),
+    Column("argsrepr", String(512), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    # Set when the backbone re-published the row; the fast path publishes without writing.
+    Column("published_at", UTCDateTime, nullable=True),
+    Column("publish_count", Integer, nullable=False, default=0),
+    Index(None, "created_at"),
+)

@@ -1,0 +1,132 @@
+"""Fakes shipped for tests: a scripted model that drives agents offline.
+
+A :class:`ScriptedModel` answers each model turn from a script. Which entry answers is derived
+from the conversation it is shown (the number of model replies since the last user message), not
+from state in memory, so the same script gives the same run in any worker process and after any
+retry.
+
+>>> model = ScriptedModel([call("get_weather", city="Paris"), say("It is 21 degrees in Paris.")])
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One scripted model turn: some text and/or tool calls (name, JSON arguments)."""
+
+    text: str = ""
+    calls: tuple[tuple[str, str], ...] = field(default=())
+
+
+def say(text: str) -> Reply:
+    """A turn that only answers in text."""
+    return Reply(text=text)
+
+
+def call(name: str, args: dict[str, Any] | str | None = None, /, **kwargs: Any) -> Reply:
+    """A turn that calls one tool. ``args`` may be raw text (to script malformed JSON)."""
+    return calls((name, args if args is not None else kwargs))
+
+
+def calls(*pairs: tuple[str, dict[str, Any] | str]) -> Reply:
+    """A turn that calls several tools, in order."""
+    return Reply(
+        calls=tuple((name, a if isinstance(a, str) else json.dumps(a)) for name, a in pairs)
+    )
+
+
+ScriptEntry = Reply | str | Callable[[list[ModelMessage]], "Reply | str"]
+
+
+class ScriptExhausted(RuntimeError):
+    """The scripted model was asked for more turns than its script holds."""
+
+
+class ScriptedModel(FunctionModel):
+    """A pydantic-ai model that plays a script, streamed in small chunks like a real provider.
+
+    ``per="run"`` restarts the script at each user message; ``per="thread"`` plays it once across
+    the whole conversation. A string entry is a text reply; a callable entry is given the
+    pydantic-ai messages and returns a Reply or a string.
+    """
+
+    def __init__(
+        self,
+        script: Sequence[ScriptEntry],
+        *,
+        per: Literal["run", "thread"] = "run",
+        chunk_size: int = 8,
+        model_name: str = "scripted",
+    ) -> None:
+        self.script = list(script)
+        self.per = per
+        self.chunk_size = max(1, chunk_size)
+        super().__init__(self._respond, stream_function=self._stream, model_name=model_name)
+
+    def reply_for(self, messages: list[ModelMessage]) -> Reply:
+        """The scripted reply for a conversation."""
+        turn = self._turn_index(messages)
+        if turn >= len(self.script):
+            raise ScriptExhausted(
+                f"the script has {len(self.script)} turns and turn {turn + 1} was asked for"
+            )
+        entry = self.script[turn]
+        if callable(entry) and not isinstance(entry, Reply):
+            entry = entry(messages)
+        return Reply(text=entry) if isinstance(entry, str) else entry
+
+    def _turn_index(self, messages: list[ModelMessage]) -> int:
+        count = 0
+        for message in reversed(messages):
+            if isinstance(message, ModelResponse):
+                count += 1
+            elif self.per == "run" and isinstance(message, ModelRequest) and any(
+                isinstance(p, UserPromptPart) for p in message.parts
+            ):
+                break
+        return count
+
+    def _call_id(self, messages: list[ModelMessage], index: int) -> str:
+        return f"call_{len(messages)}_{index}"
+
+    async def _respond(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        reply = self.reply_for(messages)
+        parts: list[Any] = [TextPart(content=reply.text)] if reply.text else []
+        parts.extend(
+            ToolCallPart(tool_name=name, args=args, tool_call_id=self._call_id(messages, i))
+            for i, (name, args) in enumerate(reply.calls)
+        )
+        return ModelResponse(parts=parts or [TextPart(content="")])
+
+    async def _stream(
+        self, messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | dict[int, DeltaToolCall]]:
+        reply = self.reply_for(messages)
+        size = self.chunk_size
+        for start in range(0, len(reply.text), size):
+            yield reply.text[start : start + size]
+        for i, (name, args) in enumerate(reply.calls):
+            yield {i: DeltaToolCall(name=name, json_args="", tool_call_id=self._call_id(messages, i))}
+            for start in range(0, len(args), size):
+                yield {i: DeltaToolCall(json_args=args[start : start + size])}
+        if not reply.text and not reply.calls:
+            yield ""
+
+
+__all__ = ["Reply", "ScriptExhausted", "ScriptedModel", "call", "calls", "say"]

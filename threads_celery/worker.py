@@ -1,0 +1,246 @@
+"""The Celery side: configuration, the three tasks, and the outbox publisher.
+
+The broker is a doorbell: task messages carry ids only (a run id and step number, or an effect
+key). Delivery is at-least-once (``acks_late``, ``reject_on_worker_lost``, prefetch 1) and every
+task reads the ledger first, so a duplicate or late delivery does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery, Task
+from kombu.exceptions import OperationalError as KombuOperationalError
+
+from .agents import AgentRegistry
+from .exceptions import BrokerUnavailable, FenceLost, StoreUnavailable
+from .records import OutboxEntry
+from .runs import STEP_TASK, TOOL_TASK, utcnow
+from .settings import Settings
+from .store import Store, create_store_engine, parse_database_url, safe_url
+
+log = logging.getLogger("threads_celery.worker")
+
+RECONCILE_TASK = "threads.reconcile"
+EMBEDDED_BROKER = "memory://"
+
+
+def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
+    """Celery settings for at-least-once, JSON-only delivery of id-only task messages."""
+    config: dict[str, Any] = {
+        "broker_url": broker_url,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_time_limit": settings.task_time_limit_s,
+        "task_soft_time_limit": settings.task_soft_time_limit_s,
+        "task_track_started": False,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_default_queue": "threads",
+        "worker_hijack_root_logger": False,
+        "beat_schedule": {
+            "threads-reconcile": {
+                "task": RECONCILE_TASK,
+                "schedule": timedelta(seconds=settings.reconcile_interval_s),
+                "options": {"expires": settings.reconcile_interval_s * 2},
+            }
+        },
+    }
+    if broker_url.startswith("memory://"):
+        # The memory transport polls; a short interval keeps each hop near a few milliseconds.
+        config["broker_transport_options"] = {"polling_interval": 0.005}
+        config["task_send_sent_event"] = False
+        config["worker_send_task_events"] = False
+    config.update(settings.extra_celery)
+    return config
+
+
+class Publisher:
+    """Publishes outbox entries after their transaction committed.
+
+    A failure here loses nothing: the row stays in the outbox and the reconcile backbone
+    publishes it again.
+    """
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def __call__(self, entries: Sequence[OutboxEntry]) -> None:
+        for entry in entries:
+            try:
+                self.send(entry)
+            except Exception as exc:  # noqa: BLE001 - the outbox row is the retry
+                log.warning("publish of %s failed, left for the reconcile backbone: %s", entry.key, exc)
+
+    def send(self, entry: OutboxEntry) -> None:
+        options: dict[str, Any] = {"task_id": entry.key, "argsrepr": entry.argsrepr or entry.key}
+        if entry.queue:
+            options["queue"] = entry.queue
+        self.app.send_task(
+            entry.task,
+            args=list(entry.args),
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
+            **options,
+        )
+
+    def check(self, timeout: float = 3.0) -> None:
+        """Raise BrokerUnavailable unless the broker accepts a connection."""
+        try:
+            with self.app.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1, timeout=timeout)
+        except (KombuOperationalError, OSError, TimeoutError) as exc:
+            raise BrokerUnavailable(
+                f"cannot reach the broker at {safe_broker_url(self.app.conf.broker_url)}: {exc}"
+            ) from exc
+
+
+def safe_broker_url(url: str | None) -> str:
+    if not url:
+        return "<unset>"
+    from kombu.utils.url import maybe_sanitize_url
+
+    return str(maybe_sanitize_url(url))
+
+
+def open_store(database_url: str, **engine_options: Any) -> Store:
+    url = parse_database_url(database_url, source="THREADS_DATABASE_URL")
+    return Store(create_store_engine(url, **engine_options))
+
+
+class RuntimeHolder:
+    """Builds the worker's runtime lazily, once per process (prefork children get their own)."""
+
+    def __init__(self, app: Celery, settings: Settings, registry: AgentRegistry, store: Store | None = None) -> None:
+        self.app = app
+        self.settings = settings
+        self.registry = registry
+        self._store = store
+        self._runtime: Any = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        from .runtime import Runtime
+
+        with self._lock:
+            if self._runtime is None or self._pid != os.getpid():
+                if self._pid != os.getpid() and self._store is not None:
+                    self._store.engine.dispose(close=False)
+                self._pid = os.getpid()
+                if self._store is None:
+                    if not self.settings.database_url:
+                        raise StoreUnavailable("THREADS_DATABASE_URL is not set for this worker")
+                    self._store = open_store(self.settings.database_url)
+                if self.settings.agents:
+                    self.registry.load(self.settings.agents)
+                self._runtime = Runtime(
+                    self._store, self.registry, publish=Publisher(self.app), settings=self.settings
+                )
+            return self._runtime
+
+
+def create_app(
+    settings: Settings,
+    registry: AgentRegistry,
+    *,
+    broker_url: str | None = None,
+    store: Store | None = None,
+    main: str = "threads",
+) -> Celery:
+    """A Celery app with the threads tasks installed, bound to ``registry`` and the store."""
+    broker = broker_url or settings.broker_url or EMBEDDED_BROKER
+    app = Celery(main, set_as_current=False)
+    app.conf.update(celery_config(settings, broker))
+    holder = RuntimeHolder(app, settings, registry, store)
+    app.threads_runtime = holder  # type: ignore[attr-defined]
+    install_tasks(app, holder)
+    return app
+
+
+def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
+    """Register ``threads.step``, ``threads.tool`` and ``threads.reconcile`` on ``app``."""
+    from .runtime import RetryLater
+
+    def _run(task: Task, work: Any) -> str:
+        try:
+            return work()
+        except RetryLater as exc:
+            raise task.retry(countdown=exc.countdown, max_retries=None, exc=None) from None
+        except FenceLost as exc:
+            log.info("%s: %s", task.name, exc)
+            return "fence lost"
+        except StoreUnavailable as exc:
+            countdown = min(2 ** task.request.retries, 30)
+            log.warning("%s: store unavailable, retrying in %ss: %s", task.name, countdown, exc)
+            raise task.retry(countdown=countdown, max_retries=None, exc=None) from None
+
+    @app.task(name=STEP_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+    def step(self: Task, run_id: str, n: int) -> str:
+        """Run one model step of a run."""
+        runtime = holder.get()
+        return _run(self, lambda: runtime.run_step(run_id, n, attempt=self.request.retries or 0))
+
+    @app.task(name=TOOL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+    def tool(self: Task, effect_key: str) -> str:
+        """Run one tool call, by effect key."""
+        runtime = holder.get()
+        return _run(self, lambda: runtime.run_tool(effect_key))
+
+    @app.task(name=RECONCILE_TASK, bind=True, acks_late=False)
+    def reconcile(self: Task) -> str:
+        """Beat's backbone tick: publish outbox rows that nobody consumed in time."""
+        runtime = holder.get()
+        return _run(self, lambda: republish_stale_outbox(runtime))
+
+
+def republish_stale_outbox(runtime: Any, *, limit: int = 500) -> str:
+    """Publish again every outbox row older than the stale threshold (a lost publish)."""
+    now = utcnow()
+    settings = runtime.settings
+    with runtime.store.transaction() as tx:
+        entries = tx.stale_outbox(
+            step_cutoff=now - timedelta(seconds=settings.outbox_stale_after_s),
+            tool_cutoff=now - timedelta(seconds=settings.tool_lease_s),
+            limit=limit,
+        )
+        tx.mark_republished([e.key for e in entries], now)
+    runtime.publish(entries)
+    return f"republished {len(entries)}"
+
+
+def app_from_environment() -> Celery:
+    """The worker app for ``celery -A tasks``: settings and agents from ``THREADS_*`` variables."""
+    settings = Settings.from_env()
+    if not settings.broker_url:
+        from .exceptions import ConfigError
+
+        raise ConfigError("THREADS_BROKER_URL is not set (e.g. redis://127.0.0.1:6379/0)")
+    registry = AgentRegistry()
+    app = create_app(settings, registry)
+
+    from celery.signals import worker_init
+
+    @worker_init.connect(weak=False)
+    def _load_agents(**_: Any) -> None:
+        # Fail at start-up, not on the first task: a worker that cannot load its agents or
+        # reach its store should say so at once.
+        runtime = app.threads_runtime.get()  # type: ignore[attr-defined]
+        for agent in runtime.registry:
+            with runtime.store.transaction() as tx:
+                tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), utcnow())
+
+    return app
