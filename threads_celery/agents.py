@@ -92,6 +92,12 @@ class Agent:
             if t.name in seen:
                 raise ConfigError(f"agent {self.name!r}: two tools are named {t.name!r}")
             seen.add(t.name)
+        from .permissions import Permissions
+
+        if self.permissions is None:
+            self.permissions = Permissions()
+        elif not isinstance(self.permissions, Permissions):
+            raise ConfigError(f"agent {self.name!r}: permissions must be a Permissions value")
         if not isinstance(self.max_steps, int) or self.max_steps < 1:
             raise ConfigError(f"agent {self.name!r}: max_steps must be a positive integer")
 

@@ -13,9 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from . import runs
+from . import interventions, runs
 from .agents import Agent, AgentRegistry
 from .exceptions import ConfigError, PayloadTooLarge, RunNotFound, RunTimeout, StoreUnavailable, UnknownAgent
+from .interventions import PendingCall
 from .records import TERMINAL_STATUSES, Message, Run, RunHandle
 from .settings import Settings
 from .store import Store
@@ -61,7 +62,7 @@ class Threads:
         assert database_url is not None and broker_url is not None
         self.settings = settings.with_(database_url=database_url, broker_url=broker_url)
         self.registry = registry or AgentRegistry()
-        self.store: Store = open_store(database_url)
+        self.store: Store = open_store(database_url, self.settings)
         self.app = create_app(self.settings, self.registry, broker_url=broker_url, store=self.store)
         self.publisher = Publisher(self.app)
         self._worker: Any = None
@@ -246,6 +247,48 @@ class Threads:
             run, entries = runs.cancel(tx, run_id, now=runs.utcnow(), reason=reason)
         self.publisher(entries)
         return run
+
+
+    # -- people ----------------------------------------------------------------------------
+
+    def parked(self) -> list[PendingCall]:
+        """Calls that wait for a person: parked after an interruption, or awaiting approval."""
+        with self.store.read() as tx:
+            calls = tx.calls_with_status("parked") + tx.calls_with_status("awaiting_approval")
+        return [PendingCall.of(c) for c in calls]
+
+    def resolve(
+        self,
+        effect_key: str,
+        resolution: str,
+        *,
+        principal: str,
+        result: Any = None,
+    ) -> None:
+        """Settle a parked call: ``assume_done`` (records ``result``) or ``assume_not_done`` (runs it again)."""
+        with self.store.transaction() as tx:
+            entries = interventions.resolve(
+                tx, effect_key, resolution, principal=principal, now=runs.utcnow(), result=result  # type: ignore[arg-type]
+            )
+        self.publisher(entries)
+
+    def approve(self, effect_key: str, *, principal: str, override_args: dict[str, Any] | None = None) -> None:
+        """Approve a call that awaits approval, for its exact (or edited, re-validated) arguments."""
+        with self.store.transaction() as tx:
+            entries = interventions.approve(
+                tx, self.registry, effect_key, principal=principal, now=runs.utcnow(), override_args=override_args
+            )
+        self.publisher(entries)
+
+    def deny(self, effect_key: str, reason: str, *, principal: str | None = None) -> None:
+        """Deny a call that awaits approval; the model sees ``denied: <reason>``."""
+        with self.store.transaction() as tx:
+            entries = interventions.deny(tx, effect_key, reason=reason, now=runs.utcnow(), principal=principal)
+        self.publisher(entries)
+
+    def reconcile(self) -> dict[str, int]:
+        """Run one reconcile tick in this process (what Beat schedules)."""
+        return self.app.threads_runtime.get().reconcile_tick()  # type: ignore[attr-defined]
 
 
 def _raise_if_unreachable(store: Store, exc: Exception) -> None:

@@ -98,3 +98,29 @@ class FenceLost(ThreadsError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.fence))
+
+
+class CallNotFound(RuntimeFailure, LookupError):
+    """No tool call has that effect key."""
+
+    def __init__(self, effect_key: str, message: str | None = None) -> None:
+        self.effect_key = effect_key
+        super().__init__(message or f"no tool call has effect key {effect_key!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.effect_key, self.message))
+
+
+class CallStateError(RuntimeFailure):
+    """The tool call is not in a state that allows this."""
+
+    def __init__(self, effect_key: str, status: str, expected: str) -> None:
+        self.effect_key, self.status, self.expected = effect_key, status, expected
+        super().__init__(f"tool call {effect_key!r} is {status}, not {expected}; nothing was changed")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.effect_key, self.status, self.expected))
+
+
+class InvalidArguments(RuntimeFailure, ValueError):
+    """The arguments do not fit the tool's input schema."""

@@ -24,7 +24,9 @@ ACTIVE_STATUSES: frozenset[str] = frozenset(
 )
 
 Role = Literal["user", "assistant", "tool"]
-CallStatus = Literal["pending", "started", "completed", "error", "parked", "skipped"]
+CallStatus = Literal[
+    "pending", "awaiting_approval", "started", "completed", "error", "parked", "skipped"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +142,11 @@ class CallRow:
     result: str | None = None
     is_error: bool = False
     park_reason: str | None = None
+    resolution: str | None = None
+    resolved_by: str | None = None
+    approved_by: str | None = None
+    approved_args_hash: str | None = None
+    original_args: str | None = None
 
     @property
     def is_last_in_step(self) -> bool:

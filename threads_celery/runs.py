@@ -13,7 +13,7 @@ import uuid
 from datetime import datetime, timezone
 
 from .exceptions import ConfigError, FenceLost, ThreadNotFound
-from .records import TERMINAL_STATUSES, OutboxEntry, Run
+from .records import TERMINAL_STATUSES, CallRow, OutboxEntry, Run
 from .store import Tx
 
 STEP_TASK = "threads.step"
@@ -183,3 +183,79 @@ def cancel(tx: Tx, run_id: str, *, now: datetime, reason: str = "cancelled") -> 
     ended = tx.get_run(run_id)
     assert ended is not None
     return ended, entries
+
+
+def record_call_result(
+    tx: Tx,
+    run: Run,
+    call: CallRow,
+    *,
+    fence: int,
+    content: str,
+    is_error: bool,
+    ends_turn: bool,
+    now: datetime,
+    status: str = "running",
+) -> tuple[str, list[OutboxEntry]]:
+    """Commit a call's result as a tool message and record what runs next (fenced).
+
+    The next task is the following call of the same model reply, or the next model step after
+    the last one; a successful ``ends_turn`` call ends the run instead.
+    """
+    from .records import ToolResult
+
+    moved = tx.advance_run(run.id, fence=fence, now=now, status=status, lease_owner=None, lease_expires_at=None)
+    if moved is None:
+        raise FenceLost(run.id, fence)
+    tx.settle_call(
+        call.effect_key, status="error" if is_error else "completed", result=content, is_error=is_error, now=now
+    )
+    seq = tx.next_seq(run.thread_id)
+    tx.insert_message(
+        thread_id=run.thread_id,
+        seq=seq,
+        run_id=run.id,
+        role="tool",
+        text=content,
+        now=now,
+        tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error),
+    )
+    tx.delete_outbox(call.effect_key)
+    if ends_turn and not is_error:
+        skipped = _skip_rest_of_step(tx, run, call, seq + 1, now)
+        entries = finish(tx, run, fence=moved, status="completed", now=now, output=_last_assistant_text(tx, run))
+        return f"ended the turn{f' (skipped {skipped})' if skipped else ''}", entries
+    if call.is_last_in_step:
+        entry = step_entry(run, run.step, run.agent)
+    else:
+        following = tx.get_next_call(run.id, call.step, call.index + 1)
+        entry = tool_entry(following.effect_key, following.tool, following.queue)
+    tx.insert_outbox(entry, now)
+    return ("error" if is_error else "completed"), [entry]
+
+
+def _skip_rest_of_step(tx: Tx, run: Run, call: CallRow, seq: int, now: datetime) -> int:
+    """Settle the calls after an ends_turn call as skipped, so every call has a result."""
+    from .records import ToolResult
+
+    rest = [c for c in tx.calls_in_step(run.id, call.step) if c.index > call.index]
+    for offset, later in enumerate(rest):
+        text = f"skipped: {call.tool} ended the turn"
+        tx.settle_call(later.effect_key, status="skipped", result=text, is_error=True, now=now)
+        tx.insert_message(
+            thread_id=run.thread_id,
+            seq=seq + offset,
+            run_id=run.id,
+            role="tool",
+            text=text,
+            now=now,
+            tool_result=ToolResult(call_id=later.call_id, name=later.tool, content=text, is_error=True),
+        )
+    return len(rest)
+
+
+def _last_assistant_text(tx: Tx, run: Run) -> str:
+    for message in reversed(tx.list_messages(run.thread_id)):
+        if message.role == "assistant" and message.run_id == run.id:
+            return message.text
+    return ""

@@ -15,8 +15,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, assert_never
@@ -36,6 +38,7 @@ from .effects import (
     run_lookup,
 )
 from .exceptions import FenceLost, UnknownAgent
+from .permissions import Ask, Deny, decide_permission
 from .records import CallRow, OutboxEntry, Run
 from .settings import Settings
 from .store import Store, Tx
@@ -112,6 +115,8 @@ def decide_call(call: CallRow, run: Run, now: datetime, tool: Tool | None, looku
         return Skip("call already settled")
     if call.status == "parked":
         return Skip("call is parked")
+    if call.status == "awaiting_approval":
+        return Skip("call is awaiting approval")
     if run.status != "running":
         return Skip(f"run is {run.status}")
     if run.step != call.step + 1:
@@ -119,7 +124,8 @@ def decide_call(call: CallRow, run: Run, now: datetime, tool: Tool | None, looku
     if lease_held(run, now):
         assert run.lease_expires_at is not None
         return Busy(run.lease_expires_at)
-    if call.status == "pending" and call.attempt == 0:
+    if call.status == "pending" and (call.attempt == 0 or call.resolution == "assume_not_done"):
+        # Never started, or a person accepted the risk of running it again.
         return Proceed()
     record = CallRecord(
         effect_key=call.effect_key,
@@ -161,6 +167,7 @@ class Runtime:
         self.settings = settings or Settings()
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self.clock = clock
+        self.keeper = LeaseKeeper()
 
     # -- model steps -----------------------------------------------------------------------
 
@@ -189,11 +196,9 @@ class Runtime:
         if step >= agent.max_steps:
             self._finish(run, fence, "error", error=f"the run reached its limit of {agent.max_steps} model steps")
             return "error: step limit"
-        heartbeat = _Heartbeat(lambda: self._extend_run_lease(run.id, fence, lease), lease.total_seconds() / 3)
         try:
-            turn = models.request_turn(
-                agent.model, agent.system_prompt(), history, agent.tools, on_stream=lambda _e: heartbeat.beat()
-            )
+            with self.keeper.hold(lambda: self._extend_run_lease(run.id, fence, lease), lease.total_seconds() / 3):
+                turn = models.request_turn(agent.model, agent.system_prompt(), history, agent.tools)
         except Exception as exc:  # the provider failed: retry with backoff, then fail the run
             return self._step_failed(run, fence, step, attempt, exc)
         return self._commit_step(run, fence, step, agent, turn)
@@ -312,8 +317,7 @@ class Runtime:
             self._park(run, call, decision.reason)
             return f"parked: {decision.reason}"
         if isinstance(decision, RecordFound):
-            content = render_result(decision.value)
-            return self._commit_call(run, run.fence, call, agent, tool, content, is_error=False, own_outbox=True)
+            return self._commit_call(run, run.fence, call, tool, render_result(decision.value), is_error=False)
         if isinstance(decision, (Proceed, RunAgain)):
             return self._execute(run, call, agent, tool, now)
         assert_never(decision)
@@ -322,13 +326,26 @@ class Runtime:
         if tool is None:
             names = ", ".join(t.name for t in agent.tools) or "none"
             content = f"unknown tool {call.tool!r}; the tools you can call are: {names}"
-            return self._commit_call(run, run.fence, call, agent, None, content, is_error=True, own_outbox=True)
+            return self._commit_call(run, run.fence, call, None, content, is_error=True)
         try:
             parsed = tool.parse_arguments(call.args)
         except ToolArgumentsError as exc:
-            return self._commit_call(run, run.fence, call, agent, tool, str(exc), is_error=True, own_outbox=True)
-        fence, attempt, own_outbox = run.fence, call.attempt, True
-        if tool.effect != "read_only":
+            return self._commit_call(run, run.fence, call, tool, str(exc), is_error=True)
+        permission = decide_permission(
+            tool.name,
+            tool.effect,
+            agent.permissions,
+            approved_for_these_args=call.approved_args_hash == args_digest(call.args),
+        )
+        if isinstance(permission, Deny):
+            return self._commit_call(run, run.fence, call, tool, f"denied: {permission.reason}", is_error=True)
+        if isinstance(permission, Ask):
+            self._await_approval(run, call, permission.reason)
+            return f"awaiting approval: {permission.reason}"
+        fence, attempt = run.fence, call.attempt
+        read_only = tool.effect == "read_only"
+        if not read_only:
+            # The claim is the evidence that the effect may have happened: commit it first.
             lease = timedelta(seconds=self.settings.tool_lease_s)
             with self.store.transaction() as tx:
                 claimed = tx.claim_run(run.id, fence=run.fence, owner=self.worker_id, lease_until=now + lease, now=now)
@@ -336,87 +353,74 @@ class Runtime:
                     raise RetryLater(0.1, "run was claimed concurrently")
                 tx.claim_call(call.effect_key, owner=self.worker_id, lease_until=now + lease, now=now)
                 tx.delete_outbox(call.effect_key)
-            fence, attempt, own_outbox = claimed, call.attempt + 1, False
+            fence, attempt = claimed, call.attempt + 1
+
+        def renew() -> bool:
+            return self._extend_call_lease(run.id, call.effect_key, fence, read_only)
+
         ctx = ToolContext(
             effect_key=call.effect_key,
             run_id=run.id,
             thread_id=run.thread_id,
             attempt=max(attempt, 1),
             deps=agent.deps,
-            heartbeat=lambda: self._extend_call_lease(run.id, call.effect_key, fence, own_outbox),
+            heartbeat=renew,
             is_cancelled=lambda: self._is_cancelled(run.id),
         )
-        try:
-            value = models.run_coroutine(tool.execute(parsed, ctx)) if tool.is_async else tool.execute(parsed, ctx)
-            value = tool.check_output(value)
-            content, is_error = render_result(value), False
-        except ToolOutputError as exc:
-            content, is_error = str(exc), True
-        except Exception as exc:  # the tool failed: the model sees why and the run goes on
-            content, is_error = f"{type(exc).__name__}: {exc}", True
-        return self._commit_call(run, fence, call, agent, tool, content, is_error=is_error, own_outbox=own_outbox)
+        with self.keeper.hold(renew, self.settings.tool_lease_s / 3):
+            try:
+                value = models.run_coroutine(tool.execute(parsed, ctx)) if tool.is_async else tool.execute(parsed, ctx)
+                value = tool.check_output(value)
+                content, is_error = render_result(value), False
+            except ToolOutputError as exc:
+                content, is_error = str(exc), True
+            except Exception as exc:  # the tool failed: the model sees why and the run goes on
+                content, is_error = f"{type(exc).__name__}: {exc}", True
+        return self._commit_call(run, fence, call, tool, content, is_error=is_error)
 
     def _commit_call(
-        self,
-        run: Run,
-        fence: int,
-        call: CallRow,
-        agent: Agent,
-        tool: Tool | None,
-        content: str,
-        *,
-        is_error: bool,
-        own_outbox: bool,
+        self, run: Run, fence: int, call: CallRow, tool: Tool | None, content: str, *, is_error: bool
     ) -> str:
-        from .records import ToolResult
-
-        now = self.clock()
-        ends_turn = tool is not None and tool.ends_turn and not is_error
-        entries: list[OutboxEntry] = []
         with self.store.transaction() as tx:
-            moved = tx.advance_run(run.id, fence=fence, now=now, lease_owner=None, lease_expires_at=None)
-            if moved is None:
-                raise FenceLost(run.id, fence)
-            tx.settle_call(call.effect_key, status="error" if is_error else "completed", result=content, is_error=is_error, now=now)
-            seq = tx.next_seq(run.thread_id)
-            tx.insert_message(
-                thread_id=run.thread_id,
-                seq=seq,
-                run_id=run.id,
-                role="tool",
-                text=content,
-                now=now,
-                tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error),
+            outcome, entries = runs.record_call_result(
+                tx,
+                run,
+                call,
+                fence=fence,
+                content=content,
+                is_error=is_error,
+                ends_turn=tool is not None and tool.ends_turn,
+                now=self.clock(),
             )
-            if own_outbox:
-                tx.delete_outbox(call.effect_key)
-            if ends_turn:
-                skipped = _skip_rest_of_step(tx, run, call, seq + 1, now)
-                entries.extend(
-                    runs.finish(tx, run, fence=moved, status="completed", now=now, output=_last_assistant_text(tx, run))
-                )
-                outcome = f"ended the turn{f' (skipped {skipped})' if skipped else ''}"
-            elif call.is_last_in_step:
-                entry = runs.step_entry(run, run.step, agent.name)
-                tx.insert_outbox(entry, now)
-                entries.append(entry)
-                outcome = "error" if is_error else "completed"
-            else:
-                following = tx.get_next_call(run.id, call.step, call.index + 1)
-                entry = runs.tool_entry(following.effect_key, following.tool, following.queue)
-                tx.insert_outbox(entry, now)
-                entries.append(entry)
-                outcome = "error" if is_error else "completed"
         self.publish(entries)
         return outcome
 
+    def _await_approval(self, run: Run, call: CallRow, reason: str) -> None:
+        """The run waits for a person, holding no worker."""
+        with self.store.transaction() as tx:
+            moved = tx.advance_run(
+                run.id,
+                fence=run.fence,
+                now=self.clock(),
+                status="awaiting_approval",
+                lease_owner=None,
+                lease_expires_at=None,
+            )
+            if moved is None:
+                raise FenceLost(run.id, run.fence)
+            tx.update_call(call.effect_key, status="awaiting_approval", park_reason=reason)
+            tx.delete_outbox(call.effect_key)
+
     def _park(self, run: Run, call: CallRow, reason: str) -> None:
         with self.store.transaction() as tx:
-            moved = tx.advance_run(run.id, fence=run.fence, now=self.clock(), status="parked", lease_owner=None, lease_expires_at=None)
+            moved = tx.advance_run(
+                run.id, fence=run.fence, now=self.clock(), status="parked", lease_owner=None, lease_expires_at=None
+            )
             if moved is None:
                 raise FenceLost(run.id, run.fence)
             tx.park_call(call.effect_key, reason=reason)
             tx.delete_outbox(call.effect_key)
+        log.warning("run %s parked at call %s (%s): %s", run.id, call.effect_key, call.tool, reason)
 
     def _extend_call_lease(self, run_id: str, effect_key: str, fence: int, read_only: bool) -> bool:
         now = self.clock()
@@ -435,45 +439,83 @@ class Runtime:
             run = tx.get_run(run_id)
         return run is None or run.status == "aborted"
 
+    # -- the backbone ----------------------------------------------------------------------
 
-def _skip_rest_of_step(tx: Tx, run: Run, call: CallRow, seq: int, now: datetime) -> int:
-    """Settle the calls after an ends_turn call as skipped, so every call has a result."""
-    from .records import ToolResult
+    def reconcile_tick(self, *, limit: int = 500) -> dict[str, int]:
+        """One pass of the backbone: re-dispatch runs whose driver died, republish lost rows.
 
-    rest = [c for c in tx.calls_in_step(run.id, call.step) if c.index > call.index]
-    for offset, later in enumerate(rest):
-        text = f"skipped: {call.tool} ended the turn"
-        tx.settle_call(later.effect_key, status="skipped", result=text, is_error=True, now=now)
-        tx.insert_message(
-            thread_id=run.thread_id,
-            seq=seq + offset,
-            run_id=run.id,
-            role="tool",
-            text=text,
-            now=now,
-            tool_result=ToolResult(call_id=later.call_id, name=later.tool, content=text, is_error=True),
-        )
-    return len(rest)
+        A run whose lease expired is fenced off (its holder's late writes will be refused) and
+        its current task goes back into the outbox; that task then decides by the call's effect.
+        Safe from several processes at once: rows are taken with SKIP LOCKED, and the cost is
+        proportional to what is due (both queries walk an index on the due time).
+        """
+        now = self.clock()
+        redispatched: list[OutboxEntry] = []
+        with self.store.transaction() as tx:
+            for run in tx.expired_runs(now=now, limit=limit):
+                call = tx.started_call(run.id, run.step - 1) if run.step > 0 else None
+                entry = (
+                    runs.tool_entry(call.effect_key, call.tool, call.queue)
+                    if call is not None
+                    else runs.step_entry(run, run.step, run.agent)
+                )
+                tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None)
+                tx.insert_outbox(entry, now)
+                redispatched.append(entry)
+                log.warning("run %s: lease of %s expired; re-dispatching %s", run.id, run.lease_owner, entry.key)
+        self.publish(redispatched)
+        with self.store.transaction() as tx:
+            due = tx.due_outbox(now=now, limit=limit)
+        self.publish(due)
+        return {"expired_runs": len(redispatched), "republished": len(due)}
 
 
-def _last_assistant_text(tx: Tx, run: Run) -> str:
-    for message in reversed(tx.list_messages(run.thread_id)):
-        if message.role == "assistant" and message.run_id == run.id:
-            return message.text
-    return ""
+class LeaseKeeper:
+    """Renews the leases of work in progress from a background thread.
 
+    A lease says "this process is alive". The keeper dies with its process (SIGKILL, OOM) and
+    stops with it (SIGSTOP), which is exactly when the lease should lapse; a hung call is bounded
+    by the task time limit, which ends the process.
+    """
 
-class _Heartbeat:
-    """Calls ``extend`` at most every ``interval`` seconds while a stream is flowing."""
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[int, tuple[Callable[[], bool], float, float]] = {}
+        self._thread: threading.Thread | None = None
+        self._next_token = 0
 
-    def __init__(self, extend: Callable[[], bool], interval: float) -> None:
-        self.extend = extend
-        self.interval = interval
-        self.last = time.monotonic()
+    @contextmanager
+    def hold(self, renew: Callable[[], bool], interval: float) -> Iterator[None]:
+        """Call ``renew`` every ``interval`` seconds until the block ends or it returns False."""
+        interval = max(0.2, interval)
+        with self._lock:
+            self._next_token += 1
+            token = self._next_token
+            self._held[token] = (renew, interval, time.monotonic() + interval)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="threads-lease-keeper", daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held.pop(token, None)
 
-    def beat(self) -> None:
-        now = time.monotonic()
-        if now - self.last >= self.interval:
-            self.last = now
-            if not self.extend():
-                raise FenceLost("(stream)", -1)
+    def _loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            with self._lock:
+                due = [(token, renew, interval) for token, (renew, interval, at) in self._held.items() if at <= now]
+                for token, renew, interval in due:
+                    self._held[token] = (renew, interval, now + interval)
+                upcoming = [at for (_, _, at) in self._held.values()]
+            for token, renew, _ in due:
+                try:
+                    still_held = renew()
+                except Exception as exc:  # noqa: BLE001 - a failed renewal is tried again next time
+                    log.warning("lease renewal failed: %s", exc)
+                    continue
+                if not still_held:
+                    with self._lock:
+                        self._held.pop(token, None)
+            time.sleep(min(1.0, max(0.05, min(upcoming) - time.monotonic())) if upcoming else 0.5)

@@ -116,9 +116,14 @@ def safe_broker_url(url: str | None) -> str:
     return str(maybe_sanitize_url(url))
 
 
-def open_store(database_url: str, **engine_options: Any) -> Store:
+def open_store(database_url: str, settings: Settings | None = None, **engine_options: Any) -> Store:
     url = parse_database_url(database_url, source="THREADS_DATABASE_URL")
-    return Store(create_store_engine(url, **engine_options))
+    settings = settings or Settings()
+    return Store(
+        create_store_engine(url, **engine_options),
+        step_grace_s=settings.outbox_stale_after_s,
+        tool_grace_s=settings.tool_lease_s,
+    )
 
 
 class RuntimeHolder:
@@ -144,7 +149,7 @@ class RuntimeHolder:
                 if self._store is None:
                     if not self.settings.database_url:
                         raise StoreUnavailable("THREADS_DATABASE_URL is not set for this worker")
-                    self._store = open_store(self.settings.database_url)
+                    self._store = open_store(self.settings.database_url, self.settings)
                 if self.settings.agents:
                     self.registry.load(self.settings.agents)
                 self._runtime = Runtime(
@@ -202,24 +207,9 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
 
     @app.task(name=RECONCILE_TASK, bind=True, acks_late=False)
     def reconcile(self: Task) -> str:
-        """Beat's backbone tick: publish outbox rows that nobody consumed in time."""
+        """Beat's backbone tick: re-dispatch runs whose worker died, republish lost outbox rows."""
         runtime = holder.get()
-        return _run(self, lambda: republish_stale_outbox(runtime))
-
-
-def republish_stale_outbox(runtime: Any, *, limit: int = 500) -> str:
-    """Publish again every outbox row older than the stale threshold (a lost publish)."""
-    now = utcnow()
-    settings = runtime.settings
-    with runtime.store.transaction() as tx:
-        entries = tx.stale_outbox(
-            step_cutoff=now - timedelta(seconds=settings.outbox_stale_after_s),
-            tool_cutoff=now - timedelta(seconds=settings.tool_lease_s),
-            limit=limit,
-        )
-        tx.mark_republished([e.key for e in entries], now)
-    runtime.publish(entries)
-    return f"republished {len(entries)}"
+        return _run(self, lambda: str(runtime.reconcile_tick()))
 
 
 def app_from_environment() -> Celery:

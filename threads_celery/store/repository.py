@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
@@ -29,16 +29,18 @@ TOOL_TASK_NAME = "threads.tool"
 class Store:
     """The ledger: a narrow interface over one database."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, step_grace_s: float = 10.0, tool_grace_s: float = 300.0) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
+        self.step_grace = timedelta(seconds=step_grace_s)
+        self.tool_grace = timedelta(seconds=tool_grace_s)
 
     @contextmanager
     def transaction(self) -> Iterator[Tx]:
         """One read-write transaction, committed on success and rolled back on error."""
         try:
             with self.engine.begin() as conn:
-                yield Tx(conn, self.dialect)
+                yield Tx(conn, self)
         except OperationalError as exc:
             if _is_connection_error(exc):
                 raise StoreUnavailable(
@@ -52,7 +54,7 @@ class Store:
         try:
             with self.engine.connect() as conn:
                 conn.execution_options(threads_readonly=True)
-                yield Tx(conn, self.dialect)
+                yield Tx(conn, self)
         except OperationalError as exc:
             if _is_connection_error(exc):
                 raise StoreUnavailable(
@@ -92,9 +94,11 @@ def args_digest(args: str) -> str:
 class Tx:
     """The named queries of one transaction."""
 
-    def __init__(self, conn: Connection, dialect: str) -> None:
+    def __init__(self, conn: Connection, store: Store) -> None:
         self.conn = conn
-        self.dialect = dialect
+        self.dialect = store.dialect
+        self.step_grace = store.step_grace
+        self.tool_grace = store.tool_grace
 
     # -- agents ------------------------------------------------------------------------------
 
@@ -355,6 +359,37 @@ class Tx:
             )
         )
 
+    def update_call(self, effect_key: str, **values: Any) -> None:
+        self.conn.execute(update(tool_calls).where(tool_calls.c.effect_key == effect_key).values(**values))
+
+    def calls_with_status(self, status: str, *, limit: int = 200) -> list[CallRow]:
+        rows = self.conn.execute(
+            select(tool_calls)
+            .where(tool_calls.c.status == status)
+            .order_by(tool_calls.c.created_at)
+            .limit(limit)
+        )
+        return [_call(row._mapping) for row in rows]
+
+    def expired_runs(self, *, now: datetime, limit: int) -> list[Run]:
+        """Running runs whose driver stopped renewing its lease, locked with SKIP LOCKED."""
+        query = (
+            select(runs)
+            .where(runs.c.status == "running", runs.c.lease_expires_at < now)
+            .order_by(runs.c.lease_expires_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        return [_run(row) for row in self.conn.execute(query)]
+
+    def started_call(self, run_id: str, step: int) -> CallRow | None:
+        row = self.conn.execute(
+            select(tool_calls).where(
+                tool_calls.c.run_id == run_id, tool_calls.c.step == step, tool_calls.c.status == "started"
+            )
+        ).first()
+        return _call(row._mapping) if row is not None else None
+
     def park_call(self, effect_key: str, *, reason: str) -> None:
         self.conn.execute(
             update(tool_calls)
@@ -364,66 +399,73 @@ class Tx:
 
     # -- outbox ------------------------------------------------------------------------------
 
+    def _outbox_grace(self, task: str) -> timedelta:
+        return self.tool_grace if task == TOOL_TASK_NAME else self.step_grace
+
     def insert_outbox(self, entry: OutboxEntry, now: datetime) -> None:
-        self.conn.execute(
-            insert(outbox).values(
-                key=entry.key,
-                task=entry.task,
-                args=list(entry.args),
-                queue=entry.queue,
-                argsrepr=entry.argsrepr,
-                created_at=now,
-                publish_count=0,
-            )
-        )
+        """Record the intent to publish ``entry`` (a no-op if that key is already pending)."""
+        values = {
+            "key": entry.key,
+            "task": entry.task,
+            "args": list(entry.args),
+            "queue": entry.queue,
+            "argsrepr": entry.argsrepr,
+            "created_at": now,
+            "due_at": now + self._outbox_grace(entry.task),
+            "publish_count": 0,
+        }
+        self.conn.execute(_insert_ignoring_duplicates(self.dialect, outbox, values, ["key"]))
 
     def delete_outbox(self, key: str) -> None:
         self.conn.execute(delete(outbox).where(outbox.c.key == key))
 
-    def stale_outbox(
-        self, *, step_cutoff: datetime, tool_cutoff: datetime, limit: int
-    ) -> list[OutboxEntry]:
-        """Rows nobody consumed in time, locked so two reconcilers never share one.
+    def due_outbox(self, *, now: datetime, limit: int) -> list[OutboxEntry]:
+        """Rows nobody consumed in time (a publish was lost, or its worker died), moved forward.
 
-        A read_only tool's row lives until its result commits (it records no claim), so tool
-        rows wait a whole tool lease (or the last heartbeat) before they count as lost.
+        Locked with SKIP LOCKED, so two reconcilers never take the same row. A read_only tool's
+        row lives until its result commits (it records no claim), so tool rows are due only
+        after a whole tool lease, or after the call's last heartbeat.
         """
-        last_seen = func.coalesce(outbox.c.published_at, outbox.c.created_at)
-        query = (
-            select(outbox)
-            .where(
-                ((outbox.c.task == TOOL_TASK_NAME) & (last_seen < tool_cutoff))
-                | ((outbox.c.task != TOOL_TASK_NAME) & (last_seen < step_cutoff))
+        rows = list(
+            self.conn.execute(
+                select(outbox)
+                .where(outbox.c.due_at <= now)
+                .order_by(outbox.c.due_at)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
             )
-            .order_by(outbox.c.created_at)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
         )
-        return [
-            OutboxEntry(
-                key=row.key,
-                task=row.task,
-                args=tuple(row.args),
-                queue=row.queue,
-                argsrepr=row.argsrepr,
-            )
-            for row in self.conn.execute(query)
+        entries = [
+            OutboxEntry(key=r.key, task=r.task, args=tuple(r.args), queue=r.queue, argsrepr=r.argsrepr)
+            for r in rows
         ]
-
-    def touch_outbox(self, key: str, now: datetime) -> None:
-        """A running read_only call is alive: defer the republish of its row."""
-        self.conn.execute(update(outbox).where(outbox.c.key == key).values(published_at=now))
-
-    def mark_republished(self, keys: Sequence[str], now: datetime) -> None:
-        if keys:
+        for task in {e.task for e in entries}:
+            keys = [e.key for e in entries if e.task == task]
             self.conn.execute(
                 update(outbox)
-                .where(outbox.c.key.in_(list(keys)))
-                .values(published_at=now, publish_count=outbox.c.publish_count + 1)
+                .where(outbox.c.key.in_(keys))
+                .values(due_at=now + self._outbox_grace(task), publish_count=outbox.c.publish_count + 1)
             )
+        return entries
+
+    def touch_outbox(self, key: str, now: datetime) -> None:
+        """A running read_only call is alive: push its row's due time forward."""
+        self.conn.execute(
+            update(outbox).where(outbox.c.key == key).values(due_at=now + self.tool_grace)
+        )
 
     def outbox_keys(self) -> list[str]:
         return list(self.conn.execute(select(outbox.c.key).order_by(outbox.c.key)).scalars())
+
+
+def _insert_ignoring_duplicates(dialect: str, table: Any, values: dict[str, Any], keys: list[str]) -> Any:
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
 
 
 # -- row conversion ----------------------------------------------------------------------------
@@ -486,6 +528,11 @@ def _call(m: Any) -> CallRow:
         result=m["result"],
         is_error=bool(m["is_error"]),
         park_reason=m["park_reason"],
+        resolution=m["resolution"],
+        resolved_by=m["resolved_by"],
+        approved_by=m["approved_by"],
+        approved_args_hash=m["approved_args_hash"],
+        original_args=m["original_args"],
     )
 
 

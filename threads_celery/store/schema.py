@@ -147,6 +147,15 @@ tool_calls = Table(
     Column("result", Text, nullable=True),
     Column("is_error", Boolean, nullable=False, default=False),
     Column("park_reason", Text, nullable=True),
+    # How a person settled a parked call: assume_done / assume_not_done, and who.
+    Column("resolution", String(32), nullable=True),
+    Column("resolved_by", String(255), nullable=True),
+    Column("resolved_at", UTCDateTime, nullable=True),
+    # Approval: bound to the exact arguments it was given for (their hash).
+    Column("approved_by", String(255), nullable=True),
+    Column("approved_at", UTCDateTime, nullable=True),
+    Column("approved_args_hash", String(64), nullable=True),
+    Column("original_args", Text, nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
     Column("finished_at", UTCDateTime, nullable=True),
     UniqueConstraint("run_id", "step", "idx"),
@@ -162,8 +171,9 @@ outbox = Table(
     Column("queue", String(255), nullable=True),
     Column("argsrepr", String(512), nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
-    # Set when the backbone re-published the row; the fast path publishes without writing.
-    Column("published_at", UTCDateTime, nullable=True),
+    # When the row counts as lost if it is still here: the backbone publishes it again then and
+    # moves this forward. The fast path publishes right after commit without writing.
+    Column("due_at", UTCDateTime, nullable=False),
     Column("publish_count", Integer, nullable=False, default=0),
-    Index(None, "created_at"),
+    Index(None, "due_at"),
 )

@@ -1,8 +1,8 @@
-"""ledger: threads, messages, runs, tool calls, outbox
+"""The ledger: agents, threads, messages, runs, tool calls and the outbox.
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 14:28:02.778509
+Create Date: 2026-11-29 14:32:20.453276
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ def upgrade() -> None:
     sa.Column('queue', sa.String(length=255), nullable=True),
     sa.Column('argsrepr', sa.String(length=512), nullable=True),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
-    sa.Column('published_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('due_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('publish_count', sa.Integer(), nullable=False),
     sa.PrimaryKeyConstraint('key', name=op.f('pk_outbox'))
     )
     with op.batch_alter_table('outbox', schema=None) as batch_op:
-        batch_op.create_index(batch_op.f('ix_outbox_created_at'), ['created_at'], unique=False)
+        batch_op.create_index(batch_op.f('ix_outbox_due_at'), ['due_at'], unique=False)
 
     op.create_table('threads',
     sa.Column('id', sa.String(length=64), nullable=False),
@@ -112,6 +112,13 @@ def upgrade() -> None:
     sa.Column('result', sa.Text(), nullable=True),
     sa.Column('is_error', sa.Boolean(), nullable=False),
     sa.Column('park_reason', sa.Text(), nullable=True),
+    sa.Column('resolution', sa.String(length=32), nullable=True),
+    sa.Column('resolved_by', sa.String(length=255), nullable=True),
+    sa.Column('resolved_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('approved_by', sa.String(length=255), nullable=True),
+    sa.Column('approved_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('approved_args_hash', sa.String(length=64), nullable=True),
+    sa.Column('original_args', sa.Text(), nullable=True),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
     sa.ForeignKeyConstraint(['run_id'], ['runs.id'], name=op.f('fk_tool_calls_run_id_runs'), ondelete='CASCADE'),
@@ -139,7 +146,7 @@ def downgrade() -> None:
 
     op.drop_table('threads')
     with op.batch_alter_table('outbox', schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f('ix_outbox_created_at'))
+        batch_op.drop_index(batch_op.f('ix_outbox_due_at'))
 
     op.drop_table('outbox')
     op.drop_table('agents')
