@@ -46,6 +46,10 @@ class EmbeddedWorker:
         if self._controller is not None:
             return
         self.app.finalize()
+        # The thread pool resolves task names through the default app; make it ours. (One
+        # embedded worker per process at a time: a second one takes the default over.)
+        self.app.set_current()
+        self.app.set_default()
         controller = _Controller(
             app=self.app,
             hostname=anon_nodename(hostname=None, prefix="threads-embedded"),

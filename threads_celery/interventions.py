@@ -138,7 +138,15 @@ def resolve(
         )
         log.info("parked call %s (%s) assumed done by %s", effect_key, call.tool, principal)
         return entries
-    tx.update_call(effect_key, status="pending", park_reason=None)
+    # Deciding to run it again is also an approval of these arguments by the same person.
+    tx.update_call(
+        effect_key,
+        status="pending",
+        park_reason=None,
+        approved_by=call.approved_by or principal,
+        approved_at=now,
+        approved_args_hash=args_digest(call.args),
+    )
     log.warning(
         "parked call %s (%s): %s accepted the risk of a duplicate effect; running it again",
         effect_key,

@@ -193,19 +193,19 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
             log.warning("%s: store unavailable, retrying in %ss: %s", task.name, countdown, exc)
             raise task.retry(countdown=countdown, max_retries=None, exc=None) from None
 
-    @app.task(name=STEP_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+    @app.task(name=STEP_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
     def step(self: Task, run_id: str, n: int) -> str:
         """Run one model step of a run."""
         runtime = holder.get()
         return _run(self, lambda: runtime.run_step(run_id, n, attempt=self.request.retries or 0))
 
-    @app.task(name=TOOL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+    @app.task(name=TOOL_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
     def tool(self: Task, effect_key: str) -> str:
         """Run one tool call, by effect key."""
         runtime = holder.get()
         return _run(self, lambda: runtime.run_tool(effect_key))
 
-    @app.task(name=RECONCILE_TASK, bind=True, acks_late=False)
+    @app.task(name=RECONCILE_TASK, bind=True, shared=False, acks_late=False)
     def reconcile(self: Task) -> str:
         """Beat's backbone tick: re-dispatch runs whose worker died, republish lost outbox rows."""
         runtime = holder.get()
