@@ -17,7 +17,7 @@ from . import interventions, runs
 from .agents import Agent, AgentRegistry
 from .exceptions import ConfigError, PayloadTooLarge, RunNotFound, RunTimeout, StoreUnavailable, UnknownAgent
 from .interventions import PendingCall
-from .records import TERMINAL_STATUSES, Message, Run, RunHandle
+from .records import TERMINAL_STATUSES, Event, Message, Run, RunHandle
 from .settings import Settings
 from .store import Store
 from .store.engine import safe_url
@@ -240,6 +240,34 @@ class Threads:
         """The thread's stored messages in order (those with ``seq`` greater than ``after``)."""
         with self.store.read() as tx:
             return tx.list_messages(thread_id, after=after)
+
+    def events(
+        self,
+        thread_id: str,
+        after: int = 0,
+        *,
+        follow: bool = False,
+        timeout: float | None = None,
+        poll_interval: float = 0.05,
+    ) -> Iterator[Event]:
+        """The thread's events with ``seq`` greater than ``after``, in order; each exactly once.
+
+        With ``follow=True`` it keeps tailing the log after the replay (until ``timeout``
+        seconds pass, if given). Resume after a disconnect by passing the last ``seq`` seen.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cursor = after
+        while True:
+            with self.store.read() as tx:
+                batch = tx.list_events(thread_id, after=cursor)
+            for event in batch:
+                cursor = event.seq
+                yield event
+            if batch:
+                continue
+            if not follow or (deadline is not None and time.monotonic() >= deadline):
+                return
+            time.sleep(poll_interval)
 
     def cancel(self, run_id: str, reason: str = "cancelled") -> Run:
         """Abort a run; a run that already ended is left as it is."""

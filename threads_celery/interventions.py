@@ -109,7 +109,7 @@ def deny(tx: Tx, effect_key: str, *, reason: str, now: datetime, principal: str 
     call, run = _load(tx, effect_key, "awaiting_approval")
     tx.update_call(effect_key, resolved_by=principal, resolved_at=now, resolution="denied")
     _, entries = runs.record_call_result(
-        tx, run, call, fence=run.fence, content=f"denied: {reason}", is_error=True, ends_turn=False, now=now
+        tx, run, call, fence=run.fence, content=f"denied: {reason}", is_error=True, ends_turn=False, now=now, resume=True
     )
     log.info("call %s (%s) denied%s: %s", effect_key, call.tool, f" by {principal}" if principal else "", reason)
     return entries
@@ -134,7 +134,7 @@ def resolve(
     if resolution == "assume_done":
         content = render_result(result) if result is not None else f"assumed done by {principal}"
         _, entries = runs.record_call_result(
-            tx, run, call, fence=run.fence, content=content, is_error=False, ends_turn=False, now=now
+            tx, run, call, fence=run.fence, content=content, is_error=False, ends_turn=False, now=now, resume=True
         )
         log.info("parked call %s (%s) assumed done by %s", effect_key, call.tool, principal)
         return entries

@@ -399,35 +399,45 @@ def follow_run(
     timeout: float | None = None,
     poll_interval: float = 0.05,
     stop_at: Collection[str] = STOP_STATUSES,
+    header: bool = True,
 ) -> Run:
-    """Show a run live until it reaches a status in ``stop_at`` or ``timeout`` passes.
+    """Show a run until it reaches a status in ``stop_at`` or ``timeout`` seconds pass.
 
-    Returns the last run snapshot read; the caller tells a timeout by its status.
+    Settled entries are printed as they settle; on a terminal, what is still moving is shown in
+    a Rich ``Live`` region below them, which is cleared when watching stops. Returns the last run
+    snapshot read (the caller tells a timeout by its status). Print ``view.render_live()`` to
+    show where the run stopped, or call again with the same ``view`` and ``header=False`` to
+    carry on watching after, say, an approval.
     """
     view = view or RunView(run_id=run_id)
     deadline = None if timeout is None else time.monotonic() + timeout
-    console.print(view.render_header())
+    if header:
+        console.print(view.render_header())
 
-    def poll() -> Run:
-        # Read the run first: messages read after it are at least as new, so a finished run's
-        # last messages are never missed.
+    def poll(printer: Console) -> Run:
+        # Read the run first: messages read after it are at least as new, so the last messages
+        # of a run that just ended are never missed.
         run = source.get_run(run_id)
         view.add_all(source.messages(thread_id, after=view.last_seq))
         view.update(run)
         for renderable in view.take_settled():
-            live.console.print(renderable)
+            printer.print(renderable)
         return run
 
-    with Live(view, console=console, refresh_per_second=12, transient=False, redirect_stdout=False, redirect_stderr=False) as live:
+    def watch(printer: Console) -> Run:
         while True:
-            run = poll()
-            if run.status in stop_at:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                break
+            run = poll(printer)
+            if run.status in stop_at or (deadline is not None and time.monotonic() >= deadline):
+                return run
             time.sleep(poll_interval)
-        live.update(view, refresh=True)
-    return run
+
+    if not console.is_terminal or console.is_dumb_terminal:
+        # A file or a pipe: no cursor tricks, just the log of settled entries.
+        return watch(console)
+    with Live(
+        view, console=console, refresh_per_second=12, transient=True, redirect_stdout=False, redirect_stderr=False
+    ) as live:
+        return watch(live.console)
 
 
 __all__ = [

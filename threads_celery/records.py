@@ -163,3 +163,15 @@ class OutboxEntry:
     queue: str | None = None
     argsrepr: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One entry of a thread's event log: ``seq`` counts from 1 per thread, in commit order."""
+
+    thread_id: str
+    seq: int
+    type: str
+    payload: dict[str, Any]
+    run_id: str | None = None
+    created_at: datetime | None = None

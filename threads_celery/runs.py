@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timezone
+from typing import Any
 
 from .exceptions import ConfigError, FenceLost, ThreadNotFound
 from .records import TERMINAL_STATUSES, CallRow, OutboxEntry, Run
@@ -195,16 +196,18 @@ def record_call_result(
     is_error: bool,
     ends_turn: bool,
     now: datetime,
-    status: str = "running",
+    resume: bool = False,
 ) -> tuple[str, list[OutboxEntry]]:
     """Commit a call's result as a tool message and record what runs next (fenced).
 
     The next task is the following call of the same model reply, or the next model step after
-    the last one; a successful ``ends_turn`` call ends the run instead.
+    the last one; a successful ``ends_turn`` call ends the run instead. ``resume`` sets a run
+    that waited for a person back to running.
     """
     from .records import ToolResult
 
-    moved = tx.advance_run(run.id, fence=fence, now=now, status=status, lease_owner=None, lease_expires_at=None)
+    changes: dict[str, Any] = {"status": "running"} if resume else {}
+    moved = tx.advance_run(run.id, fence=fence, now=now, lease_owner=None, lease_expires_at=None, **changes)
     if moved is None:
         raise FenceLost(run.id, fence)
     tx.settle_call(

@@ -37,7 +37,7 @@ from .effects import (
     decide_recovery,
     run_lookup,
 )
-from .exceptions import FenceLost, UnknownAgent
+from .exceptions import FenceLost, StoreUnavailable, UnknownAgent
 from .permissions import Ask, Deny, decide_permission
 from .records import CallRow, OutboxEntry, Run
 from .settings import Settings
@@ -188,6 +188,8 @@ class Runtime:
             if fence is None:
                 raise RetryLater(0.1, "run was claimed concurrently")
             tx.delete_outbox(runs.step_key(run_id, step))
+            if run.status == "queued":
+                tx.append_event(run.thread_id, run_id, "run", {"run_id": run_id, "status": "running"}, now)
             history = tx.list_messages(run.thread_id)
         try:
             agent = self.registry.get(run.agent)
@@ -376,7 +378,29 @@ class Runtime:
                 content, is_error = str(exc), True
             except Exception as exc:  # the tool failed: the model sees why and the run goes on
                 content, is_error = f"{type(exc).__name__}: {exc}", True
-        return self._commit_call(run, fence, call, tool, content, is_error=is_error)
+            # Still holding the lease: a store outage here must not lose a result that exists
+            # only in this process (dropping it turns a blip into a rerun or a park).
+            return self._commit_executed(run, fence, call, tool, content, is_error=is_error)
+
+    def _commit_executed(
+        self, run: Run, fence: int, call: CallRow, tool: Tool | None, content: str, *, is_error: bool
+    ) -> str:
+        """Commit an executed call's result, retrying while the store is unreachable.
+
+        Gives up (re-raising) after the tool lease, at least 5 s; the fence keeps a commit that
+        arrives after another worker took the call over from being written.
+        """
+        deadline = time.monotonic() + max(self.settings.tool_lease_s, 5.0)
+        delay = 0.1
+        while True:
+            try:
+                return self._commit_call(run, fence, call, tool, content, is_error=is_error)
+            except StoreUnavailable as exc:
+                if time.monotonic() + delay >= deadline:
+                    raise
+                log.warning("call %s: cannot commit its result yet, retrying in %.1f s: %s", call.effect_key, delay, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     def _commit_call(
         self, run: Run, fence: int, call: CallRow, tool: Tool | None, content: str, *, is_error: bool

@@ -83,7 +83,11 @@ class Settings:
             "max_message_bytes": _int(env, "THREADS_MAX_MESSAGE_BYTES", 1_000_000),
             "visibility_timeout_s": visibility,
             "task_time_limit_s": hard,
-            "task_soft_time_limit_s": _int(env, "THREADS_TASK_SOFT_TIME_LIMIT_S", max(1, hard - 60)),
+            # A minute of warning before the hard limit, or a tenth of it for short limits
+            # (a bare "hard - 60" left a one-second soft limit under a 60 s hard limit).
+            "task_soft_time_limit_s": _int(
+                env, "THREADS_TASK_SOFT_TIME_LIMIT_S", max(1, hard - max(1, min(60, hard // 10)))
+            ),
             "outbox_stale_after_s": _float(env, "THREADS_OUTBOX_STALE_AFTER_S", 10.0),
             "reconcile_interval_s": _float(env, "THREADS_RECONCILE_INTERVAL_S", 5.0),
         }

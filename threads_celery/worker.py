@@ -178,9 +178,12 @@ def create_app(
 
 def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
     """Register ``threads.step``, ``threads.tool`` and ``threads.reconcile`` on ``app``."""
-    from .runtime import RetryLater
 
     def _run(task: Task, work: Any) -> str:
+        # Imported here, not above: a web app builds this app too, and must not load the runtime
+        # (and with it the model layer) just to publish tasks.
+        from .runtime import RetryLater
+
         try:
             return work()
         except RetryLater as exc:

@@ -18,9 +18,9 @@ from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ..exceptions import StoreUnavailable
-from ..records import CallRow, Message, OutboxEntry, Run, ToolCall, ToolResult
+from ..records import CallRow, Event, Message, OutboxEntry, Run, ToolCall, ToolResult
 from .engine import safe_url
-from .schema import agents, messages, outbox, runs, threads, tool_calls
+from .schema import agents, events, messages, outbox, runs, threads, tool_calls
 
 
 TOOL_TASK_NAME = "threads.tool"
@@ -138,6 +138,7 @@ class Tx:
                 config_hash=config_hash,
                 parent_thread_id=parent_thread_id,
                 active_run_id=None,
+                event_seq=0,
                 created_at=now,
             )
         )
@@ -157,6 +158,7 @@ class Tx:
     # -- runs --------------------------------------------------------------------------------
 
     def insert_run(self, run_id: str, thread_id: str, agent: str, input: str, now: datetime) -> None:
+        self.append_event(thread_id, run_id, "run", {"run_id": run_id, "status": "queued", "agent": agent}, now)
         self.conn.execute(
             insert(runs).values(
                 id=run_id,
@@ -225,13 +227,25 @@ class Tx:
         return result.rowcount == 1
 
     def advance_run(self, run_id: str, *, fence: int, now: datetime, **values: Any) -> int | None:
-        """Write a transition of the run if ``fence`` still holds; returns the new fence."""
-        return self.conn.execute(
+        """Write a transition of the run if ``fence`` still holds; returns the new fence.
+
+        A change of status is also appended to the thread's event log.
+        """
+        row = self.conn.execute(
             update(runs)
             .where(runs.c.id == run_id, runs.c.fence == fence)
             .values(fence=runs.c.fence + 1, updated_at=now, **values)
-            .returning(runs.c.fence)
-        ).scalar()
+            .returning(runs.c.fence, runs.c.thread_id)
+        ).first()
+        if row is None:
+            return None
+        if "status" in values:
+            payload = {"run_id": run_id, "status": values["status"]}
+            for key in ("output", "error"):
+                if values.get(key) is not None:
+                    payload[key] = values[key]
+            self.append_event(row.thread_id, run_id, "run", payload, now)
+        return int(row.fence)
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -271,6 +285,47 @@ class Tx:
                 created_at=now,
             )
         )
+        self.append_event(
+            thread_id, run_id, "message", {"seq": seq, "role": role, "text": text, **(parts or {})}, now
+        )
+
+    # -- events ------------------------------------------------------------------------------
+
+    def append_event(
+        self, thread_id: str, run_id: str | None, type: str, payload: dict[str, Any], now: datetime
+    ) -> int:
+        """Append to the thread's event log; returns the event's sequence number."""
+        seq = self.conn.execute(
+            update(threads)
+            .where(threads.c.id == thread_id)
+            .values(event_seq=threads.c.event_seq + 1)
+            .returning(threads.c.event_seq)
+        ).scalar_one()
+        self.conn.execute(
+            insert(events).values(
+                thread_id=thread_id, seq=seq, run_id=run_id, type=type, payload=payload, created_at=now
+            )
+        )
+        return int(seq)
+
+    def list_events(self, thread_id: str, *, after: int = 0, limit: int = 500) -> list[Event]:
+        rows = self.conn.execute(
+            select(events)
+            .where(events.c.thread_id == thread_id, events.c.seq > after)
+            .order_by(events.c.seq)
+            .limit(limit)
+        )
+        return [
+            Event(
+                thread_id=row.thread_id,
+                seq=int(row.seq),
+                type=row.type,
+                payload=row.payload,
+                run_id=row.run_id,
+                created_at=row.created_at,
+            )
+            for row in rows
+        ]
 
     def list_messages(self, thread_id: str, *, after: int = -1, limit: int | None = None) -> list[Message]:
         query = (

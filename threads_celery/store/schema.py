@@ -78,6 +78,8 @@ threads = Table(
     Column("parent_thread_id", Id, ForeignKey("threads.id", ondelete="CASCADE"), nullable=True),
     # The run that drives this thread now; NULL when idle. Runs queue behind it.
     Column("active_run_id", Id, nullable=True),
+    # The last event sequence handed out; bumping it serialises a thread's events in commit order.
+    Column("event_seq", BigInteger, nullable=False, default=0),
     Column("created_at", UTCDateTime, nullable=False),
     Index(None, "parent_thread_id"),
 )
@@ -97,6 +99,20 @@ messages = Table(
     Column("created_at", UTCDateTime, nullable=False),
     UniqueConstraint("thread_id", "seq"),
     UniqueConstraint("thread_id", "key"),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("thread_id", Id, ForeignKey("threads.id", ondelete="CASCADE"), nullable=False),
+    # Contiguous per thread from 1, in commit order: the replay cursor (SSE Last-Event-ID).
+    Column("seq", BigInteger, nullable=False),
+    Column("run_id", Id, nullable=True),
+    Column("type", String(64), nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    UniqueConstraint("thread_id", "seq"),
 )
 
 runs = Table(

@@ -1,8 +1,8 @@
-"""The ledger: agents, threads, messages, runs, tool calls and the outbox.
+"""The ledger: agents, threads, messages, events, runs, tool calls and the outbox.
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 14:32:20.453276
+Create Date: 2026-11-29 14:44:21.851358
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def upgrade() -> None:
     sa.Column('config_hash', sa.String(length=64), nullable=False),
     sa.Column('parent_thread_id', sa.String(length=64), nullable=True),
     sa.Column('active_run_id', sa.String(length=64), nullable=True),
+    sa.Column('event_seq', sa.BigInteger(), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['parent_thread_id'], ['threads.id'], name=op.f('fk_threads_parent_thread_id_threads'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_threads'))
@@ -53,6 +54,18 @@ def upgrade() -> None:
     with op.batch_alter_table('threads', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_threads_parent_thread_id'), ['parent_thread_id'], unique=False)
 
+    op.create_table('events',
+    sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
+    sa.Column('thread_id', sa.String(length=64), nullable=False),
+    sa.Column('seq', sa.BigInteger(), nullable=False),
+    sa.Column('run_id', sa.String(length=64), nullable=True),
+    sa.Column('type', sa.String(length=64), nullable=False),
+    sa.Column('payload', sa.JSON(), nullable=False),
+    sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
+    sa.ForeignKeyConstraint(['thread_id'], ['threads.id'], name=op.f('fk_events_thread_id_threads'), ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('id', name=op.f('pk_events')),
+    sa.UniqueConstraint('thread_id', 'seq', name=op.f('uq_events_thread_id_seq'))
+    )
     op.create_table('messages',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
     sa.Column('thread_id', sa.String(length=64), nullable=False),
@@ -141,6 +154,7 @@ def downgrade() -> None:
 
     op.drop_table('runs')
     op.drop_table('messages')
+    op.drop_table('events')
     with op.batch_alter_table('threads', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_threads_parent_thread_id'))
 
