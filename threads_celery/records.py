@@ -85,6 +85,8 @@ class Message:
     tool_result: ToolResult | None = None
     run_id: str | None = None
     created_at: datetime | None = None
+    meta: dict[str, Any] | None = None
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +107,8 @@ class Run:
     finished_at: datetime | None = None
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
+    input_meta: dict[str, Any] | None = None
+    agent_tool_run_id: str | None = None
 
     @property
     def is_terminal(self) -> bool:

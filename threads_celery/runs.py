@@ -69,16 +69,27 @@ def submit_run(
     now: datetime,
     thread_id: str | None = None,
     run_id: str | None = None,
+    parent_thread_id: str | None = None,
+    agent_tool_run_id: str | None = None,
+    input_meta: dict[str, Any] | None = None,
 ) -> tuple[Run, list[OutboxEntry]]:
-    """Record a new run on a (new or existing) thread; activate it if the thread is idle."""
+    """Record a new run on a (new or existing) thread; activate it if the thread is idle.
+
+    Idempotent by ``run_id``: a run that exists is returned as it is, with nothing to publish.
+    ``input_meta`` travels with the user message (``key`` makes the message itself unique).
+    """
+    if run_id is not None:
+        existing = tx.get_run(run_id)
+        if existing is not None:
+            return existing, []
     run_id = run_id or new_id("run")
     if thread_id is None:
         thread_id = new_id("thread")
-        tx.insert_thread(thread_id, agent, config_hash, now)
+        tx.insert_thread(thread_id, agent, config_hash, now, parent_thread_id=parent_thread_id)
     else:
         thread = tx.get_thread(thread_id, lock=True)
         if thread is None:
-            tx.insert_thread(thread_id, agent, config_hash, now)
+            tx.insert_thread(thread_id, agent, config_hash, now, parent_thread_id=parent_thread_id)
         else:
             if thread.agent != agent:
                 raise ConfigError(
@@ -89,7 +100,9 @@ def submit_run(
                     f"agent {agent!r} changed since thread {thread_id!r} began; "
                     "a config change starts a new thread"
                 )
-    tx.insert_run(run_id, thread_id, agent, message, now)
+    tx.insert_run(
+        run_id, thread_id, agent, message, now, agent_tool_run_id=agent_tool_run_id, input_meta=input_meta
+    )
     run = tx.get_run(run_id)
     assert run is not None
     entries: list[OutboxEntry] = []
@@ -100,6 +113,8 @@ def submit_run(
 
 def activate(tx: Tx, run: Run, now: datetime) -> OutboxEntry:
     """The run now drives its thread: its message joins the history and its first step is due."""
+    meta = dict(run.input_meta or {})
+    key = meta.pop("key", None)
     tx.insert_message(
         thread_id=run.thread_id,
         seq=tx.next_seq(run.thread_id),
@@ -107,6 +122,8 @@ def activate(tx: Tx, run: Run, now: datetime) -> OutboxEntry:
         role="user",
         text=run.input,
         now=now,
+        meta=meta or None,
+        key=key,
     )
     entry = step_entry(run, 0, run.agent)
     tx.insert_outbox(entry, now)

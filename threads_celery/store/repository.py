@@ -157,7 +157,17 @@ class Tx:
 
     # -- runs --------------------------------------------------------------------------------
 
-    def insert_run(self, run_id: str, thread_id: str, agent: str, input: str, now: datetime) -> None:
+    def insert_run(
+        self,
+        run_id: str,
+        thread_id: str,
+        agent: str,
+        input: str,
+        now: datetime,
+        *,
+        agent_tool_run_id: str | None = None,
+        input_meta: dict[str, Any] | None = None,
+    ) -> None:
         self.append_event(thread_id, run_id, "run", {"run_id": run_id, "status": "queued", "agent": agent}, now)
         self.conn.execute(
             insert(runs).values(
@@ -166,6 +176,8 @@ class Tx:
                 agent=agent,
                 status="queued",
                 input=input,
+                input_meta=input_meta,
+                agent_tool_run_id=agent_tool_run_id,
                 step=0,
                 fence=0,
                 created_at=now,
@@ -267,6 +279,7 @@ class Tx:
         tool_calls: Sequence[ToolCall] = (),
         tool_result: ToolResult | None = None,
         key: str | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> None:
         parts: dict[str, Any] | None = None
         if tool_calls:
@@ -282,12 +295,14 @@ class Tx:
                 text=text,
                 parts=parts,
                 key=key,
+                meta=meta,
                 created_at=now,
             )
         )
-        self.append_event(
-            thread_id, run_id, "message", {"seq": seq, "role": role, "text": text, **(parts or {})}, now
-        )
+        payload: dict[str, Any] = {"seq": seq, "role": role, "text": text, **(parts or {})}
+        if meta:
+            payload["meta"] = meta
+        self.append_event(thread_id, run_id, "message", payload, now)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -546,6 +561,8 @@ def _run_from_mapping(m: Any) -> Run:
         finished_at=m["finished_at"],
         lease_owner=m["lease_owner"],
         lease_expires_at=m["lease_expires_at"],
+        input_meta=m["input_meta"],
+        agent_tool_run_id=m["agent_tool_run_id"],
     )
 
 
@@ -560,6 +577,8 @@ def _message(row: Row[Any]) -> Message:
         tool_result=ToolResult.from_json(parts["tool_result"]) if "tool_result" in parts else None,
         run_id=row.run_id,
         created_at=row.created_at,
+        meta=row.meta,
+        key=row.key,
     )
 
 

@@ -94,6 +94,8 @@ messages = Table(
     Column("role", String(16), nullable=False),
     Column("text", Text, nullable=False, default=""),
     Column("parts", JSON, nullable=True),
+    # Where an injected message came from: {source, run_id, agent_type, status}.
+    Column("meta", JSON, nullable=True),
     # A deterministic key for injected messages, so a redelivery never adds one twice.
     Column("key", String(255), nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
@@ -123,6 +125,9 @@ runs = Table(
     Column("agent", String(128), nullable=False),
     Column("status", String(32), nullable=False),
     Column("input", Text, nullable=False),
+    Column("input_meta", JSON, nullable=True),
+    # Set when this run is the child of an agent-tool run.
+    Column("agent_tool_run_id", String(255), nullable=True),
     # The number of the next model step; the tool calls of step n run while step == n + 1.
     Column("step", Integer, nullable=False, default=0),
     # Bumped by every claim and every commit; each write is conditional on it.
@@ -192,4 +197,62 @@ outbox = Table(
     Column("due_at", UTCDateTime, nullable=False),
     Column("publish_count", Integer, nullable=False, default=0),
     Index(None, "due_at"),
+)
+
+
+agent_tool_runs = Table(
+    "agent_tool_runs",
+    metadata,
+    Column("run_id", String(255), primary_key=True),
+    Column("parent_thread_id", Id, ForeignKey("threads.id", ondelete="CASCADE"), nullable=False),
+    Column("parent_run_id", Id, nullable=True),
+    Column("parent_tool_call_id", String(255), nullable=True),
+    # The parent's tool call this run answers, when a model call started it (awaited).
+    Column("parent_effect_key", String(255), nullable=True),
+    Column("agent_type", String(128), nullable=False),
+    Column("display_order", Integer, nullable=False, default=0),
+    Column("display_name", String(255), nullable=True),
+    Column("child_thread_id", Id, nullable=True),
+    Column("child_run_id", Id, nullable=True, unique=True),
+    Column("input", JSON, nullable=True),
+    Column("input_preview", Text, nullable=False, default=""),
+    Column("status", String(32), nullable=False),
+    Column("reason", String(64), nullable=True),
+    Column("child_still_running", Boolean, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("summary", Text, nullable=True),
+    Column("output", JSON, nullable=True),
+    Column("progress", JSON, nullable=True),
+    Column("last_signal_at", UTCDateTime, nullable=True),
+    Column("detached", Boolean, nullable=False, default=False),
+    Column("event_delivery", String(16), nullable=False, default="all"),
+    Column("on_finish", String(255), nullable=True),
+    Column("notify", JSON, nullable=True),
+    Column("on_milestones", JSON, nullable=True),
+    Column("max_budget_ms", BigInteger, nullable=True),
+    Column("no_progress_budget_ms", BigInteger, nullable=True),
+    # When the backbone must look at this run next (a budget ends, silence runs out); NULL: never.
+    Column("check_at", UTCDateTime, nullable=True),
+    # Finish delivery: statuses delivered, and a claim so two deliveries fire once.
+    Column("delivered", JSON, nullable=False, default=list),
+    Column("delivery_owner", String(255), nullable=True),
+    Column("delivery_lease_until", UTCDateTime, nullable=True),
+    Column("delivery_attempts", Integer, nullable=False, default=0),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("started_at", UTCDateTime, nullable=True),
+    Column("finished_at", UTCDateTime, nullable=True),
+    Index(None, "parent_thread_id", "created_at"),
+    Index(None, "check_at"),
+)
+
+milestones = Table(
+    "milestones",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("agent_tool_run_id", String(255), ForeignKey("agent_tool_runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("sequence", Integer, nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("data", JSON, nullable=True),
+    Column("at", UTCDateTime, nullable=False),
+    UniqueConstraint("agent_tool_run_id", "sequence"),
 )
