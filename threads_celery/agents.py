@@ -165,6 +165,9 @@ class AgentRegistry:
                     f"agent name {agent.name!r} is already registered with another configuration"
                 )
             self._agents[agent.name] = agent
+        for t in agent.tools:
+            if t.child_agent is not None and t.child_agent.name not in self._agents:
+                self.add(t.child_agent)
         return agent
 
     def get(self, name: str) -> Agent:

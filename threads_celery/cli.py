@@ -303,34 +303,18 @@ def run(
         message = sys.stdin.read()
     agent = load_agent(agent_spec)
     threads = open_threads(db)
-    deadline = time.monotonic() + timeout
-    interactive = not as_json and not approve and sys.stdin.isatty() and out.is_terminal
     try:
         handle = threads.start(agent, message, thread_id=thread)
         view = RunView(run_id=handle.run_id, agent=agent.name)
-        header = True
-        while True:
-            remaining = max(0.0, deadline - time.monotonic())
-            try:
-                if as_json:
-                    final = _wait_quietly(threads, handle.run_id, remaining)
-                else:
-                    final = follow_run(
-                        threads, handle.run_id, handle.thread_id, console=out, view=view, timeout=remaining, header=header
-                    )
-            except KeyboardInterrupt:
-                _abandon(threads, threads.get_run(handle.run_id), None, quiet=False)
-                raise typer.Exit(EXIT_RUN_FAILED) from None
-            header = False
-            if final.status != "awaiting_approval" or not (approve or interactive):
-                break
-            if not _decide_approvals(threads, agent, final, auto=approve, log=err if as_json else out):
-                break
-        if not as_json:
-            out.print(view.render_live())
-        code = exit_code_for(final.status)
-        if code == EXIT_TIMEOUT:
-            final = _abandon(threads, final, timeout, quiet=as_json)
+        try:
+            final = _watch(threads, agent, handle.run_id, handle.thread_id, view, timeout=timeout, approve=approve, as_json=as_json)
+        except KeyboardInterrupt:
+            final = _abandon(threads, threads.get_run(handle.run_id), None, quiet=as_json)
+            timed_out = False
+        else:
+            timed_out = exit_code_for(final.status) == EXIT_TIMEOUT
+            if timed_out:
+                final = _abandon(threads, final, timeout, quiet=as_json)
         if as_json:
             messages = [m for m in threads.messages(handle.thread_id) if m.run_id == handle.run_id]
             payload = {
@@ -340,16 +324,52 @@ def run(
                 "status": final.status,
                 "output": final.output,
                 "error": final.error,
-                "timed_out": code == EXIT_TIMEOUT,
+                "timed_out": timed_out,
                 "messages": [message_to_json(m) for m in messages],
             }
             sys.stdout.write(json.dumps(payload, indent=2) + "\n")
-        elif code == EXIT_NEEDS_A_PERSON:
-            hint = " (re-run with --approve to approve its calls)" if final.status == "awaiting_approval" else ""
-            err.print(f"run {final.id} is {final.status.replace('_', ' ')}; it resumes once a person decides{hint}.", style="yellow")
-        raise typer.Exit(code)
+        else:
+            view.add_all(threads.messages(handle.thread_id, after=view.last_seq))
+            view.update(final)
+            out.print(view.render_live())
+            if final.status in NEEDS_A_PERSON:
+                hint = " (re-run with --approve to approve its calls)" if final.status == "awaiting_approval" else ""
+                err.print(
+                    f"run {final.id} is {final.status.replace('_', ' ')}; it resumes once a person decides{hint}.",
+                    style="yellow",
+                    soft_wrap=True,
+                )
+        raise typer.Exit(EXIT_TIMEOUT if timed_out else exit_code_for(final.status))
     finally:
         threads.close()
+
+
+def _watch(
+    threads: Threads,
+    agent: Agent,
+    run_id: str,
+    thread_id: str,
+    view: RunView,
+    *,
+    timeout: float,
+    approve: bool,
+    as_json: bool,
+) -> Run:
+    """Follow the run until it ends, needs a person nobody here can be, or time runs out."""
+    deadline = time.monotonic() + timeout
+    interactive = not as_json and not approve and sys.stdin.isatty() and out.is_terminal
+    header = True
+    while True:
+        remaining = max(0.0, deadline - time.monotonic())
+        if as_json:
+            run = _wait_quietly(threads, run_id, remaining)
+        else:
+            run = follow_run(threads, run_id, thread_id, console=out, view=view, timeout=remaining, header=header)
+        header = False
+        if run.status != "awaiting_approval" or not (approve or interactive):
+            return run
+        if not _decide_approvals(threads, agent, run, auto=approve, view=view):
+            return run
 
 
 def _principal() -> str:
@@ -359,29 +379,34 @@ def _principal() -> str:
         return "cli"
 
 
-def _decide_approvals(threads: Threads, agent: Agent, run: Run, *, auto: bool, log: Console) -> bool:
+def _decide_approvals(threads: Threads, agent: Agent, run: Run, *, auto: bool, view: RunView) -> bool:
     """Approve (or ask about) the calls ``run`` waits on. False means: stop watching."""
     pending = [c for c in threads.parked() if c.run_id == run.id and c.status == "awaiting_approval"]
     if not pending:
         return True  # decided meanwhile (by someone else): keep watching
+    principal = _principal()
     for call in pending:
-        tool = agent.tool_named(call.tool)
-        described = Text.assemble(
-            (call.tool, "bold yellow"), ("(", "dim"), format_args(call.args), (")", "dim"),
-            (f"  effect: {tool.effect}" if tool else "", "dim"),
-        )
-        if auto:
-            threads.approve(call.effect_key, principal=_principal())
-            log.print(Text.assemble(("  ✓ approved ", "green"), described))
-            continue
-        err.print(Text.assemble(("approval needed: ", "bold yellow"), described))
-        answer = Prompt.ask("approve?", choices=["y", "n", "q"], default="y", console=err)
-        if answer == "q":
-            return False
-        if answer == "y":
-            threads.approve(call.effect_key, principal=_principal())
-        else:
-            threads.deny(call.effect_key, "denied from the command line", principal=_principal())
+        if not auto:
+            tool = agent.tool_named(call.tool)
+            err.print(
+                Text.assemble(
+                    ("approval needed: ", "bold yellow"),
+                    (call.tool, "bold yellow"),
+                    ("(", "dim"),
+                    format_args(call.args),
+                    (")", "dim"),
+                    (f"  effect: {tool.effect}" if tool else "", "dim"),
+                )
+            )
+            answer = Prompt.ask("approve?", choices=["y", "n", "q"], default="y", console=err)
+            if answer == "q":
+                return False
+            if answer == "n":
+                threads.deny(call.effect_key, "declined at the command line", principal=principal)
+                view.note_call(call.effect_key, f"✗ declined by {principal}", style="red")
+                continue
+        threads.approve(call.effect_key, principal=principal)
+        view.note_call(call.effect_key, f"✓ approved by {principal}" + (" (--approve)" if auto else ""))
     return True
 
 
@@ -405,12 +430,17 @@ def _abandon(threads: Threads, run: Run, timeout: float | None, *, quiet: bool) 
         reason = f"threads-celery run {why}"
         run = threads.cancel(run.id, reason=reason)
         if not quiet:
-            err.print(f"run {run.id} {why}; the in-process worker stops with this command, so it was cancelled.", style="yellow")
+            err.print(
+                f"run {run.id} {why}; the in-process worker stops with this command, so it was cancelled.",
+                style="yellow",
+                soft_wrap=True,
+            )
     elif not quiet:
         err.print(
             f"run {run.id} {why} (status: {run.status}); the workers carry on. "
             f"Watch it with: threads-celery runs show {run.id}",
             style="yellow",
+            soft_wrap=True,
         )
     return run
 
@@ -564,9 +594,12 @@ def db_upgrade(database_url: DatabaseUrl = None) -> None:
         after = current_revision(engine)
         where = safe_url(engine.url)
     if before == after:
-        out.print(f"{where}: already at {after} (head)")
+        out.print(f"{where}: already at {after} (head)", soft_wrap=True)
     else:
-        out.print(f"{where}: upgraded {before or '(empty)'} → {after}" + (" (head)" if after == head_revision() else ""))
+        out.print(
+            f"{where}: upgraded {before or '(empty)'} → {after}" + (" (head)" if after == head_revision() else ""),
+            soft_wrap=True,
+        )
 
 
 @db_app.command("current")
@@ -589,8 +622,8 @@ def db_current(database_url: DatabaseUrl = None) -> None:
     if current == head:
         out.print(f"{current} (head)")
     else:
-        out.print(f"{current or '(empty)'} (head is {head}: run `threads-celery db upgrade`)")
-    err.print(where, style="dim")
+        out.print(f"{current or '(empty)'} (head is {head}: run `threads-celery db upgrade`)", soft_wrap=True)
+    err.print(where, style="dim", soft_wrap=True)
 
 
 # -- runs --------------------------------------------------------------------------------------
@@ -633,17 +666,25 @@ def runs_list(
     if not found:
         out.print("no runs", style="dim")
         return
+    wide = out.width >= 110  # a narrow terminal drops the creation time rather than squeeze the ids
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("run", "agent", "status", "created", "took", "input"):
-        table.add_column(column, no_wrap=column != "input", overflow="ellipsis")
+    table.add_column("run", no_wrap=True, min_width=max(len(r.id) for r in found))
+    table.add_column("status", no_wrap=True, min_width=max(len(r.status) for r in found))
+    table.add_column("agent", no_wrap=True, min_width=min(16, max(len(r.agent) for r in found)))
+    if wide:
+        table.add_column("created", no_wrap=True, min_width=14)
+    table.add_column("took", no_wrap=True, justify="right", min_width=5)
+    table.add_column("input", overflow="ellipsis", no_wrap=True, ratio=1)
     for r in found:
+        took = f"{(r.finished_at - r.created_at).total_seconds():.1f}s" if r.finished_at and r.created_at else ""
+        created = [r.created_at.strftime("%m-%d %H:%M:%S") if r.created_at else ""] if wide else []
         table.add_row(
             r.id,
-            r.agent,
             Text(r.status, style=STATUS_STYLES.get(r.status, "")),
-            r.created_at.strftime("%Y-%m-%d %H:%M:%S") if r.created_at else "",
-            f"{(r.finished_at - r.created_at).total_seconds():.2f}s" if r.finished_at and r.created_at else "",
-            Text(shorten(" ".join(r.input.split()), 60)),
+            r.agent,
+            *created,
+            took,
+            Text(" ".join(r.input.split())),
         )
     out.print(table)
 
@@ -727,6 +768,35 @@ def message_to_json(message: Message) -> dict[str, Any]:
         "tool_result": message.tool_result.to_json() if message.tool_result else None,
         "created_at": message.created_at.isoformat() if message.created_at else None,
     }
+
+
+# -- api ---------------------------------------------------------------------------------------
+
+
+@app.command()
+@friendly_errors
+def api(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0 in a container).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8000,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Serve the HTTP API (start runs, read them, stream events, approve, deny, resolve).
+
+    Routes under /v1 need `Authorization: Bearer <token>` with a token from THREADS_API_TOKENS
+    (comma-separated); set THREADS_API_AUTH=off only behind something that authenticates.
+    THREADS_AGENTS names the agents whose tool schemas approvals with edited arguments are checked
+    against. OpenAPI at /openapi.json; /healthz and /readyz are open.
+
+    \b
+      THREADS_API_TOKENS=change-me threads-celery api
+      threads-celery api --host 0.0.0.0 --port 8000
+    """
+    import uvicorn
+
+    from .api import app_from_environment
+
+    api_app = app_from_environment()  # here, not in uvicorn: a bad configuration is one red line
+    uvicorn.run(api_app, host=host, port=port, log_level=loglevel.lower(), proxy_headers=True)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,7 @@ def format_result(content: str, *, limit: int = 400, max_lines: int = 6) -> str:
 class _CallEntry:
     call: ToolCall
     result: ToolResult | None = None
+    notes: list[Text] = field(default_factory=list)
 
 
 @dataclass
@@ -200,6 +201,15 @@ class RunView:
         for message in messages:
             self.add(message)
 
+    def note_call(self, effect_key: str, note: str, *, style: str = "green") -> bool:
+        """Show ``note`` under a call (e.g. who approved it). False if the view has no such call."""
+        with self._lock:
+            for entry in self._calls.values():
+                if entry.call.effect_key == effect_key:
+                    entry.notes.append(Text(f"    {note}", style=style))
+                    return True
+            return False
+
     def update(self, run: Run) -> None:
         """Take in the run's latest snapshot."""
         with self._lock:
@@ -283,13 +293,13 @@ class RunView:
         )
         result = entry.result
         if result is None:
-            return Group(head, self._pending_line(call.id))
+            return Group(head, *entry.notes, self._pending_line(call.id))
         body = format_result(result.content, limit=self.result_limit)
         if result.is_error:
             line = Text.assemble(("    ✗ ", "bold red"), (body, "red"))
         else:
             line = Text.assemble(("    ↳ ", "green"), (body, ""))
-        return Group(head, line)
+        return Group(head, *entry.notes, line)
 
     def _pending_line(self, key: str) -> RenderableType:
         status = self.status

@@ -159,7 +159,12 @@ def finish(
     )
     if moved is None:
         raise FenceLost(run.id, fence)
-    return release_thread(tx, run, now)
+    entries = release_thread(tx, run, now)
+    if run.agent_tool_run_id is not None:
+        from .agent_tools import child_finished
+
+        entries += child_finished(tx, run, status=status, output=output, error=error, now=now)
+    return entries
 
 
 def release_thread(tx: Tx, run: Run, now: datetime) -> list[OutboxEntry]:
@@ -198,6 +203,10 @@ def cancel(tx: Tx, run_id: str, *, now: datetime, reason: str = "cancelled") -> 
     entries: list[OutboxEntry] = []
     if thread.active_run_id == run.id:
         entries = release_thread(tx, run, now)
+    if run.agent_tool_run_id is not None:
+        from .agent_tools import child_finished
+
+        entries += child_finished(tx, run, status="aborted", output=None, error=reason, now=now)
     ended = tx.get_run(run_id)
     assert ended is not None
     return ended, entries
@@ -241,6 +250,10 @@ def record_call_result(
         tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error),
     )
     tx.delete_outbox(call.effect_key)
+    if run.agent_tool_run_id is not None:
+        from .agent_tools import child_signal
+
+        child_signal(tx, run.agent_tool_run_id, now, chunk={"role": "tool", "name": call.tool, "text": content, "is_error": is_error})
     if ends_turn and not is_error:
         skipped = _skip_rest_of_step(tx, run, call, seq + 1, now)
         entries = finish(tx, run, fence=moved, status="completed", now=now, output=_last_assistant_text(tx, run))

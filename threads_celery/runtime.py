@@ -235,6 +235,15 @@ class Runtime:
                     ToolCall(id=r.call_id, name=r.name, args=r.args, effect_key=key) for key, r, _ in calls
                 ),
             )
+            if run.agent_tool_run_id is not None:
+                from .agent_tools import child_signal
+
+                child_signal(
+                    tx,
+                    run.agent_tool_run_id,
+                    now,
+                    chunk={"role": "assistant", "text": turn.text, "tool_calls": [r.name for _, r, _ in calls]},
+                )
             if calls:
                 tx.insert_tool_calls(
                     [
@@ -333,6 +342,8 @@ class Runtime:
             parsed = tool.parse_arguments(call.args)
         except ToolArgumentsError as exc:
             return self._commit_call(run, run.fence, call, tool, str(exc), is_error=True)
+        if tool.child_agent is not None:
+            return self._dispatch_child(run, call, tool, parsed, now)
         permission = decide_permission(
             tool.name,
             tool.effect,
@@ -401,6 +412,37 @@ class Runtime:
                 log.warning("call %s: cannot commit its result yet, retrying in %.1f s: %s", call.effect_key, delay, exc)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    def _dispatch_child(self, run: Run, call: CallRow, tool: Tool, parsed: Any, now: datetime) -> str:
+        """An agent-tool call: start (or re-attach to) the child; the parent waits holding no worker."""
+        from . import agent_tools
+
+        run_id = f"agent-tool:{call.effect_key}"
+        with self.store.transaction() as tx:
+            if tx.advance_run(run.id, fence=run.fence, now=now, status="waiting", lease_owner=None, lease_expires_at=None) is None:
+                raise FenceLost(run.id, run.fence)
+            tx.update_call(call.effect_key, status="started", attempt=call.attempt + 1, first_started_at=call.first_started_at or now)
+            tx.delete_outbox(call.effect_key)
+            row, entries, started = agent_tools.dispatch(
+                tx,
+                run_id=run_id,
+                parent_thread_id=run.thread_id,
+                child=tool.child_agent,
+                input_value=parsed.model_dump(mode="json"),
+                now=now,
+                parent_run_id=run.id,
+                parent_tool_call_id=call.call_id,
+                parent_effect_key=call.effect_key,
+                display_name=tool.display_name,
+                display_order=call.index,
+            )
+            if not started and row.is_terminal:
+                # Re-attached to a run that already ended: deliver its retained result again.
+                entry = agent_tools.deliver_entry(row.run_id, row.status)
+                tx.insert_outbox(entry, now)
+                entries.append(entry)
+        self.publish(entries)
+        return f"waiting on {row.agent_type} ({row.run_id})"
 
     def _commit_call(
         self, run: Run, fence: int, call: CallRow, tool: Tool | None, content: str, *, is_error: bool
@@ -491,7 +533,17 @@ class Runtime:
         with self.store.transaction() as tx:
             due = tx.due_outbox(now=now, limit=limit)
         self.publish(due)
-        return {"expired_runs": len(redispatched), "republished": len(due)}
+        from .delivery import reconcile_agent_tools
+
+        counts = {"expired_runs": len(redispatched), "republished": len(due)}
+        counts.update({k: v for k, v in reconcile_agent_tools(self, limit=limit).items() if v})
+        return counts
+
+    def deliver(self, run_id: str, status: str) -> str:
+        """Deliver an agent-tool run's finish (``threads.deliver``)."""
+        from .delivery import deliver
+
+        return deliver(self, run_id, status)
 
 
 class LeaseKeeper:

@@ -46,6 +46,9 @@ class Tool:
     variables: tuple[Any, ...] = ()
     queue: str | None = None
     _output_adapter: TypeAdapter[Any] | None = field(default=None, repr=False, compare=False)
+    #: Set for agent tools (see :func:`threads_celery.agent_tools.agent_tool`): the child agent.
+    child_agent: Any = field(default=None, repr=False, compare=False)
+    display_name: str | None = None
 
     @property
     def is_async(self) -> bool:

@@ -27,6 +27,7 @@ from .store import Store, create_store_engine, parse_database_url, safe_url
 log = logging.getLogger("threads_celery.worker")
 
 RECONCILE_TASK = "threads.reconcile"
+DELIVER_TASK = "threads.deliver"
 EMBEDDED_BROKER = "memory://"
 
 
@@ -207,6 +208,12 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         """Run one tool call, by effect key."""
         runtime = holder.get()
         return _run(self, lambda: runtime.run_tool(effect_key))
+
+    @app.task(name=DELIVER_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
+    def deliver(self: Task, run_id: str, status: str) -> str:
+        """Deliver an agent-tool run's finish: the parent's tool result, on_finish or notify."""
+        runtime = holder.get()
+        return _run(self, lambda: runtime.deliver(run_id, status))
 
     @app.task(name=RECONCILE_TASK, bind=True, shared=False, acks_late=False)
     def reconcile(self: Task) -> str:

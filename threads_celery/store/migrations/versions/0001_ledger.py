@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 14:47:13.959774
+Create Date: 2026-11-29 14:49:23.687115
 """
 
 from __future__ import annotations

@@ -1,0 +1,264 @@
+"""Finish delivery of agent-tool runs, and the backbone's pass over their budgets.
+
+Delivery is a claim-and-lease ledger on the agent-tool row: a deliverer claims it, fires the
+hooks, and marks the status delivered in one transaction with the parent's tool result. Two
+deliveries of the same finish fire once; a deliverer that dies or a hook that raises leaves the
+claim to lapse, and the backbone delivers again (at least once under a crash, so ``on_finish``
+handlers must be idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from . import agent_tools, runs
+from .agent_tools import HARD_TERMINAL, AgentToolFailure, AgentToolResult, AgentToolRun
+from .records import OutboxEntry
+from .tools import render_result
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger("threads_celery.agent_tools")
+
+DELIVERY_LEASE = timedelta(seconds=60)
+#: Redelivery backoff after a failed delivery, by attempt: about 5, 15, 30, then 120 s.
+BACKOFF_S = (5, 15, 30, 120)
+
+
+def deliver(runtime: Runtime, run_id: str, status: str) -> str:
+    """Deliver the finish ``status`` of agent-tool run ``run_id`` (idempotent)."""
+    now = runtime.clock()
+    with runtime.store.transaction() as tx:
+        row: AgentToolRun | None = tx.get_agent_tool_run(run_id, lock=True)
+        if row is None:
+            return "skipped: no such agent-tool run"
+        if status in row.delivered:
+            return "skipped: already delivered"
+        if status == "interrupted" and row.status in HARD_TERMINAL:
+            return "skipped: the run ended after it was given up on"
+        if row.status != status:
+            return f"skipped: the run is {row.status}"
+        if not tx.claim_delivery(run_id, owner=runtime.worker_id, until=now + DELIVERY_LEASE, now=now):
+            return "skipped: another delivery holds the claim"
+        attempts = len(row.delivered)
+    try:
+        result = finish_result(runtime, row)
+        parent = _parent_agent(runtime, row)
+        info = _with_result(row, result)
+        entries = _fire_hooks(runtime, parent, info, result)
+    except Exception as exc:  # noqa: BLE001 - the claim lapses and the backbone retries
+        backoff = BACKOFF_S[min(attempts, len(BACKOFF_S) - 1)]
+        with runtime.store.transaction() as tx:
+            tx.update_agent_tool_run(run_id, delivery_lease_until=runtime.clock() + timedelta(seconds=backoff))
+        log.warning("delivery of %s (%s) failed, retrying in %ss: %s: %s", run_id, status, backoff, type(exc).__name__, exc)
+        return f"failed: {type(exc).__name__}"
+    with runtime.store.transaction() as tx:
+        current = tx.get_agent_tool_run(run_id, lock=True)
+        values: dict[str, Any] = {
+            "delivered": sorted({*current.delivered, status}),
+            "delivery_owner": None,
+            "delivery_lease_until": None,
+        }
+        if isinstance(result, AgentToolResult):
+            values.update(summary=result.summary, output=result.output)
+        elif status == "completed":
+            values.update(status="error", error=result.error)
+        tx.update_agent_tool_run(run_id, **values)
+        entries += _settle_parent_call(tx, row, result, runtime.clock())
+    runtime.publish(entries)
+    log.info("agent-tool run %s delivered %s", run_id, status)
+    return f"delivered {status}"
+
+
+def finish_result(runtime: Runtime, row: AgentToolRun) -> AgentToolResult | AgentToolFailure:
+    """The result the parent sees, asking the child agent for structured output if it has any."""
+    result = row.result()
+    if not isinstance(result, AgentToolResult):
+        assert result is not None, f"{row.run_id} is not finished"
+        return result
+    child = runtime.registry.get(row.agent_type) if row.agent_type in runtime.registry else None
+    get_output = getattr(child, "get_agent_tool_output", None)
+    if child is None or not callable(get_output):
+        return result
+    output = get_output(row.run_id)
+    if output is None:
+        return AgentToolFailure("error", "the agent tool run completed without an output", retryable=False)
+    get_summary = getattr(child, "get_agent_tool_summary", None)
+    summary = get_summary(row.run_id, output) if callable(get_summary) else result.summary
+    return AgentToolResult(run_id=row.run_id, summary=summary or "", output=output)
+
+
+def result_json(result: AgentToolResult | AgentToolFailure) -> Any:
+    """What the parent model sees: the output (or summary string), or the failure envelope."""
+    if isinstance(result, AgentToolFailure):
+        return result.to_json()
+    return result.output if result.output is not None else result.summary
+
+
+def _with_result(row: AgentToolRun, result: AgentToolResult | AgentToolFailure) -> AgentToolRun:
+    from dataclasses import replace
+
+    if isinstance(result, AgentToolResult):
+        return replace(row, summary=result.summary, output=result.output)
+    return row
+
+
+def _parent_agent(runtime: Runtime, row: AgentToolRun) -> Any:
+    with runtime.store.read() as tx:
+        name = tx.thread_agent(row.parent_thread_id)
+    return runtime.registry.get(name) if name is not None and name in runtime.registry else None
+
+
+def _fire_hooks(runtime: Runtime, parent: Any, row: AgentToolRun, result: AgentToolResult | AgentToolFailure) -> list[OutboxEntry]:
+    entries: list[OutboxEntry] = []
+    if parent is not None:
+        hook = getattr(parent, "on_agent_tool_finish", None)
+        if callable(hook):
+            hook(row, result)
+    if not row.detached:
+        return entries
+    if row.on_finish:
+        method = getattr(parent, row.on_finish, None) if parent is not None else None
+        if not callable(method):
+            raise LookupError(f"the parent agent has no method {row.on_finish!r} to deliver to")
+        method(row, result)
+    elif row.notify:
+        entries += _notify(runtime, parent, row, result)
+    return entries
+
+
+def _notify(runtime: Runtime, parent: Any, row: AgentToolRun, result: AgentToolResult | AgentToolFailure) -> list[OutboxEntry]:
+    """Inject a message into the parent thread (once per run and status) and give it a turn."""
+    formatter = getattr(parent, "format_detached_completion", None)
+    text = formatter(row, result) if callable(formatter) else default_completion_text(row, result)
+    if not text:
+        return []
+    status = result.status
+    meta = {
+        "key": f"detached-finish:{row.run_id}:{status}",
+        "source": (row.notify or {}).get("source", "detached-agent-tool"),
+        "run_id": row.run_id,
+        "agent_type": row.agent_type,
+        "status": status,
+    }
+    with runtime.store.transaction() as tx:
+        thread = tx.get_thread(row.parent_thread_id)
+        if thread is None:
+            return []
+        _, entries = runs.submit_run(
+            tx,
+            agent=thread.agent,
+            config_hash=thread.config_hash,
+            message=text,
+            now=runtime.clock(),
+            thread_id=row.parent_thread_id,
+            run_id=f"notify:{row.run_id}:{status}",
+            input_meta=meta,
+        )
+    return entries
+
+
+def default_completion_text(row: AgentToolRun, result: AgentToolResult | AgentToolFailure) -> str:
+    label = row.display_name or row.agent_type
+    if isinstance(result, AgentToolResult):
+        return f"[{label} finished] {render_result(result_json(result))}"
+    return f"[{label} {result.status}] {result.error}"
+
+
+def _settle_parent_call(tx: Any, row: AgentToolRun, result: AgentToolResult | AgentToolFailure, now: datetime) -> list[OutboxEntry]:
+    """For an awaited run started by a model call: the child's result becomes the call's result."""
+    if row.parent_effect_key is None:
+        return []
+    loaded = tx.get_call_and_run(row.parent_effect_key, lock=True)
+    if loaded is None:
+        return []
+    call, parent_run = loaded
+    if call.status != "started" or parent_run.status != "waiting":
+        return []  # already settled (a redelivery), or the parent moved on
+    _, entries = runs.record_call_result(
+        tx,
+        parent_run,
+        call,
+        fence=parent_run.fence,
+        content=render_result(result_json(result)),
+        is_error=isinstance(result, AgentToolFailure),
+        ends_turn=False,
+        now=now,
+        resume=True,
+    )
+    return entries
+
+
+def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, int]:
+    """Give up on runs past their budgets, and deliver again what a dead deliverer left."""
+    now = runtime.clock()
+    entries: list[OutboxEntry] = []
+    expired = silent = redelivered = 0
+    with runtime.store.transaction() as tx:
+        for row in tx.due_agent_tool_runs(now=now, limit=limit):
+            if not agent_tools.is_active(row.status):
+                tx.update_agent_tool_run(row.run_id, check_at=None)
+                continue
+            if row.max_budget_ms is not None and row.started_at + timedelta(milliseconds=row.max_budget_ms) <= now:
+                cancelled = _tear_down(tx, row, now, "budget exceeded")
+                entries += agent_tools.seal_interrupted(
+                    tx,
+                    row,
+                    reason="budget-exceeded",
+                    error=f"agent tool run exceeded its budget of {row.max_budget_ms} ms",
+                    child_still_running=not cancelled,
+                    now=now,
+                )
+                expired += 1
+            elif (
+                row.no_progress_budget_ms is not None
+                and row.last_signal_at is not None
+                and row.last_signal_at + timedelta(milliseconds=row.no_progress_budget_ms) <= now
+            ):
+                entries += agent_tools.seal_interrupted(
+                    tx,
+                    row,
+                    reason="no-progress",
+                    error=f"agent tool run made no progress for {row.no_progress_budget_ms} ms",
+                    child_still_running=True,
+                    now=now,
+                )
+                silent += 1
+            else:
+                tx.update_agent_tool_run(
+                    row.run_id,
+                    check_at=agent_tools.check_at(
+                        started=row.started_at or now,
+                        last_signal=row.last_signal_at,
+                        max_budget_ms=row.max_budget_ms,
+                        no_progress_ms=row.no_progress_budget_ms,
+                    ),
+                )
+        for row in tx.undelivered_agent_tool_runs(now=now, limit=limit):
+            if row.status in row.delivered:
+                tx.update_agent_tool_run(row.run_id, delivery_owner=None, delivery_lease_until=None)
+                continue
+            entry = agent_tools.deliver_entry(row.run_id, row.status)
+            tx.delete_outbox(entry.key)
+            tx.insert_outbox(entry, now)
+            entries.append(entry)
+            redelivered += 1
+    runtime.publish(entries)
+    return {"budget_exceeded": expired, "no_progress": silent, "redelivered": redelivered}
+
+
+def _tear_down(tx: Any, row: AgentToolRun, now: datetime, reason: str) -> bool:
+    """Cancel the child run without delivering 'aborted' (the caller seals the outcome)."""
+    if row.child_run_id is None:
+        return True
+    child = tx.get_run(row.child_run_id, lock=True)
+    if child is None or child.is_terminal:
+        return True
+    thread = tx.get_thread(child.thread_id, lock=True)
+    tx.advance_run(child.id, fence=child.fence, now=now, status="aborted", error=reason, finished_at=now, lease_owner=None, lease_expires_at=None)
+    if thread is not None and thread.active_run_id == child.id:
+        runs.release_thread(tx, child, now)
+    return True
