@@ -21,6 +21,11 @@ _EXPORTS = {
     "NotFound": "effects",
     "LookupUnknown": "effects",
     "Threads": "client",
+    "agent_tool": "agent_tools",
+    "Detached": "agent_tools",
+    "AgentToolFailure": "agent_tools",
+    "AgentToolResult": "agent_tools",
+    "Permissions": "permissions",
     "Settings": "settings",
     "Message": "records",
     "ToolCall": "records",
@@ -40,7 +45,9 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from .agent_tools import AgentToolFailure, AgentToolResult, Detached, agent_tool
     from .agents import Agent
+    from .permissions import Permissions
     from .client import Threads
     from .context import ToolContext
     from .effects import Found, LookupUnknown, NotFound, Reconcile

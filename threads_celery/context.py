@@ -30,6 +30,7 @@ class ToolContext:
         heartbeat: Callable[[], bool] | None = None,
         is_cancelled: Callable[[], bool] | None = None,
         env: Callable[[str], str | None] | None = None,
+        report: Callable[..., str] | None = None,
     ) -> None:
         self.effect_key = effect_key
         self.run_id = run_id
@@ -39,6 +40,7 @@ class ToolContext:
         self._heartbeat = heartbeat
         self._is_cancelled = is_cancelled
         self._env = env
+        self._report = report
         self._cancel_checked_at = 0.0
         self._cancelled = False
         self._warned_progress = False
@@ -72,10 +74,15 @@ class ToolContext:
         data: Any = None,
         persist: bool = False,
     ) -> str:
-        """Report progress to a parent agent. Outside an agent-tool run it does nothing.
+        """Report progress to the parent of the agent-tool run this tool runs in.
 
-        Returns ``"inactive"`` when nothing was reported.
+        Naming a ``milestone`` makes it durable. Outside an agent-tool run it does nothing (and
+        warns once). Returns ``"sent"``, ``"coalesced"`` or ``"inactive"``.
         """
+        if self._report is not None:
+            return self._report(
+                fraction=fraction, message=message, phase=phase, milestone=milestone, data=data, persist=persist
+            )
         if not self._warned_progress:
             self._warned_progress = True
             warnings.warn(

@@ -12,6 +12,7 @@ happened).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -168,6 +169,9 @@ class Runtime:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self.clock = clock
         self.keeper = LeaseKeeper()
+        from .progress import ProgressReporter
+
+        self.progress = ProgressReporter(self)
 
     # -- model steps -----------------------------------------------------------------------
 
@@ -379,6 +383,11 @@ class Runtime:
             deps=agent.deps,
             heartbeat=renew,
             is_cancelled=lambda: self._is_cancelled(run.id),
+            report=(
+                functools.partial(self.progress.report, run.agent_tool_run_id)
+                if run.agent_tool_run_id is not None
+                else None
+            ),
         )
         with self.keeper.hold(renew, self.settings.tool_lease_s / 3):
             try:

@@ -351,6 +351,14 @@ class Tx:
             for row in rows
         ]
 
+    def message_key_exists(self, thread_id: str, key: str) -> bool:
+        return (
+            self.conn.execute(
+                select(messages.c.id).where(messages.c.thread_id == thread_id, messages.c.key == key)
+            ).first()
+            is not None
+        )
+
     def list_messages(self, thread_id: str, *, after: int = -1, limit: int | None = None) -> list[Message]:
         query = (
             select(messages)

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 14:49:23.687115
+Create Date: 2026-11-29 14:50:29.133313
 """
 
 from __future__ import annotations
