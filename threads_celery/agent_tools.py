@@ -285,8 +285,10 @@ def dispatch(
         "started_at": now,
     }
     started_event = {"run_id": run_id, "agent_type": child.name, "input_preview": preview, "order": display_order, "display": display_name or child.name, "sequence": 0}
-    if max_concurrent is not None and tx.count_active_agent_tool_runs(parent_thread_id, child.name) >= max_concurrent:
-        error = f"too many concurrent {child.name} runs: the cap is {max_concurrent}"
+    # Lock the parent thread first, so two dispatches at once count each other (READ COMMITTED).
+    tx.get_thread(parent_thread_id, lock=True)
+    if max_concurrent is not None and tx.count_active_agent_tool_runs(parent_thread_id) >= max_concurrent:
+        error = f"too many concurrent agent tool runs: the cap (max_concurrent_agent_tools) is {max_concurrent}"
         tx.insert_agent_tool_run({**base, "status": "error", "error": error, "finished_at": now, "delivered": ["error"]})
         tx.append_event(parent_thread_id, parent_run_id, "agent_tool.started", started_event, now)
         tx.append_event(parent_thread_id, parent_run_id, "agent_tool.error", {"run_id": run_id, "error": error}, now)

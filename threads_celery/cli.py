@@ -32,13 +32,16 @@ from rich.prompt import Prompt
 from rich.table import Table
 from rich.text import Text
 
-from .exceptions import ConfigError, RunNotFound, ThreadsError
-from .live import NEEDS_A_PERSON, STATUS_STYLES, RunView, follow_run, format_args, run_summary, shorten
+from .exceptions import ConfigError, RunNotFound, StoreUnavailable, ThreadsError
+from .live import NEEDS_A_PERSON, STATUS_STYLES, RunView, follow_run, format_args, run_summary
 from .records import ACTIVE_STATUSES, TERMINAL_STATUSES, Message, Run
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
     from .agents import Agent
     from .client import Threads
+    from .settings import Settings
 
 EXIT_OK = 0
 EXIT_RUN_FAILED = 1
@@ -193,7 +196,7 @@ def _where(exc: BaseException) -> str:
 # -- opening the runtime -----------------------------------------------------------------------
 
 
-def _settings() -> Any:
+def _settings() -> Settings:
     from .settings import Settings
 
     return Settings.from_env()
@@ -228,7 +231,8 @@ def _embedded_db_missing(db: Path | None) -> Path | None:
     return None if path.exists() else path
 
 
-def require_services(*, database: bool = True, broker: bool = True) -> Any:
+def require_services(*, database: bool = True, broker: bool = True) -> Settings:
+    """The settings, or a ConfigError naming the service URLs that are not set."""
     settings = _settings()
     missing = [
         name
@@ -533,7 +537,8 @@ def beat(
 
     celery_app = app_from_environment()
     if schedule is None:
-        schedule = Path(tempfile.gettempdir()) / "threads-celery" / "beat-schedule"
+        user = getattr(os, "getuid", lambda: "user")()
+        schedule = Path(tempfile.gettempdir()) / f"threads-celery-{user}" / "beat-schedule"
     schedule.parent.mkdir(parents=True, exist_ok=True)
     celery_app.start(["beat", f"--loglevel={loglevel.upper()}", f"--schedule={schedule}"])
 
@@ -542,26 +547,19 @@ def beat(
 
 
 @contextmanager
-def _engine(database_url: str | None) -> Iterator[Any]:
+def _engine(database_url: str | None) -> Iterator[Engine]:
+    from sqlalchemy.exc import OperationalError
+
+    from .store.engine import safe_url
     from .worker import open_store
 
     url = database_url or _settings().database_url or f"sqlite:///{DEFAULT_EMBEDDED_DB}"
     store = open_store(url)
     try:
         yield store.engine
-    except ThreadsError:
-        raise
-    except Exception as exc:
-        from sqlalchemy.exc import OperationalError
-
-        from .store.engine import safe_url
-
-        if isinstance(exc, OperationalError):
-            first = (str(exc.orig).strip().splitlines() or [type(exc).__name__])[0]
-            from .exceptions import StoreUnavailable
-
-            raise StoreUnavailable(f"cannot reach the database at {safe_url(store.engine.url)}: {first}") from exc
-        raise
+    except OperationalError as exc:  # what a migration or a revision check meets when the server is away
+        first = (str(exc.orig).strip().splitlines() or [type(exc).__name__])[0]
+        raise StoreUnavailable(f"cannot reach the database at {safe_url(store.engine.url)}: {first}") from exc
     finally:
         store.dispose()
 

@@ -75,7 +75,7 @@ class Threads:
         self.registry = registry or AgentRegistry()
         self.store: Store = open_store(database_url, self.settings)
         self.app = create_app(self.settings, self.registry, broker_url=broker_url, store=self.store)
-        self.publisher = Publisher(self.app)
+        self.publisher = Publisher(self.app, single_queue=self.app.conf.task_default_queue if self.is_embedded else None)
         self._worker: Any = None
         self._worker_concurrency = worker_concurrency
         self._schema_checked = False

@@ -68,11 +68,16 @@ class EmbeddedWorker:
             raise ThreadsError("the embedded worker did not become ready")
         self._controller, self._thread = controller, thread
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, *, wait: bool = False) -> None:
+        """Stop consuming. The consumer's poll takes up to two seconds to notice; unless ``wait``,
+        that happens in the background (the queue is this worker's own, so nothing is lost)."""
         controller, thread = self._controller, self._thread
         self._controller = self._thread = None
         if controller is None:
             return
-        controller.stop(in_sighandler=False)
-        if thread is not None:
-            thread.join(timeout)
+        stopper = threading.Thread(target=controller.stop, kwargs={"in_sighandler": False}, daemon=True)
+        stopper.start()
+        if wait:
+            stopper.join(timeout)
+            if thread is not None:
+                thread.join(timeout)

@@ -221,10 +221,6 @@ class RunView:
     def status(self) -> str | None:
         return self.run.status if self.run is not None else None
 
-    @property
-    def is_active(self) -> bool:
-        return self.run is None or self.run.status not in STOP_STATUSES
-
     # -- rendering -------------------------------------------------------------------------
 
     def take_settled(self) -> list[RenderableType]:

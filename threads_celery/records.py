@@ -141,6 +141,8 @@ class CallRow:
     calls_in_step: int = 1
     effect: str = "unguarded"
     queue: str | None = None
+    dedup_window_ms: int | None = None
+    finality: str | None = None
     first_started_at: datetime | None = None
     lease_expires_at: datetime | None = None
     result: str | None = None

@@ -128,6 +128,9 @@ def decide_call(call: CallRow, run: Run, now: datetime, tool: Tool | None, looku
     if call.status == "pending" and (call.attempt == 0 or call.resolution == "assume_not_done"):
         # Never started, or a person accepted the risk of running it again.
         return Proceed()
+    if tool is None:
+        # The call started, and no tool of that name exists any more to rerun or look up with.
+        return Park(f"tool {call.tool!r} was interrupted mid-call and is no longer defined: a person must decide")
     record = CallRecord(
         effect_key=call.effect_key,
         effect=call.effect,  # type: ignore[arg-type]
@@ -135,8 +138,8 @@ def decide_call(call: CallRow, run: Run, now: datetime, tool: Tool | None, looku
         attempt=call.attempt,
         first_started_at=call.first_started_at,
         lease_expires_at=call.lease_expires_at,
-        dedup_window_ms=tool.dedup_window_ms if tool else None,
-        finality=tool.reconcile.finality if tool and tool.reconcile else None,
+        dedup_window_ms=call.dedup_window_ms,
+        finality=call.finality,  # type: ignore[arg-type]
     )
     decision = decide_recovery(record, now=now, lookup=lookup)
     if isinstance(decision, AlreadySettled):
@@ -263,6 +266,8 @@ class Runtime:
                             "args": requested.args,
                             "args_hash": args_digest(requested.args),
                             "effect": t.effect if t else "read_only",
+                            "dedup_window_ms": t.dedup_window_ms if t else None,
+                            "finality": t.reconcile.finality if t and t.reconcile else None,
                             "queue": t.queue if t else None,
                             "status": "pending",
                             "attempt": 0,
@@ -444,8 +449,17 @@ class Runtime:
                 parent_effect_key=call.effect_key,
                 display_name=tool.display_name,
                 display_order=call.index,
+                max_concurrent=getattr(self.registry.get(run.agent), "max_concurrent_agent_tools", None),
             )
-            if not started and row.is_terminal:
+            if not started and row.is_terminal and row.status in row.delivered:
+                # Refused (past the cap), or re-attached to a run whose finish was delivered
+                # already: no delivery will come, so its result answers the call now.
+                from .delivery import _settle_parent_call
+
+                result = row.result()
+                assert result is not None
+                entries += _settle_parent_call(tx, row, result, now)
+            elif not started and row.is_terminal:
                 # Re-attached to a run that already ended: deliver its retained result again.
                 entry = agent_tools.deliver_entry(row.run_id, row.status)
                 tx.insert_outbox(entry, now)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -63,6 +64,9 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
     if broker_url.startswith("memory://"):
         # The memory transport polls; a short interval keeps each hop near a few milliseconds.
         config["broker_transport_options"] = {"polling_interval": 0.005}
+        # Its queues are shared by the whole process: a queue of our own keeps two embedded
+        # runtimes (or a stopping one) from taking each other's tasks.
+        config["task_default_queue"] = f"threads-embedded-{uuid.uuid4().hex[:12]}"
         config["task_send_sent_event"] = False
         config["worker_send_task_events"] = False
     config.update(settings.extra_celery)
@@ -76,8 +80,10 @@ class Publisher:
     publishes it again.
     """
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, *, single_queue: str | None = None) -> None:
         self.app = app
+        # The embedded worker consumes one queue: every task goes there, whatever its routing.
+        self.single_queue = single_queue
 
     def __call__(self, entries: Sequence[OutboxEntry]) -> None:
         for entry in entries:
@@ -88,8 +94,9 @@ class Publisher:
 
     def send(self, entry: OutboxEntry) -> None:
         options: dict[str, Any] = {"task_id": entry.key, "argsrepr": entry.argsrepr or entry.key}
-        if entry.queue:
-            options["queue"] = entry.queue
+        queue = self.single_queue or entry.queue
+        if queue:
+            options["queue"] = queue
         self.app.send_task(
             entry.task,
             args=list(entry.args),
@@ -136,6 +143,7 @@ class RuntimeHolder:
         self.registry = registry
         self._store = store
         self._runtime: Any = None
+        self.single_queue: str | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
@@ -154,7 +162,10 @@ class RuntimeHolder:
                 if self.settings.agents:
                     self.registry.load(self.settings.agents)
                 self._runtime = Runtime(
-                    self._store, self.registry, publish=Publisher(self.app), settings=self.settings
+                    self._store,
+                    self.registry,
+                    publish=Publisher(self.app, single_queue=self.single_queue),
+                    settings=self.settings,
                 )
             return self._runtime
 
@@ -172,6 +183,8 @@ def create_app(
     app = Celery(main, set_as_current=False)
     app.conf.update(celery_config(settings, broker))
     holder = RuntimeHolder(app, settings, registry, store)
+    if broker.startswith("memory://"):
+        holder.single_queue = app.conf.task_default_queue
     app.threads_runtime = holder  # type: ignore[attr-defined]
     install_tasks(app, holder)
     return app

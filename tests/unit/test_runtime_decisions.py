@@ -85,6 +85,11 @@ def started(effect: str, **overrides: Any) -> CallRow:
         "first_started_at": NOW - timedelta(seconds=10),
         "lease_expires_at": EARLIER,
     }
+    # What the ledger pinned when the call was recorded.
+    if effect == "idempotent":
+        values["dedup_window_ms"] = WINDOW_MS
+    if effect == "reconcilable":
+        values["finality"] = "final"
     values.update(overrides)
     return make_call(**values)
 
@@ -244,11 +249,13 @@ def test_an_idempotent_window_is_measured_from_the_first_start() -> None:
     assert isinstance(decide_call(call, make_run(), NOW, make_tool("idempotent")), Park)
 
 
-def test_the_idempotent_window_comes_from_the_tool_definition() -> None:
+def test_the_idempotent_window_is_the_one_pinned_on_the_call_not_the_current_tools() -> None:
+    # A deploy that widened the tool's window does not widen it for calls already recorded.
     call = started("idempotent", first_started_at=NOW - timedelta(seconds=90))
-    assert isinstance(decide_call(call, make_run(), NOW, make_tool("idempotent")), Park)
     wide = make_tool("idempotent", dedup_window_ms=120_000)
-    assert isinstance(decide_call(call, make_run(), NOW, wide), RunAgain)
+    assert isinstance(decide_call(call, make_run(), NOW, wide), Park)
+    pinned_wide = started("idempotent", first_started_at=NOW - timedelta(seconds=90), dedup_window_ms=120_000)
+    assert isinstance(decide_call(pinned_wide, make_run(), NOW, make_tool("idempotent")), RunAgain)
 
 
 def test_an_idempotent_call_whose_tool_is_gone_parks() -> None:
@@ -274,7 +281,7 @@ def test_a_final_not_found_runs_again() -> None:
 
 def test_a_nonfinal_not_found_parks() -> None:
     tool_ = make_tool("reconcilable", reconcile=Reconcile(finality="nonfinal", lookup=_lookup))
-    decision = decide_call(started("reconcilable"), make_run(), NOW, tool_, lookup=NotFound())
+    decision = decide_call(started("reconcilable", finality="nonfinal"), make_run(), NOW, tool_, lookup=NotFound())
     assert isinstance(decision, Park)
     assert "nonfinal" in decision.reason
 

@@ -520,18 +520,19 @@ class Tx:
             query = query.where(agent_tool_runs.c.started_at < older_than)
         return [_agent_tool_run(row, ()) for row in self.conn.execute(query)]
 
-    def count_active_agent_tool_runs(self, parent_thread_id: str, agent_type: str) -> int:
-        return int(
-            self.conn.execute(
-                select(func.count())
-                .select_from(agent_tool_runs)
-                .where(
-                    agent_tool_runs.c.parent_thread_id == parent_thread_id,
-                    agent_tool_runs.c.agent_type == agent_type,
-                    agent_tool_runs.c.status.in_(["starting", "running"]),
-                )
-            ).scalar_one()
+    def count_active_agent_tool_runs(self, parent_thread_id: str, agent_type: str | None = None) -> int:
+        """Starting or running agent-tool runs of a parent thread (of one agent type, if given)."""
+        query = (
+            select(func.count())
+            .select_from(agent_tool_runs)
+            .where(
+                agent_tool_runs.c.parent_thread_id == parent_thread_id,
+                agent_tool_runs.c.status.in_(["starting", "running"]),
+            )
         )
+        if agent_type is not None:
+            query = query.where(agent_tool_runs.c.agent_type == agent_type)
+        return int(self.conn.execute(query).scalar_one())
 
     def delete_agent_tool_run(self, run_id: str, child_thread_id: str | None) -> None:
         self.conn.execute(delete(milestones).where(milestones.c.agent_tool_run_id == run_id))
@@ -768,6 +769,8 @@ def _call(m: Any) -> CallRow:
         calls_in_step=m["calls_in_step"],
         effect=m["effect"],
         queue=m["queue"],
+        dedup_window_ms=m["dedup_window_ms"],
+        finality=m["finality"],
         first_started_at=m["first_started_at"],
         lease_expires_at=m["lease_expires_at"],
         result=m["result"],

@@ -159,6 +159,9 @@ tool_calls = Table(
     Column("args", Text, nullable=False),
     Column("args_hash", String(64), nullable=False),
     Column("effect", String(32), nullable=False),
+    # Pinned when the call was recorded: a deploy that changes the tool does not change them.
+    Column("dedup_window_ms", BigInteger, nullable=True),
+    Column("finality", String(16), nullable=True),
     Column("queue", String(255), nullable=True),
     Column("status", String(32), nullable=False),
     Column("attempt", Integer, nullable=False, default=0),

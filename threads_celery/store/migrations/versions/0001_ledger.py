@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 14:50:29.133313
+Create Date: 2026-11-29 14:56:05.529379
 """
 
 from __future__ import annotations
@@ -174,6 +174,8 @@ def upgrade() -> None:
     sa.Column('args', sa.Text(), nullable=False),
     sa.Column('args_hash', sa.String(length=64), nullable=False),
     sa.Column('effect', sa.String(length=32), nullable=False),
+    sa.Column('dedup_window_ms', sa.BigInteger(), nullable=True),
+    sa.Column('finality', sa.String(length=16), nullable=True),
     sa.Column('queue', sa.String(length=255), nullable=True),
     sa.Column('status', sa.String(length=32), nullable=False),
     sa.Column('attempt', sa.Integer(), nullable=False),

@@ -1,0 +1,1 @@
+"""Examples for threads-celery: the demo agent (``examples/demo.py``) and friends."""

@@ -1,0 +1,206 @@
+"""The ``threads-celery`` command, run as a user runs it: a subprocess in a fresh directory.
+
+Embedded tests need no services (SQLite and the in-process worker). The PostgreSQL tests use the
+``pg_url`` fixture; the broker test also needs Redis and starts a real ``threads-celery worker``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from threads_celery.store.migrate import head_revision
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = f"{REPO / 'examples' / 'demo.py'}:agent"
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADS_")}
+    env.update({"COLUMNS": "200", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"}, **extra)
+    return env
+
+
+def cli(*args: str, cwd: Path, timeout: float = 90, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "threads_celery.cli", *args],
+        cwd=cwd,
+        env=cli_env(**env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def explain(result: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One directory for the embedded tests, so later commands see the runs of earlier ones."""
+    return tmp_path_factory.mktemp("cli")
+
+
+# -- embedded ----------------------------------------------------------------------------------
+
+
+def test_run_shows_the_tool_calls_and_the_final_answer(workdir: Path) -> None:
+    result = cli("run", DEMO, "plan a dinner in Rome", "--approve", cwd=workdir)
+
+    assert result.returncode == 0, explain(result)
+    out = result.stdout
+    assert 'get_weather(city="Rome", day="tomorrow")' in out
+    assert 'book_table(restaurant="Roscioli", city="Rome", time="20:00", party_size=2)' in out
+    assert "send_email(" in out and "sent to me@example.com" in out
+    assert out.count("✓ approved by cli") == 2  # book_table and send_email asked, --approve said yes
+    assert "answer" in out and "Your evening in Rome is planned." in out
+    assert "✔ completed" in out
+    assert "Traceback" not in result.stderr
+    # The unguarded tool ran exactly once, in the directory the command ran in.
+    outbox = (workdir / ".threads-celery" / "demo-outbox.jsonl").read_text().splitlines()
+    assert len(outbox) == 1 and "Roscioli" in outbox[0]
+
+
+def test_run_json_prints_one_object_and_runs_list_finds_the_run(workdir: Path) -> None:
+    result = cli("run", DEMO, "plan a dinner in Oslo", "--approve", "--json", cwd=workdir)
+
+    assert result.returncode == 0, explain(result)
+    payload = json.loads(result.stdout)
+    assert payload["status"] == "completed" and payload["timed_out"] is False
+    assert payload["error"] is None
+    assert payload["output"].startswith("Your evening in Oslo is planned.")
+    assert [m["role"] for m in payload["messages"]] == ["user", "assistant", "tool", "assistant", "tool", "assistant", "tool", "assistant"]
+    called = [c["name"] for m in payload["messages"] for c in m["tool_calls"]]
+    assert called == ["get_weather", "book_table", "send_email"]
+
+    listed = cli("runs", "list", "--json", cwd=workdir)
+    assert listed.returncode == 0, explain(listed)
+    runs = {r["id"]: r for r in json.loads(listed.stdout)}
+    assert runs[payload["run_id"]]["status"] == "completed"
+    assert runs[payload["run_id"]]["thread_id"] == payload["thread_id"]
+
+    shown = cli("runs", "show", payload["run_id"], cwd=workdir)
+    assert shown.returncode == 0, explain(shown)
+    assert payload["run_id"] in shown.stdout and "Your evening in Oslo is planned." in shown.stdout
+
+
+def test_a_call_that_needs_approval_stops_a_non_interactive_run_with_exit_3(tmp_path: Path) -> None:
+    result = cli("run", DEMO, "plan a dinner in Paris", cwd=tmp_path)
+
+    assert result.returncode == 3, explain(result)
+    assert "get_weather" in result.stdout and "awaiting approval" in result.stdout
+    assert "--approve" in result.stderr
+    assert not (tmp_path / ".threads-celery" / "demo-outbox.jsonl").exists()
+
+    waiting = json.loads(cli("runs", "list", "--json", cwd=tmp_path).stdout)
+    assert [r["status"] for r in waiting] == ["awaiting_approval"]
+    cancelled = cli("runs", "cancel", waiting[0]["id"], cwd=tmp_path)
+    assert cancelled.returncode == 0, explain(cancelled)
+    assert "awaiting_approval → aborted" in cancelled.stdout
+    shown = json.loads(cli("runs", "show", waiting[0]["id"], "--json", cwd=tmp_path).stdout)
+    assert shown["status"] == "aborted" and shown["error"] == "cancelled from the command line"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("no_such_module:agent", "cannot import agent module 'no_such_module'"),
+        ("missing.py:agent", "no such file"),
+        (f"{REPO / 'examples' / 'demo.py'}:get_weather", "is not an Agent"),
+        (f"{REPO / 'examples' / 'demo.py'}:nothing_here", "is not an Agent"),
+    ],
+)
+def test_a_bad_agent_spec_exits_2_with_one_clear_line(tmp_path: Path, spec: str, expected: str) -> None:
+    result = cli("run", spec, "hello", cwd=tmp_path)
+
+    assert result.returncode == 2, explain(result)
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.startswith("error: ")
+
+
+def test_an_unknown_run_and_services_that_are_not_configured_exit_2(tmp_path: Path) -> None:
+    unknown = cli("runs", "show", "run_nope", cwd=tmp_path)
+    assert unknown.returncode == 2, explain(unknown)
+    assert "no run has id 'run_nope'" in unknown.stderr
+
+    worker = cli("worker", "--agents", DEMO, cwd=tmp_path)
+    assert worker.returncode == 2, explain(worker)
+    assert "THREADS_DATABASE_URL and THREADS_BROKER_URL are not set" in worker.stderr
+    assert "Traceback" not in worker.stderr
+
+
+# -- PostgreSQL (and Redis) --------------------------------------------------------------------
+
+
+def test_db_upgrade_migrates_a_fresh_database_and_db_current_prints_the_head(pg_url: str, tmp_path: Path) -> None:
+    before = cli("db", "current", "--database-url", pg_url, cwd=tmp_path)
+    assert before.returncode == 0, explain(before)
+    assert "(empty)" in before.stdout
+
+    upgraded = cli("db", "upgrade", "--database-url", pg_url, cwd=tmp_path)
+    assert upgraded.returncode == 0, explain(upgraded)
+    assert f"(empty) → {head_revision()}" in upgraded.stdout
+
+    again = cli("db", "upgrade", cwd=tmp_path, THREADS_DATABASE_URL=pg_url)
+    assert again.returncode == 0, explain(again)
+    assert f"already at {head_revision()}" in again.stdout
+
+    current = cli("db", "current", cwd=tmp_path, THREADS_DATABASE_URL=pg_url)
+    assert current.returncode == 0, explain(current)
+    assert current.stdout.strip() == f"{head_revision()} (head)"
+
+
+def test_db_upgrade_against_an_unreachable_database_exits_2(tmp_path: Path) -> None:
+    result = cli("db", "upgrade", "--database-url", "postgresql://nobody@127.0.0.1:1/none", cwd=tmp_path)
+    assert result.returncode == 2, explain(result)
+    assert "cannot reach the database" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def worker_process(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    env = {"THREADS_DATABASE_URL": pg_url, "THREADS_BROKER_URL": redis_url}
+    upgraded = cli("db", "upgrade", cwd=tmp_path, **env)
+    assert upgraded.returncode == 0, explain(upgraded)
+    log = (tmp_path / "worker.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "threads_celery.cli", "worker", "--agents", DEMO, "--pool", "threads",
+         "--concurrency", "2", "--loglevel", "WARNING"],
+        cwd=tmp_path,
+        env=cli_env(**env),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield env
+    finally:
+        log.close()
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_with_a_database_and_broker_run_enqueues_to_a_real_worker(worker_process: dict[str, str], tmp_path: Path) -> None:
+    result = cli("run", DEMO, "plan a dinner in Vienna", "--approve", "--json", "--timeout", "60", cwd=tmp_path, **worker_process)
+
+    assert result.returncode == 0, explain(result) + "\n--- worker\n" + (tmp_path / "worker.log").read_text()
+    payload = json.loads(result.stdout)
+    assert payload["status"] == "completed"
+    assert "Gasthaus Pöschl" in payload["output"]
+
+    listed = cli("runs", "list", "--status", "completed", "--json", cwd=tmp_path, **worker_process)
+    assert listed.returncode == 0, explain(listed)
+    assert [r["id"] for r in json.loads(listed.stdout)] == [payload["run_id"]]
