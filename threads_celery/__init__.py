@@ -44,7 +44,7 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports them lazily
     from .agent_tools import AgentToolFailure, AgentToolResult, Detached, agent_tool
     from .agents import Agent
     from .permissions import Permissions

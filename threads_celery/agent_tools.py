@@ -70,7 +70,9 @@ class Detached:
     def __post_init__(self) -> None:
         for name in ("max_budget_ms", "no_progress_budget_ms"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
+            if value is not None and (
+                not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value) or value < 0
+            ):
                 raise ConfigError(f"{name} must be a non-negative number of milliseconds, not {value!r}")
         if self.on_finish is not None and (not isinstance(self.on_finish, str) or not self.on_finish):
             raise ConfigError("on_finish names a method of the parent agent (a string)")
@@ -157,6 +159,7 @@ class AgentToolRun:
     max_budget_ms: int | None = None
     no_progress_budget_ms: int | None = None
     delivered: tuple[str, ...] = ()
+    delivery_attempts: int = 0
     created_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -352,7 +355,7 @@ def child_finished(tx: Tx, run: Run, *, status: str, output: str | None, error: 
     if status == "completed":
         values.update(summary=output or "", reason=None, child_still_running=None, error=None)
     else:
-        values.update(error=error or (f"agent tool run was cancelled" if status == "aborted" else "agent tool run failed"))
+        values.update(error=error or ("agent tool run was cancelled" if status == "aborted" else "agent tool run failed"))
     tx.update_agent_tool_run(row.run_id, **values)
     event = {"completed": "agent_tool.finished", "error": "agent_tool.error", "aborted": "agent_tool.aborted"}.get(status, f"agent_tool.{status}")
     payload: dict[str, Any] = {"run_id": row.run_id}

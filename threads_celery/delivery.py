@@ -31,19 +31,28 @@ BACKOFF_S = (5, 15, 30, 120)
 def deliver(runtime: Runtime, run_id: str, status: str) -> str:
     """Deliver the finish ``status`` of agent-tool run ``run_id`` (idempotent)."""
     now = runtime.clock()
+    # The outbox row goes once this finish needs no more delivering (delivered, or moot): left
+    # there, the backbone would publish it again forever. While another delivery holds the claim
+    # it stays, so this finish is tried again when that one is done.
+    outbox_key = agent_tools.deliver_entry(run_id, status).key
     with runtime.store.transaction() as tx:
         row: AgentToolRun | None = tx.get_agent_tool_run(run_id, lock=True)
+        skipped = None
         if row is None:
-            return "skipped: no such agent-tool run"
-        if status in row.delivered:
-            return "skipped: already delivered"
-        if status == "interrupted" and row.status in HARD_TERMINAL:
-            return "skipped: the run ended after it was given up on"
-        if row.status != status:
-            return f"skipped: the run is {row.status}"
+            skipped = "skipped: no such agent-tool run"
+        elif status in row.delivered:
+            skipped = "skipped: already delivered"
+        elif status == "interrupted" and row.status in HARD_TERMINAL:
+            skipped = "skipped: the run ended after it was given up on"
+        elif row.status != status:
+            skipped = f"skipped: the run is {row.status}"
+        if skipped is not None:
+            tx.delete_outbox(outbox_key)
+            return skipped
+        assert row is not None
         if not tx.claim_delivery(run_id, owner=runtime.worker_id, until=now + DELIVERY_LEASE, now=now):
             return "skipped: another delivery holds the claim"
-        attempts = len(row.delivered)
+        attempts = row.delivery_attempts  # failed attempts so far: the backoff grows with them
     try:
         result = finish_result(runtime, row)
         parent = _parent_agent(runtime, row)
@@ -53,6 +62,7 @@ def deliver(runtime: Runtime, run_id: str, status: str) -> str:
         backoff = BACKOFF_S[min(attempts, len(BACKOFF_S) - 1)]
         with runtime.store.transaction() as tx:
             tx.update_agent_tool_run(run_id, delivery_lease_until=runtime.clock() + timedelta(seconds=backoff))
+            tx.delete_outbox(outbox_key)  # the backbone delivers again when the backoff ends
         log.warning("delivery of %s (%s) failed, retrying in %ss: %s: %s", run_id, status, backoff, type(exc).__name__, exc)
         return f"failed: {type(exc).__name__}"
     with runtime.store.transaction() as tx:
@@ -61,12 +71,14 @@ def deliver(runtime: Runtime, run_id: str, status: str) -> str:
             "delivered": sorted({*current.delivered, status}),
             "delivery_owner": None,
             "delivery_lease_until": None,
+            "delivery_attempts": 0,
         }
         if isinstance(result, AgentToolResult):
             values.update(summary=result.summary, output=result.output)
         elif status == "completed":
             values.update(status="error", error=result.error)
         tx.update_agent_tool_run(run_id, **values)
+        tx.delete_outbox(outbox_key)
         entries += _settle_parent_call(tx, row, result, runtime.clock())
     runtime.publish(entries)
     log.info("agent-tool run %s delivered %s", run_id, status)

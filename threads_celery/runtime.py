@@ -16,10 +16,8 @@ import functools
 import logging
 import os
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, assert_never
@@ -39,10 +37,11 @@ from .effects import (
     run_lookup,
 )
 from .exceptions import FenceLost, StoreUnavailable, UnknownAgent
+from .leases import LeaseKeeper
 from .permissions import Ask, Deny, decide_permission
 from .records import CallRow, OutboxEntry, Run
 from .settings import Settings
-from .store import Store, Tx
+from .store import Store
 from .store.repository import args_digest
 from .tools import Tool, ToolArgumentsError, ToolOutputError, render_result
 
@@ -380,13 +379,24 @@ class Runtime:
         def renew() -> bool:
             return self._extend_call_lease(run.id, call.effect_key, fence, read_only)
 
+        def heartbeat() -> bool:
+            alive = renew()
+            if alive and run.agent_tool_run_id is not None:
+                # A tool's own heartbeat is a sign of life of its child run: it resets the
+                # no-progress window (the lease keeper's automatic renewals do not).
+                from .agent_tools import child_signal
+
+                with self.store.transaction() as tx:
+                    child_signal(tx, run.agent_tool_run_id, self.clock())
+            return alive
+
         ctx = ToolContext(
             effect_key=call.effect_key,
             run_id=run.id,
             thread_id=run.thread_id,
             attempt=max(attempt, 1),
             deps=agent.deps,
-            heartbeat=renew,
+            heartbeat=heartbeat,
             is_cancelled=lambda: self._is_cancelled(run.id),
             report=(
                 functools.partial(self.progress.report, run.agent_tool_run_id)
@@ -567,54 +577,3 @@ class Runtime:
         from .delivery import deliver
 
         return deliver(self, run_id, status)
-
-
-class LeaseKeeper:
-    """Renews the leases of work in progress from a background thread.
-
-    A lease says "this process is alive". The keeper dies with its process (SIGKILL, OOM) and
-    stops with it (SIGSTOP), which is exactly when the lease should lapse; a hung call is bounded
-    by the task time limit, which ends the process.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: dict[int, tuple[Callable[[], bool], float, float]] = {}
-        self._thread: threading.Thread | None = None
-        self._next_token = 0
-
-    @contextmanager
-    def hold(self, renew: Callable[[], bool], interval: float) -> Iterator[None]:
-        """Call ``renew`` every ``interval`` seconds until the block ends or it returns False."""
-        interval = max(0.2, interval)
-        with self._lock:
-            self._next_token += 1
-            token = self._next_token
-            self._held[token] = (renew, interval, time.monotonic() + interval)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="threads-lease-keeper", daemon=True)
-                self._thread.start()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._held.pop(token, None)
-
-    def _loop(self) -> None:
-        while True:
-            now = time.monotonic()
-            with self._lock:
-                due = [(token, renew, interval) for token, (renew, interval, at) in self._held.items() if at <= now]
-                for token, renew, interval in due:
-                    self._held[token] = (renew, interval, now + interval)
-                upcoming = [at for (_, _, at) in self._held.values()]
-            for token, renew, _ in due:
-                try:
-                    still_held = renew()
-                except Exception as exc:  # noqa: BLE001 - a failed renewal is tried again next time
-                    log.warning("lease renewal failed: %s", exc)
-                    continue
-                if not still_held:
-                    with self._lock:
-                        self._held.pop(token, None)
-            time.sleep(min(1.0, max(0.05, min(upcoming) - time.monotonic())) if upcoming else 0.5)

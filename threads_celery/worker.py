@@ -23,7 +23,7 @@ from .exceptions import BrokerUnavailable, FenceLost, StoreUnavailable
 from .records import OutboxEntry
 from .runs import STEP_TASK, TOOL_TASK, utcnow
 from .settings import Settings
-from .store import Store, create_store_engine, parse_database_url, safe_url
+from .store import Store, create_store_engine, parse_database_url
 
 log = logging.getLogger("threads_celery.worker")
 

@@ -20,7 +20,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from ..exceptions import StoreUnavailable
 from ..records import CallRow, Event, Message, OutboxEntry, Run, ToolCall, ToolResult
 from .engine import safe_url
-from .schema import agent_tool_runs, agents, events, messages, milestones, outbox, runs, threads, tool_calls
+from .agent_tool_queries import AgentToolQueries
+from .schema import agents, events, messages, outbox, runs, threads, tool_calls
 
 
 TOOL_TASK_NAME = "threads.tool"
@@ -100,7 +101,7 @@ def args_digest(args: str) -> str:
     return hashlib.sha256(args.encode()).hexdigest()
 
 
-class Tx:
+class Tx(AgentToolQueries):
     """The named queries of one transaction."""
 
     def __init__(self, conn: Connection, store: Store) -> None:
@@ -484,121 +485,6 @@ class Tx:
             .values(status="parked", park_reason=reason, lease_owner=None, lease_expires_at=None)
         )
 
-    # -- agent-tool runs ---------------------------------------------------------------------
-
-    def insert_agent_tool_run(self, values: dict[str, Any]) -> None:
-        self.conn.execute(insert(agent_tool_runs).values(**values))
-
-    def get_agent_tool_run(self, run_id: str, *, lock: bool = False, with_milestones: bool = False) -> Any:
-        query = select(agent_tool_runs).where(agent_tool_runs.c.run_id == run_id)
-        if lock:
-            query = query.with_for_update()
-        row = self.conn.execute(query).first()
-        if row is None:
-            return None
-        found = self.list_milestones(run_id) if with_milestones else ()
-        return _agent_tool_run(row, found)
-
-    def update_agent_tool_run(self, run_id: str, **values: Any) -> None:
-        self.conn.execute(update(agent_tool_runs).where(agent_tool_runs.c.run_id == run_id).values(**values))
-
-    def list_agent_tool_runs(
-        self,
-        parent_thread_id: str,
-        *,
-        statuses: Sequence[str] | None = None,
-        older_than: datetime | None = None,
-    ) -> list[Any]:
-        query = (
-            select(agent_tool_runs)
-            .where(agent_tool_runs.c.parent_thread_id == parent_thread_id)
-            .order_by(agent_tool_runs.c.created_at, agent_tool_runs.c.display_order)
-        )
-        if statuses:
-            query = query.where(agent_tool_runs.c.status.in_(list(statuses)))
-        if older_than is not None:
-            query = query.where(agent_tool_runs.c.started_at < older_than)
-        return [_agent_tool_run(row, ()) for row in self.conn.execute(query)]
-
-    def count_active_agent_tool_runs(self, parent_thread_id: str, agent_type: str | None = None) -> int:
-        """Starting or running agent-tool runs of a parent thread (of one agent type, if given)."""
-        query = (
-            select(func.count())
-            .select_from(agent_tool_runs)
-            .where(
-                agent_tool_runs.c.parent_thread_id == parent_thread_id,
-                agent_tool_runs.c.status.in_(["starting", "running"]),
-            )
-        )
-        if agent_type is not None:
-            query = query.where(agent_tool_runs.c.agent_type == agent_type)
-        return int(self.conn.execute(query).scalar_one())
-
-    def delete_agent_tool_run(self, run_id: str, child_thread_id: str | None) -> None:
-        self.conn.execute(delete(milestones).where(milestones.c.agent_tool_run_id == run_id))
-        self.conn.execute(delete(agent_tool_runs).where(agent_tool_runs.c.run_id == run_id))
-        if child_thread_id is not None:
-            self.conn.execute(delete(threads).where(threads.c.id == child_thread_id))
-
-    def due_agent_tool_runs(self, *, now: datetime, limit: int) -> list[Any]:
-        """Runs whose budget or silence window may have run out, locked with SKIP LOCKED."""
-        query = (
-            select(agent_tool_runs)
-            .where(agent_tool_runs.c.check_at <= now)
-            .order_by(agent_tool_runs.c.check_at)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-        return [_agent_tool_run(row, ()) for row in self.conn.execute(query)]
-
-    def undelivered_agent_tool_runs(self, *, now: datetime, limit: int) -> list[Any]:
-        """Finished runs whose delivery was claimed and the claim lapsed (the deliverer died)."""
-        query = (
-            select(agent_tool_runs)
-            .where(agent_tool_runs.c.delivery_lease_until < now)
-            .order_by(agent_tool_runs.c.delivery_lease_until)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-        return [_agent_tool_run(row, ()) for row in self.conn.execute(query)]
-
-    def claim_delivery(self, run_id: str, *, owner: str, until: datetime, now: datetime) -> bool:
-        """Take the delivery claim unless another deliverer holds a live one."""
-        result = self.conn.execute(
-            update(agent_tool_runs)
-            .where(
-                agent_tool_runs.c.run_id == run_id,
-                (agent_tool_runs.c.delivery_lease_until.is_(None)) | (agent_tool_runs.c.delivery_lease_until < now),
-            )
-            .values(
-                delivery_owner=owner,
-                delivery_lease_until=until,
-                delivery_attempts=agent_tool_runs.c.delivery_attempts + 1,
-            )
-        )
-        return result.rowcount == 1
-
-    def insert_milestone(self, run_id: str, name: str, data: Any, now: datetime) -> int:
-        last = self.conn.execute(
-            select(func.max(milestones.c.sequence)).where(milestones.c.agent_tool_run_id == run_id)
-        ).scalar()
-        sequence = 0 if last is None else int(last) + 1
-        self.conn.execute(
-            insert(milestones).values(agent_tool_run_id=run_id, sequence=sequence, name=name, data=data, at=now)
-        )
-        return sequence
-
-    def list_milestones(self, run_id: str) -> tuple[Any, ...]:
-        from ..agent_tools import Milestone
-
-        rows = self.conn.execute(
-            select(milestones).where(milestones.c.agent_tool_run_id == run_id).order_by(milestones.c.sequence)
-        )
-        return tuple(Milestone(sequence=r.sequence, name=r.name, data=r.data, at=r.at) for r in rows)
-
-    def thread_agent(self, thread_id: str) -> str | None:
-        return self.conn.execute(select(threads.c.agent).where(threads.c.id == thread_id)).scalar()
-
     # -- outbox ------------------------------------------------------------------------------
 
     def _outbox_grace(self, task: str) -> timedelta:
@@ -711,46 +597,6 @@ def _message(row: Row[Any]) -> Message:
         created_at=row.created_at,
         meta=row.meta,
         key=row.key,
-    )
-
-
-def _agent_tool_run(row: Row[Any], found: tuple[Any, ...]) -> Any:
-    from ..agent_tools import AgentToolRun
-
-    m = row._mapping
-    return AgentToolRun(
-        run_id=m["run_id"],
-        parent_thread_id=m["parent_thread_id"],
-        agent_type=m["agent_type"],
-        status=m["status"],
-        parent_run_id=m["parent_run_id"],
-        parent_tool_call_id=m["parent_tool_call_id"],
-        parent_effect_key=m["parent_effect_key"],
-        display_order=m["display_order"],
-        display_name=m["display_name"],
-        child_thread_id=m["child_thread_id"],
-        child_run_id=m["child_run_id"],
-        input=m["input"],
-        input_preview=m["input_preview"] or "",
-        reason=m["reason"],
-        child_still_running=m["child_still_running"],
-        error=m["error"],
-        summary=m["summary"],
-        output=m["output"],
-        progress=m["progress"],
-        last_signal_at=m["last_signal_at"],
-        detached=bool(m["detached"]),
-        event_delivery=m["event_delivery"],
-        on_finish=m["on_finish"],
-        notify=m["notify"],
-        on_milestones=m["on_milestones"],
-        max_budget_ms=m["max_budget_ms"],
-        no_progress_budget_ms=m["no_progress_budget_ms"],
-        delivered=tuple(m["delivered"] or ()),
-        created_at=m["created_at"],
-        started_at=m["started_at"],
-        finished_at=m["finished_at"],
-        milestones=found,
     )
 
 
