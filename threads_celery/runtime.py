@@ -41,6 +41,7 @@ from .leases import LeaseKeeper
 from .permissions import Ask, Deny, decide_permission
 from .records import CallRow, OutboxEntry, Run
 from .settings import Settings
+from .streaming import ToolCallStarted, ToolCallStarts
 from .store import Store
 from .store.repository import args_digest
 from .tools import Tool, ToolArgumentsError, ToolOutputError, render_result
@@ -204,12 +205,32 @@ class Runtime:
         if step >= agent.max_steps:
             self._finish(run, fence, "error", error=f"the run reached its limit of {agent.max_steps} model steps")
             return "error: step limit"
+        starts = ToolCallStarts(agent.tools, lambda started: self._tool_call_started(run, step, agent, started))
         try:
             with self.keeper.hold(lambda: self._extend_run_lease(run.id, fence, lease), lease.total_seconds() / 3):
-                turn = models.request_turn(agent.model, agent.system_prompt(), history, agent.tools)
+                turn = models.request_turn(agent.model, agent.system_prompt(), history, agent.tools, on_stream=starts.feed)
+            starts.finish()
         except Exception as exc:  # the provider failed: retry with backoff, then fail the run
             return self._step_failed(run, fence, step, attempt, exc)
         return self._commit_step(run, fence, step, agent, turn)
+
+    def _tool_call_started(self, run: Run, step: int, agent: Agent, started: ToolCallStarted) -> None:
+        """Record ``tool_call_started`` in the thread's log and call the agent's hook (best effort)."""
+        payload = {
+            "run_id": run.id,
+            "effect_key": runs.effect_key_for(run.id, step, started.index),
+            "call_id": started.call_id,
+            "name": started.name,
+            "progress": started.progress,
+        }
+        with self.store.transaction() as tx:
+            tx.append_event(run.thread_id, run.id, "tool_call_started", payload, self.clock())
+        hook = getattr(agent, "on_tool_call_started", None)
+        if callable(hook):
+            try:
+                hook(run, started)
+            except Exception as exc:  # noqa: BLE001 - an observing hook's failure is logged and ignored
+                log.warning("on_tool_call_started failed: %s: %s", type(exc).__name__, exc)
 
     def _commit_step(self, run: Run, fence: int, step: int, agent: Agent, turn: models.ModelTurn) -> str:
         now = self.clock()
