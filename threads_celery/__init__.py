@@ -26,6 +26,7 @@ _EXPORTS = {
     "AgentToolFailure": "agent_tools",
     "AgentToolResult": "agent_tools",
     "Permissions": "permissions",
+    "Variable": "variables",
     "Settings": "settings",
     "Message": "records",
     "ToolCall": "records",
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
     from .agent_tools import AgentToolFailure, AgentToolResult, Detached, agent_tool
     from .agents import Agent
     from .permissions import Permissions
+    from .variables import Variable
     from .client import Threads
     from .context import ToolContext
     from .effects import Found, LookupUnknown, NotFound, Reconcile

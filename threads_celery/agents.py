@@ -98,6 +98,7 @@ class Agent:
             self.permissions = Permissions()
         elif not isinstance(self.permissions, Permissions):
             raise ConfigError(f"agent {self.name!r}: permissions must be a Permissions value")
+        self.declared_variables(tree=True)  # two different declarations of a name: ConfigError
         if not isinstance(self.max_steps, int) or self.max_steps < 1:
             raise ConfigError(f"agent {self.name!r}: max_steps must be a positive integer")
 
@@ -132,6 +133,17 @@ class Agent:
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
+    def declared_variables(self, *, tree: bool = False) -> dict[str, Any]:
+        """Variables declared by this agent and its tools (and with ``tree``, its child agents')."""
+        from .variables import declared
+
+        found = list(self.variables)
+        for t in self.tools:
+            found.extend(t.variables)
+            if tree and t.child_agent is not None:
+                found.extend(t.child_agent.declared_variables(tree=True).values())
+        return declared(found)
+
     def describe(self) -> dict[str, Any]:
         """What the store records of this agent (no code, no secrets)."""
         return {
@@ -141,6 +153,10 @@ class Agent:
                 {"name": t.name, "effect": t.effect, "ends_turn": t.ends_turn, "queue": t.queue}
                 for t in self.tools
             ],
+            "variables": {
+                v.name: {"type": v.type, "required": v.required, "scoped": v.scoped}
+                for v in self.declared_variables(tree=True).values()
+            },
         }
 
     def __repr__(self) -> str:

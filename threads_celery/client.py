@@ -28,14 +28,15 @@ from .exceptions import (
     UnknownAgent,
 )
 from .interventions import PendingCall
-from .records import TERMINAL_STATUSES, Event, Message, Run, RunHandle
+from .records import TERMINAL_STATUSES, Event, Message, OutboxEntry, Run, RunHandle
 from .settings import Settings
+from .variables import SecretBox
 from .store import Store
 from .store.engine import safe_url
 from .worker import EMBEDDED_BROKER, Publisher, create_app, open_store
 
 #: Statuses in which a run waits for a person, so :meth:`Threads.wait` returns.
-NEEDS_A_PERSON = frozenset({"parked", "awaiting_approval", "awaiting_variable"})
+NEEDS_A_PERSON = ("parked", "awaiting_approval", "awaiting_variable")
 DEFAULT_EMBEDDED_PATH = Path(".threads-celery") / "embedded.db"
 
 
@@ -187,8 +188,6 @@ class Threads:
         size = len(message.encode())
         if size > self.settings.max_message_bytes:
             raise PayloadTooLarge(size, self.settings.max_message_bytes)
-        if env:
-            raise ConfigError("variables (env=...) are not supported yet")
         self._check_schema()
         if isinstance(agent, Agent):
             if agent.name not in self.registry or self.registry.get(agent.name) is not agent:
@@ -208,6 +207,7 @@ class Threads:
         else:
             self.publisher.check()
         with self.store.transaction() as tx:
+            sealed = self._seal_env(tx, name, env or {})
             run, entries = runs.submit_run(
                 tx,
                 agent=name,
@@ -217,8 +217,58 @@ class Threads:
                 thread_id=thread_id,
                 run_id=run_id,
             )
+            for var, (kind, value) in sealed.items():
+                tx.set_variable(run.thread_id, var, kind, value, runs.utcnow())
         self.publisher(entries)
         return RunHandle(run_id=run.id, thread_id=run.thread_id, status=run.status)
+
+    # -- variables -------------------------------------------------------------------------
+
+    def _seal_env(self, tx: Any, agent: str, env: dict[str, str]) -> dict[str, tuple[str, str]]:
+        """Values by declared type (from the agent tree's declarations); secrets encrypted."""
+        if not env:
+            return {}
+        declared = (tx.agent_description(agent) or {}).get("variables", {})
+        sealed: dict[str, tuple[str, str]] = {}
+        for name, value in env.items():
+            if name not in declared:
+                raise ConfigError(f"variable {name!r} is not declared by agent {agent!r} or its tools")
+            if not isinstance(value, str):
+                raise ConfigError(f"variable {name!r} must be a string")
+            kind = declared[name]["type"]
+            sealed[name] = (kind, SecretBox().seal(value) if kind == "secret" else value)
+        return sealed
+
+    def set_env(self, thread_id: str, name: str, value: str) -> int:
+        """Give the thread a variable's value; runs waiting for it go on. Returns how many."""
+        now = runs.utcnow()
+        entries: list[OutboxEntry] = []
+        with self.store.transaction() as tx:
+            thread = tx.get_thread(thread_id)
+            if thread is None:
+                raise ThreadNotFound(thread_id)
+            sealed = self._seal_env(tx, thread.agent, {name: value})
+            tx.set_variable(thread_id, name, *sealed[name], now)
+            tx.append_event(thread_id, None, "env", {"name": name, "type": sealed[name][0]}, now)
+            for call in tx.calls_with_status("awaiting_variable", limit=1000):
+                if thread_id not in {t for t, _ in tx.thread_chain(call.thread_id)}:
+                    continue
+                run = tx.get_run(call.run_id, lock=True)
+                if run is None or run.status != "awaiting_variable":
+                    continue
+                tx.update_call(call.effect_key, status="pending", park_reason=None)
+                tx.advance_run(run.id, fence=run.fence, now=now, status="running")
+                entry = runs.tool_entry(call.effect_key, call.tool, call.queue)
+                tx.insert_outbox(entry, now)
+                entries.append(entry)
+        self.publisher(entries)
+        return len(entries)
+
+    def env(self, thread_id: str) -> dict[str, str]:
+        """The thread's own variables; secret values are never shown (``***``)."""
+        with self.store.read() as tx:
+            values = tx.thread_variables(thread_id)
+        return {name: ("***" if kind == "secret" else value) for name, (kind, value) in values.items()}
 
     def get_run(self, run_id: str) -> Run:
         """The run's current snapshot; RunNotFound if there is none."""
@@ -432,9 +482,9 @@ class Threads:
     # -- people ----------------------------------------------------------------------------
 
     def parked(self) -> list[PendingCall]:
-        """Calls that wait for a person: parked after an interruption, or awaiting approval."""
+        """Calls that wait for a person: parked after an interruption, awaiting approval or a variable."""
         with self.store.read() as tx:
-            calls = tx.calls_with_status("parked") + tx.calls_with_status("awaiting_approval")
+            calls = [c for status in NEEDS_A_PERSON for c in tx.calls_with_status(status)]
         return [PendingCall.of(c) for c in calls]
 
     def resolve(

@@ -25,7 +25,7 @@ ACTIVE_STATUSES: frozenset[str] = frozenset(
 
 Role = Literal["user", "assistant", "tool"]
 CallStatus = Literal[
-    "pending", "awaiting_approval", "started", "completed", "error", "parked", "skipped"
+    "pending", "awaiting_approval", "awaiting_variable", "started", "completed", "error", "parked", "skipped"
 ]
 
 

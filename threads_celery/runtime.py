@@ -42,6 +42,7 @@ from .permissions import Ask, Deny, decide_permission
 from .records import CallRow, OutboxEntry, Run
 from .settings import Settings
 from .streaming import ToolCallStarted, ToolCallStarts
+from .variables import ThreadEnv, declared, redact
 from .store import Store
 from .store.repository import args_digest
 from .tools import Tool, ToolArgumentsError, ToolOutputError, render_result
@@ -116,8 +117,8 @@ def decide_call(call: CallRow, run: Run, now: datetime, tool: Tool | None, looku
         return Skip("call already settled")
     if call.status == "parked":
         return Skip("call is parked")
-    if call.status == "awaiting_approval":
-        return Skip("call is awaiting approval")
+    if call.status in ("awaiting_approval", "awaiting_variable"):
+        return Skip(f"call is {call.status.replace('_', ' ')}")
     if run.status != "running":
         return Skip(f"run is {run.status}")
     if run.step != call.step + 1:
@@ -384,6 +385,17 @@ class Runtime:
         if isinstance(permission, Ask):
             self._await_approval(run, call, permission.reason)
             return f"awaiting approval: {permission.reason}"
+        env = ThreadEnv(
+            self.store,
+            self.registry,
+            run.thread_id,
+            declared([*agent.variables, *tool.variables]),
+            owner=f"tool {tool.name!r} or agent {agent.name!r}",
+        )
+        missing = env.missing_required()
+        if missing:
+            self._await_approval(run, call, f"needs a value for {', '.join(missing)}", status="awaiting_variable")
+            return f"awaiting variables: {', '.join(missing)}"
         fence, attempt = run.fence, call.attempt
         read_only = tool.effect == "read_only"
         if not read_only:
@@ -419,6 +431,7 @@ class Runtime:
             deps=agent.deps,
             heartbeat=heartbeat,
             is_cancelled=lambda: self._is_cancelled(run.id),
+            env=env.get,
             report=(
                 functools.partial(self.progress.report, run.agent_tool_run_id)
                 if run.agent_tool_run_id is not None
@@ -434,6 +447,8 @@ class Runtime:
                 content, is_error = str(exc), True
             except Exception as exc:  # the tool failed: the model sees why and the run goes on
                 content, is_error = f"{type(exc).__name__}: {exc}", True
+            if env.revealed:
+                content = redact(content, env.revealed)  # a secret never reaches the model or a log
             # Still holding the lease: a store outage here must not lose a result that exists
             # only in this process (dropping it turns a blip into a rerun or a park).
             return self._commit_executed(run, fence, call, tool, content, is_error=is_error)
@@ -515,20 +530,20 @@ class Runtime:
         self.publish(entries)
         return outcome
 
-    def _await_approval(self, run: Run, call: CallRow, reason: str) -> None:
-        """The run waits for a person, holding no worker."""
+    def _await_approval(self, run: Run, call: CallRow, reason: str, *, status: str = "awaiting_approval") -> None:
+        """The run waits for a person (an approval, or a variable's value), holding no worker."""
         with self.store.transaction() as tx:
             moved = tx.advance_run(
                 run.id,
                 fence=run.fence,
                 now=self.clock(),
-                status="awaiting_approval",
+                status=status,
                 lease_owner=None,
                 lease_expires_at=None,
             )
             if moved is None:
                 raise FenceLost(run.id, run.fence)
-            tx.update_call(call.effect_key, status="awaiting_approval", park_reason=reason)
+            tx.update_call(call.effect_key, status=status, park_reason=reason)
             tx.delete_outbox(call.effect_key)
 
     def _park(self, run: Run, call: CallRow, reason: str) -> None:

@@ -21,7 +21,7 @@ from ..exceptions import StoreUnavailable
 from ..records import CallRow, Event, Message, OutboxEntry, Run, ToolCall, ToolResult
 from .engine import safe_url
 from .agent_tool_queries import AgentToolQueries
-from .schema import agents, events, messages, outbox, runs, threads, tool_calls
+from .schema import agents, events, messages, outbox, runs, threads, tool_calls, variables
 
 
 TOOL_TASK_NAME = "threads.tool"
@@ -484,6 +484,43 @@ class Tx(AgentToolQueries):
             .where(tool_calls.c.effect_key == effect_key)
             .values(status="parked", park_reason=reason, lease_owner=None, lease_expires_at=None)
         )
+
+    # -- variables ---------------------------------------------------------------------------
+
+    def set_variable(self, thread_id: str, name: str, type: str, value: str, now: datetime) -> None:
+        updated = self.conn.execute(
+            update(variables)
+            .where(variables.c.thread_id == thread_id, variables.c.name == name)
+            .values(type=type, value=value, updated_at=now)
+        )
+        if updated.rowcount == 0:
+            self.conn.execute(
+                insert(variables).values(thread_id=thread_id, name=name, type=type, value=value, updated_at=now)
+            )
+
+    def thread_variables(self, thread_id: str) -> dict[str, tuple[str, str]]:
+        """The thread's own values: name -> (type, stored value)."""
+        rows = self.conn.execute(
+            select(variables.c.name, variables.c.type, variables.c.value).where(variables.c.thread_id == thread_id)
+        )
+        return {row.name: (row.type, row.value) for row in rows}
+
+    def thread_chain(self, thread_id: str) -> list[tuple[str, str]]:
+        """(thread id, agent) from the thread up to its root."""
+        chain: list[tuple[str, str]] = []
+        current: str | None = thread_id
+        while current is not None and len(chain) < 64:
+            row = self.conn.execute(
+                select(threads.c.id, threads.c.agent, threads.c.parent_thread_id).where(threads.c.id == current)
+            ).first()
+            if row is None:
+                break
+            chain.append((row.id, row.agent))
+            current = row.parent_thread_id
+        return chain
+
+    def agent_description(self, name: str) -> dict[str, Any] | None:
+        return self.conn.execute(select(agents.c.description).where(agents.c.name == name)).scalar()
 
     # -- outbox ------------------------------------------------------------------------------
 

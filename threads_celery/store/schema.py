@@ -259,3 +259,15 @@ milestones = Table(
     Column("at", UTCDateTime, nullable=False),
     UniqueConstraint("agent_tool_run_id", "sequence"),
 )
+
+
+variables = Table(
+    "variables",
+    metadata,
+    Column("thread_id", Id, ForeignKey("threads.id", ondelete="CASCADE"), primary_key=True),
+    Column("name", String(128), primary_key=True),
+    Column("type", String(16), nullable=False),
+    # Text in clear; a secret as a Fernet token (THREADS_SECRET_KEY), never in clear.
+    Column("value", Text, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 14:56:05.529379
+Create Date: 2026-11-29 15:05:00.759702
 """
 
 from __future__ import annotations
@@ -151,6 +151,15 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f('ix_runs_status_lease_expires_at'), ['status', 'lease_expires_at'], unique=False)
         batch_op.create_index(batch_op.f('ix_runs_thread_id_created_at'), ['thread_id', 'created_at'], unique=False)
 
+    op.create_table('variables',
+    sa.Column('thread_id', sa.String(length=64), nullable=False),
+    sa.Column('name', sa.String(length=128), nullable=False),
+    sa.Column('type', sa.String(length=16), nullable=False),
+    sa.Column('value', sa.Text(), nullable=False),
+    sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
+    sa.ForeignKeyConstraint(['thread_id'], ['threads.id'], name=op.f('fk_variables_thread_id_threads'), ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('thread_id', 'name', name=op.f('pk_variables'))
+    )
     op.create_table('milestones',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
     sa.Column('agent_tool_run_id', sa.String(length=255), nullable=False),
@@ -209,6 +218,7 @@ def downgrade() -> None:
 
     op.drop_table('tool_calls')
     op.drop_table('milestones')
+    op.drop_table('variables')
     with op.batch_alter_table('runs', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_runs_thread_id_created_at'))
         batch_op.drop_index(batch_op.f('ix_runs_status_lease_expires_at'))
