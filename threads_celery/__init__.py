@@ -27,6 +27,8 @@ _EXPORTS = {
     "AgentToolResult": "agent_tools",
     "Permissions": "permissions",
     "Variable": "variables",
+    "Prompt": "prompts",
+    "SubagentRelationship": "subagents",
     "Settings": "settings",
     "Message": "records",
     "ToolCall": "records",
@@ -49,6 +51,8 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
     from .agent_tools import AgentToolFailure, AgentToolResult, Detached, agent_tool
     from .agents import Agent
     from .permissions import Permissions
+    from .prompts import Prompt
+    from .subagents import SubagentRelationship
     from .variables import Variable
     from .client import Threads
     from .context import ToolContext

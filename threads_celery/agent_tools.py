@@ -263,8 +263,11 @@ def dispatch(
     detached: Detached | None = None,
     event_delivery: str = "all",
     max_concurrent: int | None = None,
+    child_thread_id: str | None = None,
 ) -> tuple[AgentToolRun, list[OutboxEntry], bool]:
-    """Start a child run for ``run_id`` unless one exists; returns (row, entries, started)."""
+    """Start a child run for ``run_id`` unless one exists; returns (row, entries, started).
+
+    With ``child_thread_id`` the run continues that child thread (a subagent instance)."""
     existing = tx.get_agent_tool_run(run_id)
     if existing is not None:
         return existing, [], False
@@ -321,6 +324,7 @@ def dispatch(
         message=child_message(child, input_value),
         now=now,
         run_id=child_run_id,
+        thread_id=child_thread_id,
         parent_thread_id=parent_thread_id,
         agent_tool_run_id=run_id,
     )

@@ -73,7 +73,11 @@ class Agent:
         if deps is not None:
             self.deps = deps
         self._validate()
-        self._tools_by_name = {t.name: t for t in self.tools}
+        from .subagents import lifecycle_tools
+
+        #: What the model sees: the agent's tools plus the injected subagent lifecycle tools.
+        self.runtime_tools: tuple[Tool, ...] = (*self.tools, *lifecycle_tools(list(self.subagents)))
+        self._tools_by_name = {t.name: t for t in self.runtime_tools}
 
     def _validate(self) -> None:
         if not isinstance(self.name, str) or not AGENT_NAME.match(self.name):
@@ -83,8 +87,18 @@ class Agent:
             )
         if self.model is None:
             raise ConfigError(f"agent {self.name!r} needs a model (a model string or object)")
+        from .subagents import SubagentRelationship
+
+        for relationship in self.subagents:
+            if not isinstance(relationship, SubagentRelationship):
+                raise ConfigError(f"agent {self.name!r}: subagents must be SubagentRelationship(...) values")
         seen: set[str] = set()
         for t in self.tools:
+            if isinstance(t, SubagentRelationship):
+                raise ConfigError(
+                    f"agent {self.name!r}: subagent {t.name!r} is a relationship, not a tool; declare it "
+                    "on the owning agent with subagents=[...]"
+                )
             if not isinstance(t, Tool):
                 raise ConfigError(
                     f"agent {self.name!r}: tools must be built with tool(...), got {type(t).__name__}"
@@ -181,9 +195,11 @@ class AgentRegistry:
                     f"agent name {agent.name!r} is already registered with another configuration"
                 )
             self._agents[agent.name] = agent
-        for t in agent.tools:
-            if t.child_agent is not None and t.child_agent.name not in self._agents:
-                self.add(t.child_agent)
+        children = [t.child_agent for t in agent.tools if t.child_agent is not None]
+        children += [r.agent for r in agent.subagents]
+        for child in children:
+            if child.name not in self._agents:
+                self.add(child)
         return agent
 
     def get(self, name: str) -> Agent:

@@ -79,7 +79,7 @@ def deliver(runtime: Runtime, run_id: str, status: str) -> str:
             values.update(status="error", error=result.error)
         tx.update_agent_tool_run(run_id, **values)
         tx.delete_outbox(outbox_key)
-        entries += _settle_parent_call(tx, row, result, runtime.clock())
+        entries += _settle_parent_call(tx, row, result, runtime.clock(), runtime.registry)
     runtime.publish(entries)
     log.info("agent-tool run %s delivered %s", run_id, status)
     return f"delivered {status}"
@@ -180,8 +180,13 @@ def default_completion_text(row: AgentToolRun, result: AgentToolResult | AgentTo
     return f"[{label} {result.status}] {result.error}"
 
 
-def _settle_parent_call(tx: Any, row: AgentToolRun, result: AgentToolResult | AgentToolFailure, now: datetime) -> list[OutboxEntry]:
-    """For an awaited run started by a model call: the child's result becomes the call's result."""
+def _settle_parent_call(
+    tx: Any, row: AgentToolRun, result: AgentToolResult | AgentToolFailure, now: datetime, registry: Any = None
+) -> list[OutboxEntry]:
+    """For an awaited run started by a model call: the child's result becomes the call's result.
+
+    A prompt tool's result is shaped by its flags from the child thread's messages.
+    """
     if row.parent_effect_key is None:
         return []
     loaded = tx.get_call_and_run(row.parent_effect_key, lock=True)
@@ -190,12 +195,25 @@ def _settle_parent_call(tx: Any, row: AgentToolRun, result: AgentToolResult | Ag
     call, parent_run = loaded
     if call.status != "started" or parent_run.status != "waiting":
         return []  # already settled (a redelivery), or the parent moved on
+    value = result_json(result)
+    parent = registry.get(parent_run.agent) if registry is not None and parent_run.agent in registry else None
+    definition = parent.tool_named(call.tool) if parent is not None else None
+    if definition is not None and definition.prompt_options is not None and row.child_thread_id is not None:
+        from .prompts import shape_result
+
+        error = None if isinstance(result, AgentToolResult) else result.error
+        summary = result.summary if isinstance(result, AgentToolResult) else ""
+        value = shape_result(definition.prompt_options, summary, tx.list_messages(row.child_thread_id), error)
+    elif definition is not None and definition.subagent_op is not None:
+        # The model needs the instance id to talk to the same subagent again.
+        reply = value if isinstance(result, AgentToolResult) else {"error": value}
+        value = {"instance_id": row.child_thread_id, "reply": reply}
     _, entries = runs.record_call_result(
         tx,
         parent_run,
         call,
         fence=parent_run.fence,
-        content=render_result(result_json(result)),
+        content=render_result(value),
         is_error=isinstance(result, AgentToolFailure),
         ends_turn=False,
         now=now,

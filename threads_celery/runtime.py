@@ -206,10 +206,12 @@ class Runtime:
         if step >= agent.max_steps:
             self._finish(run, fence, "error", error=f"the run reached its limit of {agent.max_steps} model steps")
             return "error: step limit"
-        starts = ToolCallStarts(agent.tools, lambda started: self._tool_call_started(run, step, agent, started))
+        starts = ToolCallStarts(agent.runtime_tools, lambda started: self._tool_call_started(run, step, agent, started))
         try:
             with self.keeper.hold(lambda: self._extend_run_lease(run.id, fence, lease), lease.total_seconds() / 3):
-                turn = models.request_turn(agent.model, agent.system_prompt(), history, agent.tools, on_stream=starts.feed)
+                turn = models.request_turn(
+                    agent.model, agent.system_prompt(), history, agent.runtime_tools, on_stream=starts.feed
+                )
             starts.finish()
         except Exception as exc:  # the provider failed: retry with backoff, then fail the run
             return self._step_failed(run, fence, step, attempt, exc)
@@ -365,13 +367,17 @@ class Runtime:
 
     def _execute(self, run: Run, call: CallRow, agent: Agent, tool: Tool | None, now: datetime) -> str:
         if tool is None:
-            names = ", ".join(t.name for t in agent.tools) or "none"
+            names = ", ".join(t.name for t in agent.runtime_tools) or "none"
             content = f"unknown tool {call.tool!r}; the tools you can call are: {names}"
             return self._commit_call(run, run.fence, call, None, content, is_error=True)
         try:
             parsed = tool.parse_arguments(call.args)
         except ToolArgumentsError as exc:
             return self._commit_call(run, run.fence, call, tool, str(exc), is_error=True)
+        if tool.subagent_op is not None:
+            from .subagents import subagent_call
+
+            return subagent_call(self, run, call, agent, tool, parsed, now)
         if tool.child_agent is not None:
             return self._dispatch_child(run, call, tool, parsed, now)
         permission = decide_permission(
@@ -437,6 +443,7 @@ class Runtime:
                 if run.agent_tool_run_id is not None
                 else None
             ),
+            settings=self.settings,
         )
         with self.keeper.hold(renew, self.settings.tool_lease_s / 3):
             try:
@@ -473,10 +480,28 @@ class Runtime:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _dispatch_child(self, run: Run, call: CallRow, tool: Tool, parsed: Any, now: datetime) -> str:
-        """An agent-tool call: start (or re-attach to) the child; the parent waits holding no worker."""
-        from . import agent_tools
+    def _dispatch_child(
+        self,
+        run: Run,
+        call: CallRow,
+        tool: Tool,
+        parsed: Any,
+        now: datetime,
+        *,
+        child: Agent | None = None,
+        child_thread_id: str | None = None,
+        input_value: Any = None,
+    ) -> str:
+        """An agent-tool call: start (or re-attach to) the child; the parent waits holding no worker.
 
+        Prompt tools map their input to the child's first message; subagent messages name the
+        child thread (the instance) to continue.
+        """
+        from . import agent_tools
+        from .prompts import child_message_for
+
+        if input_value is None:
+            input_value = child_message_for(tool.prompt_options, parsed.model_dump(mode="json"))
         run_id = f"agent-tool:{call.effect_key}"
         with self.store.transaction() as tx:
             if tx.advance_run(run.id, fence=run.fence, now=now, status="waiting", lease_owner=None, lease_expires_at=None) is None:
@@ -487,8 +512,9 @@ class Runtime:
                 tx,
                 run_id=run_id,
                 parent_thread_id=run.thread_id,
-                child=tool.child_agent,
-                input_value=parsed.model_dump(mode="json"),
+                child=child or tool.child_agent,
+                input_value=input_value,
+                child_thread_id=child_thread_id,
                 now=now,
                 parent_run_id=run.id,
                 parent_tool_call_id=call.call_id,
@@ -504,7 +530,7 @@ class Runtime:
 
                 result = row.result()
                 assert result is not None
-                entries += _settle_parent_call(tx, row, result, now)
+                entries += _settle_parent_call(tx, row, result, now, self.registry)
             elif not started and row.is_terminal:
                 # Re-attached to a run that already ended: deliver its retained result again.
                 entry = agent_tools.deliver_entry(row.run_id, row.status)

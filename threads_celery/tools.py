@@ -49,6 +49,10 @@ class Tool:
     #: Set for agent tools (see :func:`threads_celery.agent_tools.agent_tool`): the child agent.
     child_agent: Any = field(default=None, repr=False, compare=False)
     display_name: str | None = None
+    #: Set for prompt tools (see :mod:`threads_celery.prompts`): how the return is shaped.
+    prompt_options: Any = None
+    #: Set for the injected subagent lifecycle tools: "list", "create" or "message".
+    subagent_op: str | None = None
 
     @property
     def is_async(self) -> bool:
