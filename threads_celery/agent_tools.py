@@ -264,6 +264,7 @@ def dispatch(
     event_delivery: str = "all",
     max_concurrent: int | None = None,
     child_thread_id: str | None = None,
+    max_window_ms: float | None = None,
 ) -> tuple[AgentToolRun, list[OutboxEntry], bool]:
     """Start a child run for ``run_id`` unless one exists; returns (row, entries, started).
 
@@ -313,7 +314,14 @@ def dispatch(
             check_at=check_at(started=now, last_signal=None, max_budget_ms=max_ms, no_progress_ms=silence_ms),
         )
     else:
-        base.update(no_progress_budget_ms=DEFAULT_AWAITED_NO_PROGRESS_MS, check_at=None)
+        # Awaited: a silent child is given up on (softly) after the no-progress window; a
+        # finite maximum window (the parent agent's agent_tool_max_window_ms) tears it down.
+        window = _budget_ms(max_window_ms)
+        base.update(
+            no_progress_budget_ms=DEFAULT_AWAITED_NO_PROGRESS_MS,
+            max_budget_ms=window,
+            check_at=check_at(started=now, last_signal=None, max_budget_ms=window, no_progress_ms=None),
+        )
     child_run_id = runs.new_id("run")
     tx.insert_agent_tool_run({**base, "status": "running", "child_run_id": child_run_id})
     tx.append_event(parent_thread_id, parent_run_id, "agent_tool.started", started_event, now)

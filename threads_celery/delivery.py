@@ -237,8 +237,12 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
                 entries += agent_tools.seal_interrupted(
                     tx,
                     row,
-                    reason="budget-exceeded",
-                    error=f"agent tool run exceeded its budget of {row.max_budget_ms} ms",
+                    reason="budget-exceeded" if row.detached else "window-exceeded",
+                    error=(
+                        f"agent tool run exceeded its budget of {row.max_budget_ms} ms"
+                        if row.detached
+                        else f"agent tool run exceeded the parent's maximum window of {row.max_budget_ms} ms"
+                    ),
                     child_still_running=not cancelled,
                     now=now,
                 )

@@ -416,18 +416,7 @@ class Runtime:
             fence, attempt = claimed, call.attempt + 1
 
         def renew() -> bool:
-            return self._extend_call_lease(run.id, call.effect_key, fence, read_only)
-
-        def heartbeat() -> bool:
-            alive = renew()
-            if alive and run.agent_tool_run_id is not None:
-                # A tool's own heartbeat is a sign of life of its child run: it resets the
-                # no-progress window (the lease keeper's automatic renewals do not).
-                from .agent_tools import child_signal
-
-                with self.store.transaction() as tx:
-                    child_signal(tx, run.agent_tool_run_id, self.clock())
-            return alive
+            return self._extend_call_lease(run.id, call.effect_key, fence, read_only, run.agent_tool_run_id)
 
         ctx = ToolContext(
             effect_key=call.effect_key,
@@ -435,7 +424,7 @@ class Runtime:
             thread_id=run.thread_id,
             attempt=max(attempt, 1),
             deps=agent.deps,
-            heartbeat=heartbeat,
+            heartbeat=renew,
             is_cancelled=lambda: self._is_cancelled(run.id),
             env=env.get,
             report=(
@@ -444,6 +433,7 @@ class Runtime:
                 else None
             ),
             settings=self.settings,
+            start_child=functools.partial(self.start_detached_child, run, call),
         )
         with self.keeper.hold(renew, self.settings.tool_lease_s / 3):
             try:
@@ -522,6 +512,7 @@ class Runtime:
                 display_name=tool.display_name,
                 display_order=call.index,
                 max_concurrent=getattr(self.registry.get(run.agent), "max_concurrent_agent_tools", None),
+                max_window_ms=getattr(self.registry.get(run.agent), "agent_tool_max_window_ms", None),
             )
             if not started and row.is_terminal and row.status in row.delivered:
                 # Refused (past the cap), or re-attached to a run whose finish was delivered
@@ -538,6 +529,46 @@ class Runtime:
                 entries.append(entry)
         self.publish(entries)
         return f"waiting on {row.agent_type} ({row.run_id})"
+
+    def start_detached_child(
+        self, run: Run, call: CallRow, child: Any, input_value: Any, *, detached: Any, run_id: str, display_name: str | None
+    ) -> Any:
+        """``ctx.run_agent_tool(...)``: start a detached child for the thread of the calling tool."""
+        from . import agent_tools
+        from .exceptions import ConfigError
+
+        options = agent_tools.Detached() if detached is True else detached
+        if not isinstance(options, agent_tools.Detached):
+            raise ConfigError(
+                "a tool starts child runs detached (detached=True or Detached(...)): waiting on one "
+                "would hold this worker; expose the agent with agent_tool(...) to await it"
+            )
+        agent = self.registry.get(child) if isinstance(child, str) else (child() if isinstance(child, type) else child)
+        if not isinstance(agent, Agent):
+            raise ConfigError(f"the child must be an Agent (class, instance or name), not {type(child).__name__}")
+        self.registry.add(agent)  # so this process can run its steps; other workers must load it too
+        parent = self.registry.get(run.agent)
+        if options.on_finish is not None and not callable(getattr(parent, options.on_finish, None)):
+            raise ConfigError(f"on_finish {options.on_finish!r} is not a method of agent {parent.name!r}")
+        with self.store.transaction() as tx:
+            row, entries, started = agent_tools.dispatch(
+                tx,
+                run_id=run_id,
+                parent_thread_id=run.thread_id,
+                child=agent,
+                input_value=input_value,
+                now=self.clock(),
+                parent_run_id=run.id,
+                parent_tool_call_id=call.call_id,
+                display_name=display_name,
+                detached=options,
+                max_concurrent=getattr(parent, "max_concurrent_agent_tools", None),
+            )
+        self.publish(entries)
+        refused = not started and row.status == "error"
+        return agent_tools.DetachedHandle(
+            run_id=row.run_id, agent_type=row.agent_type, status="error" if refused else "running", error=row.error if refused else None
+        )
 
     def _commit_call(
         self, run: Run, fence: int, call: CallRow, tool: Tool | None, content: str, *, is_error: bool
@@ -583,16 +614,24 @@ class Runtime:
             tx.delete_outbox(call.effect_key)
         log.warning("run %s parked at call %s (%s): %s", run.id, call.effect_key, call.tool, reason)
 
-    def _extend_call_lease(self, run_id: str, effect_key: str, fence: int, read_only: bool) -> bool:
+    def _extend_call_lease(
+        self, run_id: str, effect_key: str, fence: int, read_only: bool, agent_tool_run_id: str | None = None
+    ) -> bool:
         now = self.clock()
         until = now + timedelta(seconds=self.settings.tool_lease_s)
         with self.store.transaction() as tx:
             if read_only:
                 tx.touch_outbox(effect_key, now)
-                return True
-            if not tx.extend_run_lease(run_id, fence=fence, owner=self.worker_id, lease_until=until):
+            elif not tx.extend_run_lease(run_id, fence=fence, owner=self.worker_id, lease_until=until):
                 return False
-            tx.extend_call_lease(effect_key, until)
+            else:
+                tx.extend_call_lease(effect_key, until)
+            if agent_tool_run_id is not None:
+                # A child agent-tool run whose tool is alive is not silent: every renewal (and a
+                # tool's own heartbeat) resets its no-progress window.
+                from .agent_tools import child_signal
+
+                child_signal(tx, agent_tool_run_id, now)
             return True
 
     def _is_cancelled(self, run_id: str) -> bool:

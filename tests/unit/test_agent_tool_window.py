@@ -1,0 +1,56 @@
+"""An awaited child past the parent's finite maximum window: window-exceeded, torn down."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+from pydantic import BaseModel
+from sqlalchemy import update
+
+from threads_celery import Agent, Permissions, Threads, agent_tool, tool
+from threads_celery.runs import utcnow
+from threads_celery.store.schema import agent_tool_runs
+from threads_celery.testing import ScriptedModel, call, say
+
+GATE = threading.Event()
+
+
+class In(BaseModel):
+    q: str
+
+
+slow = tool(name="slow", description="x", input=In, effect="read_only", execute=lambda i, c: GATE.wait(10) and "late")
+child = Agent(name="slowpoke", instructions="x", model=ScriptedModel([call("slow", q="x"), say("finished")]), tools=[slow])
+
+
+class Parent(Agent):
+    name = "windowed"
+    instructions = "x"
+    model = ScriptedModel([call("slowpoke", message="go"), say("gave up")])
+    tools = [agent_tool(child, "Slow child.")]
+    permissions = Permissions.allow_all()
+    agent_tool_max_window_ms = 60_000
+
+
+def test_an_awaited_child_past_the_maximum_window_is_sealed_window_exceeded_and_torn_down() -> None:
+    GATE.clear()
+    with Threads.embedded() as threads:
+        handle = threads.start(Parent(), "go")
+        deadline = time.monotonic() + 10
+        while not threads.agent_tool_runs(handle.thread_id):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        [row] = threads.agent_tool_runs(handle.thread_id)
+        with threads.store.transaction() as tx:  # the window has passed
+            tx.conn.execute(update(agent_tool_runs).values(check_at=utcnow() - timedelta(seconds=1), started_at=utcnow() - timedelta(minutes=5)))
+        threads.reconcile()
+        run = threads.wait(handle.run_id, 20)
+        GATE.set()
+        assert run.status == "completed" and run.output == "gave up"
+        sealed = threads.inspect_agent_tool_run(row.run_id)
+        assert (sealed.status, sealed.reason, sealed.child_still_running) == ("interrupted", "window-exceeded", False)
+        assert threads.get_run(sealed.child_run_id).status == "aborted"
+        failure = [m.text for m in threads.messages(handle.thread_id) if m.role == "tool"][0]
+        assert '"reason":"window-exceeded"' in failure and '"retryable":true' in failure
