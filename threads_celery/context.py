@@ -6,7 +6,13 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .files import ThreadFiles
+    from .sandbox import CodeResult
 
 log = logging.getLogger("threads_celery.tools")
 
@@ -17,6 +23,8 @@ class ToolContext:
     ``effect_key`` is stable across every retry of this call: send it to your provider as the
     idempotency key. ``heartbeat()`` tells the runtime the worker is alive (it extends the call's
     lease); ``cancelled`` turns true when the run was cancelled, for tools that can stop early.
+    ``files`` is this thread's attachment area; ``run_code(...)`` runs model- or user-authored
+    code in a limited subprocess. Their defaults come from ``settings``.
     """
 
     def __init__(
@@ -31,6 +39,8 @@ class ToolContext:
         is_cancelled: Callable[[], bool] | None = None,
         env: Callable[[str], str | None] | None = None,
         report: Callable[..., str] | None = None,
+        settings: Settings | None = None,
+        start_child: Callable[..., Any] | None = None,
     ) -> None:
         self.effect_key = effect_key
         self.run_id = run_id
@@ -44,6 +54,10 @@ class ToolContext:
         self._cancel_checked_at = 0.0
         self._cancelled = False
         self._warned_progress = False
+        self._settings = settings or Settings()
+        self._files: ThreadFiles | None = None
+        self._start_child = start_child
+        self._children_started = 0
 
     def heartbeat(self) -> bool:
         """Extend this call's lease. Returns False if the run moved on without this worker."""
@@ -91,3 +105,66 @@ class ToolContext:
                 stacklevel=2,
             )
         return "inactive"
+
+    @property
+    def files(self) -> ThreadFiles:
+        """This thread's attachments, ``<files_root>/<thread_id>/`` (created on first write)."""
+        if self._files is None:
+            from .files import ThreadFiles
+
+            self._files = ThreadFiles(self._settings.files_root, self.thread_id)
+        return self._files
+
+    def run_code(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+        stdin: str | bytes | None = None,
+    ) -> CodeResult:
+        """Run code in a fresh, limited subprocess (see :mod:`threads_celery.sandbox`).
+
+        Never raises for what the code does: failures, timeouts and memory caps come back in the
+        :class:`~threads_celery.sandbox.CodeResult`. Cancelling the run stops the code. Blocks:
+        from an async tool, ``await asyncio.to_thread(ctx.run_code, ...)``.
+        """
+        from .sandbox import run_code
+
+        return run_code(
+            code,
+            language,
+            timeout_s=timeout_s if timeout_s is not None else self._settings.code_timeout_s,
+            memory_mb=memory_mb if memory_mb is not None else self._settings.code_memory_mb,
+            stdin=stdin,
+            cancel=lambda: self.cancelled,
+            max_output_bytes=self._settings.code_max_output_bytes,
+        )
+
+    def run_agent_tool(
+        self,
+        child: Any,
+        input: Any = None,
+        *,
+        detached: Any = True,
+        run_id: str | None = None,
+        display_name: str | None = None,
+    ) -> Any:
+        """Start a child agent run in the background for this thread; returns its handle at once.
+
+        ``child`` is an Agent (instance, class or registered name); ``detached`` is ``True`` or a
+        :class:`~threads_celery.agent_tools.Detached` (its ``on_finish`` names a method of this
+        run's agent). Detached only: a tool that waited on a child would hold its worker; expose
+        the agent with ``agent_tool(...)`` to await it. Idempotent: without ``run_id`` the n-th
+        child of this call is ``agent-tool:<effect_key>:<n>``, so a retried call re-attaches to
+        the runs it started. Returns a :class:`~threads_celery.agent_tools.DetachedHandle`.
+        """
+        if self._start_child is None:
+            from .exceptions import ConfigError
+
+            raise ConfigError("run_agent_tool() is available only inside a running tool call")
+        if run_id is None:
+            run_id = f"agent-tool:{self.effect_key}:{self._children_started}"
+        self._children_started += 1
+        return self._start_child(child, input, detached=detached, run_id=run_id, display_name=display_name)

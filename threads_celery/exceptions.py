@@ -124,3 +124,14 @@ class CallStateError(RuntimeFailure):
 
 class InvalidArguments(RuntimeFailure, ValueError):
     """The arguments do not fit the tool's input schema."""
+
+
+class AttachmentPathError(ThreadsError, ValueError):
+    """The attachment name would reach outside the thread's files."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name, self.reason = name, reason
+        super().__init__(f"attachment name {name!r} is refused: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.reason))

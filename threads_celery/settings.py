@@ -10,6 +10,7 @@ from typing import Any
 from .exceptions import ConfigError
 
 DEFAULT_BROKER_VISIBILITY_TIMEOUT_S = 3600
+DEFAULT_FILES_ROOT = ".threads-celery/files"
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -56,6 +57,12 @@ class Settings:
     task_soft_time_limit_s: int = 1740
     outbox_stale_after_s: float = 10.0
     reconcile_interval_s: float = 5.0
+    # Each thread's attachments live in <files_root>/<thread_id>/ (relative: to the worker's cwd).
+    files_root: str = DEFAULT_FILES_ROOT
+    # ctx.run_code defaults: wall-clock seconds, memory cap, bytes kept of stdout and of stderr.
+    code_timeout_s: float = 10.0
+    code_memory_mb: int = 256
+    code_max_output_bytes: int = 1_000_000
     extra_celery: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -90,6 +97,10 @@ class Settings:
             ),
             "outbox_stale_after_s": _float(env, "THREADS_OUTBOX_STALE_AFTER_S", 10.0),
             "reconcile_interval_s": _float(env, "THREADS_RECONCILE_INTERVAL_S", 5.0),
+            "files_root": env.get("THREADS_FILES_ROOT") or DEFAULT_FILES_ROOT,
+            "code_timeout_s": _float(env, "THREADS_CODE_TIMEOUT_S", 10.0),
+            "code_memory_mb": _int(env, "THREADS_CODE_MEMORY_MB", 256),
+            "code_max_output_bytes": _int(env, "THREADS_CODE_MAX_OUTPUT_BYTES", 1_000_000),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

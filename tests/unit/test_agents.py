@@ -110,6 +110,7 @@ def test_describe_holds_no_code() -> None:
         "name": "weather",
         "model": make().model_identity(),
         "tools": [{"name": "get_weather", "effect": "read_only", "ends_turn": False, "queue": None}],
+        "variables": {},
     }
 
 
