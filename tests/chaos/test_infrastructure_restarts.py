@@ -1,0 +1,283 @@
+"""Chaos: the infrastructure goes away under running work, and nothing is lost or repeated.
+
+* Redis restarted (``shutdown nosave``) with runs in flight and messages queued: the queued
+  messages die with Redis, and publishes made while it is down fail; the outbox republish of the
+  reconcile backbone brings every run to completion, each effect exactly once.
+* PostgreSQL stopped with tools mid-call, and started again once a tool's result failed to
+  commit: every pooled connection is cut; workers reconnect (``pool_pre_ping``, tasks retry on
+  ``StoreUnavailable``), the executed call's result is committed when the store is back instead
+  of being dropped, and every run completes, each effect exactly once.
+* Two real ``celery beat`` processes at once, a whole worker SIGKILLed mid-call: the runs it held
+  are recovered, and overlapping reconcile ticks park an unguarded call once, never run it twice
+  and never record two results for one call.
+
+Redis and PostgreSQL are always brought back up in a ``finally`` block.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.chaos import chaos_agents
+from tests.support.services import require_service
+from threads_celery.runs import effect_key_for
+
+if TYPE_CHECKING:  # the conftest is pytest's to import; tests only name its types
+    from tests.chaos.conftest import ChaosCluster, WorkerProcess
+
+SETTLE_S = 60.0
+RESULT_COMMIT_FAILED = "cannot commit its result yet"  # threads_celery.runtime, riding out an outage
+PUBLISH_FAILED = "left for the reconcile backbone"  # threads_celery.worker.Publisher's warning
+REDIS_PORT = int(os.environ.get("THREADS_TEST_REDIS_PORT", "6379"))
+REDIS_START = [
+    "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", str(REDIS_PORT),
+    "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log",
+]  # fmt: skip
+
+# Every class of effect, plus a reply with two calls. Without kills, nothing needs a rerun.
+MIX = ["read_only", "idempotent", "idempotent_tiny", "reconcilable", "reconcilable_nonfinal", "unguarded", "unguarded"]
+
+
+# -- service control --------------------------------------------------------------------------
+
+
+def _redis_answers() -> bool:
+    out = subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "ping"], capture_output=True, text=True, timeout=5)
+    return out.stdout.strip() == "PONG"
+
+
+def _wait(predicate: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def _start_redis() -> None:
+    if not _redis_answers():
+        subprocess.run(REDIS_START, capture_output=True, timeout=30)
+        _wait(_redis_answers, "Redis answering PING")
+
+
+def _pg_cluster() -> tuple[str, str]:
+    versions = sorted(os.listdir("/etc/postgresql"), key=lambda v: [int(p) for p in v.split(".") if p.isdigit()])
+    return versions[-1], "main"
+
+
+def _pg_ready() -> bool:
+    return subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", "5432"], timeout=10).returncode == 0
+
+
+def _pg_ctl(action: str) -> None:
+    version, name = _pg_cluster()
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, name, action], capture_output=True, timeout=120
+    )
+
+
+@pytest.fixture
+def can_restart_redis() -> None:
+    ok = bool(shutil.which("redis-cli") and shutil.which("redis-server")) and os.path.isdir("/var/lib/redis")
+    require_service("Redis control (redis-cli, redis-server)", ok, "cannot restart Redis on this machine")
+
+
+@pytest.fixture
+def can_restart_postgres() -> None:
+    ok = bool(shutil.which("pg_ctlcluster") and shutil.which("pg_isready")) and os.path.isdir("/etc/postgresql")
+    ok = ok and os.geteuid() == 0
+    require_service("PostgreSQL control (pg_ctlcluster as root)", ok, "cannot restart PostgreSQL here")
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def workers(cluster: ChaosCluster) -> Iterator[list[WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(count: int = 2, **env: str) -> list[WorkerProcess]:
+        new = cluster.start_workers(count, **env)
+        started.extend(new)
+        return new
+
+    yield start  # type: ignore[misc]
+    for worker in started:
+        worker.kill()
+
+
+def start_mix(cluster: ChaosCluster, seconds: float) -> list[tuple[Any, str]]:
+    """One run per entry of MIX plus a two-call run; returns (handle, ref) pairs."""
+    started = []
+    for effect_class in MIX:
+        ref = uuid.uuid4().hex[:12]
+        handle = cluster.threads.start(chaos_agents.AGENTS[effect_class], chaos_agents.message(ref, seconds=seconds))
+        started.append((handle, ref))
+    ref = uuid.uuid4().hex[:12]
+    started.append((cluster.threads.start(chaos_agents.mixed_agent, chaos_agents.message(ref, seconds=seconds)), ref))
+    return started
+
+
+def calls_of(cluster: ChaosCluster, thread_id: str) -> list[Any]:
+    """The tool calls the model asked for in a thread (with their effect keys)."""
+    return [c for m in cluster.threads.messages(thread_id) if m.role == "assistant" for c in m.tool_calls]
+
+
+def assert_completed_exactly_once(cluster: ChaosCluster, started: list[tuple[Any, str]]) -> None:
+    """Every run completed, each non-read_only effect happened exactly once, one result per call."""
+    settled = [cluster.wait_settled(handle.run_id, SETTLE_S) for handle, _ in started]
+    counts = cluster.ledger.effect_counts()
+    for (handle, _), run in zip(started, settled):
+        assert run.status == "completed", f"run {run.id} ({run.agent}) is {run.status}: {run.error}"
+        calls = calls_of(cluster, handle.thread_id)
+        assert calls, f"run {run.id} asked for no tool call"
+        results = Counter(r.call_id for r in cluster.tool_results(handle.thread_id))
+        for c in calls:
+            assert results[c.id] == 1, f"{c.name} ({c.effect_key}) has {results[c.id]} results"
+            effect_class = chaos_agents.EFFECT_CLASS_OF_TOOL[c.name]
+            if effect_class == "read_only":
+                assert counts[c.effect_key] >= 1
+            else:
+                assert counts[c.effect_key] == 1, f"{c.name} ({c.effect_key}) ran {counts[c.effect_key]} times"
+
+
+def wait_for_running_tools(cluster: ChaosCluster, started: list[tuple[Any, str]], count: int) -> None:
+    """Wait until ``count`` calls of these runs have started (every pool process is busy)."""
+    refs = {ref for _, ref in started}
+
+    def running() -> int:
+        return len({e.effect_key for e in cluster.ledger.starts() if e.ref in refs})
+
+    _wait(lambda: running() >= count, f"{count} tools running", SETTLE_S)
+
+
+def queue_length(cluster: ChaosCluster) -> int:
+    import redis
+
+    client = redis.Redis.from_url(cluster.broker_url, socket_timeout=5)
+    try:
+        return int(client.llen("threads"))
+    finally:
+        client.close()
+
+
+# -- 5. Redis restarted mid-run ------------------------------------------------------------------
+
+
+def test_redis_restart_mid_run_loses_nothing(cluster: ChaosCluster, workers: Any, can_restart_redis: None) -> None:
+    running = workers(2)
+    with cluster.ticker() as ticker:
+        started = start_mix(cluster, seconds=1.5)
+        # Four tools mid-call (both workers busy) and messages still waiting in Redis.
+        wait_for_running_tools(cluster, started, 4)
+        queued = queue_length(cluster)
+        assert queued >= 1, "the test needs messages queued in Redis when it goes down"
+        try:
+            subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "shutdown", "nosave"], capture_output=True, timeout=30)
+            _wait(lambda: not _redis_answers(), "Redis going down", timeout=30)
+            # Stay down until a tool finished while Redis was gone and its next task's publish
+            # failed (the Publisher leaves the row to the backbone).
+            _wait(
+                lambda: any(PUBLISH_FAILED in w.log_text() for w in running),
+                "a publish failing during the outage",
+                30,
+            )
+        finally:
+            _start_redis()
+
+        assert_completed_exactly_once(cluster, started)
+    assert ticker.totals["republished"] >= 1, "the lost messages come back through the outbox"
+
+
+# -- 6. PostgreSQL restarted mid-run -------------------------------------------------------------
+
+
+def test_postgres_restart_mid_run_loses_nothing(
+    cluster: ChaosCluster, workers: Any, can_restart_postgres: None
+) -> None:
+    # Leases longer than the restart, so a worker that keeps working through it keeps its calls:
+    # the point here is reconnecting, not lease expiry (that is what the kill tests are for).
+    running = workers(2, THREADS_TOOL_LEASE_S="8", THREADS_STEP_LEASE_S="8")
+    with cluster.ticker() as ticker:
+        # Two waves of tools: the first finishes (and commits) while the database is down.
+        started = start_mix(cluster, seconds=1.0) + start_mix(cluster, seconds=1.0)
+        wait_for_running_tools(cluster, started, 4)
+        try:
+            _pg_ctl("stop")
+            # Stay down until a tool finished mid-outage and could not commit its result.
+            _wait(
+                lambda: any(RESULT_COMMIT_FAILED in w.log_text() for w in running),
+                "a tool result failing to commit during the outage",
+                30,
+            )
+        finally:
+            if not _pg_ready():
+                _pg_ctl("start")
+            _wait(_pg_ready, "PostgreSQL accepting connections")
+
+        assert_completed_exactly_once(cluster, started)
+    assert ticker.ticks >= 1
+
+
+# -- 7. two Beats at once, a whole worker killed ---------------------------------------------------
+
+AFTER_WHOLE_KILL = {  # effect class -> (status, effect count) for a run the killed worker held
+    "read_only": ("completed", 2),
+    "idempotent": ("completed", 2),
+    "reconcilable": ("completed", 1),
+    "unguarded": ("parked", 1),
+}
+
+
+def test_two_beats_recover_a_killed_worker_once(cluster: ChaosCluster, workers: Any) -> None:
+    first, second = workers(2)
+    beats = [cluster.start_beat(wait=False), cluster.start_beat(wait=False)]
+    try:
+        for beat in beats:
+            beat.wait_ready()
+        _two_beats_scenario(cluster, workers, first, second, beats)
+    finally:
+        for beat in beats:
+            beat.kill()
+
+
+def _two_beats_scenario(
+    cluster: ChaosCluster, workers: Any, first: WorkerProcess, second: WorkerProcess, beats: list[Any]
+) -> None:
+    runs: dict[str, tuple[Any, str, str]] = {}
+    for effect_class in AFTER_WHOLE_KILL:
+        ref = uuid.uuid4().hex[:12]
+        handle = cluster.threads.start(chaos_agents.AGENTS[effect_class], chaos_agents.message(ref, seconds=4.0))
+        runs[effect_class] = (handle, effect_key_for(handle.run_id, 0, 0), ref)
+    lines = {cls: cluster.ledger.wait_for_line("effect", key, timeout=SETTLE_S) for cls, (_, key, _) in runs.items()}
+
+    victim = cluster.worker_running(lines["unguarded"].pid, [first, second])
+    victim_pids = set(victim.child_pids())
+    victim.kill()
+    replacement = workers(1)[0]
+
+    for effect_class, (handle, key, ref) in runs.items():
+        run = cluster.wait_settled(handle.run_id, SETTLE_S)
+        held_by_victim = lines[effect_class].pid in victim_pids
+        status, count = AFTER_WHOLE_KILL[effect_class] if held_by_victim else ("completed", 1)
+        assert run.status == status, f"{effect_class} (on the killed worker: {held_by_victim}) is {run.status}"
+        assert cluster.ledger.effect_count(key) == count, f"{effect_class}: {cluster.ledger.effects(key)}"
+        results = Counter(r.call_id for r in cluster.tool_results(handle.thread_id))
+        assert all(n == 1 for n in results.values()), f"{effect_class}: duplicate tool results {results}"
+        assert len(results) == (0 if status == "parked" else 1)
+
+    unguarded_key = runs["unguarded"][1]
+    logs = "".join(w.log_text() for w in (first, second, replacement))
+    assert len(re.findall(rf"parked at call {re.escape(unguarded_key)} ", logs)) == 1, "parked more than once"
+    for beat in beats:
+        assert "Sending due task threads-reconcile" in beat.log_text(), f"{beat.name} never scheduled a tick"
