@@ -43,7 +43,8 @@ class Agent:
     permissions: Any = None
     max_steps: int = DEFAULT_MAX_STEPS
     deps: Any = None
-    #: At most this many agent-tool runs of one child agent at once per thread (None: no cap).
+    #: At most this many agent-tool runs (of any child agent) running at once per parent thread;
+    #: a launch past the cap fails fast with an error row (None: no cap).
     max_concurrent_agent_tools: int | None = None
     #: How long an awaited child may run before it is given up on and torn down (None: no limit).
     agent_tool_max_window_ms: float | None = None

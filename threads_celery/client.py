@@ -335,7 +335,17 @@ class Threads:
         with self.store.transaction() as tx:
             run, entries = runs.cancel(tx, run_id, now=runs.utcnow(), reason=reason)
         self.publisher(entries)
+        if run.status == "aborted":
+            self._cancel_awaited_children(run, reason)
         return run
+
+    def _cancel_awaited_children(self, run: Run, reason: str) -> None:
+        """A cancelled run's awaited agent-tool children stop with it; detached ones outlive it."""
+        with self.store.read() as tx:
+            rows = tx.list_agent_tool_runs(run.thread_id, statuses=["starting", "running", "interrupted"])
+        for row in rows:
+            if row.parent_run_id == run.id and not row.detached:
+                self.cancel_agent_tool(row.run_id, reason=reason)
 
 
     # -- agents as tools -------------------------------------------------------------------
@@ -393,8 +403,23 @@ class Threads:
                 max_concurrent=cap,
             )
             if not started and row.status == "interrupted" and row.child_still_running:
-                # Re-attach to a child given up on while it was still working.
-                tx.update_agent_tool_run(row.run_id, status="running", reason=None, child_still_running=None, error=None)
+                # Re-attach to a child given up on while it was still working, and re-arm the
+                # backbone: its silence window starts again now.
+                now = runs.utcnow()
+                tx.update_agent_tool_run(
+                    row.run_id,
+                    status="running",
+                    reason=None,
+                    child_still_running=None,
+                    error=None,
+                    last_signal_at=now,
+                    check_at=agent_tools.check_at(
+                        started=row.started_at or now,
+                        last_signal=now,
+                        max_budget_ms=row.max_budget_ms,
+                        no_progress_ms=row.no_progress_budget_ms,
+                    ),
+                )
         self.publisher(entries)
         if options is not None:
             status = "error" if row.status == "error" and not started and row.error and "cap" in row.error else "running"
@@ -447,7 +472,7 @@ class Threads:
     def agent_tool_runs(self, parent_thread_id: str, *, status: Iterable[str] | None = None) -> list[AgentToolRun]:
         """The parent thread's retained agent-tool runs, oldest first."""
         with self.store.read() as tx:
-            return tx.list_agent_tool_runs(parent_thread_id, statuses=list(status) if status else None)
+            return tx.list_agent_tool_runs(parent_thread_id, statuses=_statuses(status))
 
     def cancel_agent_tool(self, run_id: str, reason: str = "agent tool run was cancelled") -> AgentToolRun | None:
         """Cancel a running (or softly interrupted) run; a no-op for unknown or ended ones."""
@@ -463,6 +488,8 @@ class Threads:
             else:
                 entries = agent_tools.child_finished(tx, _AbortedChild(row), status="aborted", output=None, error=reason, now=now)
         self.publisher(entries)
+        if child is not None:
+            self._cancel_awaited_children(child, reason)  # the child's own children, and so on down
         return self.inspect_agent_tool_run(run_id)
 
     def clear_agent_tool_runs(
@@ -470,7 +497,7 @@ class Threads:
     ) -> int:
         """Delete retained runs (and their child threads); running ones are cancelled first."""
         with self.store.read() as tx:
-            rows = tx.list_agent_tool_runs(parent_thread_id, statuses=list(status) if status else None, older_than=older_than)
+            rows = tx.list_agent_tool_runs(parent_thread_id, statuses=_statuses(status), older_than=older_than)
         for row in rows:
             if agent_tools.is_active(row.status):
                 self.cancel_agent_tool(row.run_id, reason="clearing agent tool run")
@@ -519,6 +546,13 @@ class Threads:
     def reconcile(self) -> dict[str, int]:
         """Run one reconcile tick in this process (what Beat schedules)."""
         return self.app.threads_runtime.get().reconcile_tick()  # type: ignore[attr-defined]
+
+
+def _statuses(status: str | Iterable[str] | None) -> list[str] | None:
+    """A status filter: one status or several (a bare string is one status, not its letters)."""
+    if not status:
+        return None
+    return [status] if isinstance(status, str) else list(status)
 
 
 class _AbortedChild:
