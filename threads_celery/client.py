@@ -58,6 +58,7 @@ class Threads:
         migrate: bool | None = None,
         embedded_path: str | os.PathLike[str] | None = None,
         worker_concurrency: int = 2,
+        reconcile_interval: float | None | object = ...,
     ) -> None:
         settings = settings or Settings.from_env()
         database_url = database_url or settings.database_url
@@ -79,6 +80,10 @@ class Threads:
         self.publisher = Publisher(self.app, single_queue=self.app.conf.task_default_queue if self.is_embedded else None)
         self._worker: Any = None
         self._worker_concurrency = worker_concurrency
+        # The embedded worker runs the reconcile backbone itself (Beat's job in a deployment).
+        self._reconcile_interval = (
+            self.settings.reconcile_interval_s if reconcile_interval is ... else reconcile_interval
+        )
         self._schema_checked = False
         if migrate if migrate is not None else self.store.dialect == "sqlite":
             self.migrate()
@@ -88,9 +93,16 @@ class Threads:
     @classmethod
     @contextmanager
     def embedded(
-        cls, path: str | os.PathLike[str] | None = None, *, concurrency: int = 2, settings: Settings | None = None
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        concurrency: int = 2,
+        settings: Settings | None = None,
+        reconcile_interval: float | None | object = ...,
     ) -> Iterator[Threads]:
-        """SQLite plus an in-process Celery worker; a fresh temporary database when ``path`` is None."""
+        """SQLite, an in-process Celery worker and a reconcile ticker (every
+        ``reconcile_interval`` seconds; the settings' interval by default, None for none).
+        A fresh temporary database when ``path`` is None."""
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="threads-celery-") as tmp:
@@ -100,6 +112,7 @@ class Threads:
                 settings=base.with_(database_url=None, broker_url=None),
                 embedded_path=db,
                 worker_concurrency=concurrency,
+                reconcile_interval=reconcile_interval,
             )
             try:
                 threads.start_worker()
@@ -114,7 +127,9 @@ class Threads:
         if self._worker is None:
             from .embedded import EmbeddedWorker
 
-            self._worker = EmbeddedWorker(self.app, concurrency=self._worker_concurrency)
+            self._worker = EmbeddedWorker(
+                self.app, concurrency=self._worker_concurrency, reconcile_interval=self._reconcile_interval
+            )
             self._worker.start()
 
     def close(self) -> None:

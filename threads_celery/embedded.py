@@ -35,12 +35,22 @@ class _Controller(WorkController):
 class EmbeddedWorker:
     """Runs a Celery worker with a thread pool inside this process."""
 
-    def __init__(self, app: Celery, *, concurrency: int = 2, ready_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        *,
+        concurrency: int = 2,
+        ready_timeout: float = 30.0,
+        reconcile_interval: float | None = None,
+    ) -> None:
         self.app = app
         self.concurrency = concurrency
         self.ready_timeout = ready_timeout
+        self.reconcile_interval = reconcile_interval
         self._controller: _Controller | None = None
         self._thread: threading.Thread | None = None
+        self._ticker: threading.Thread | None = None
+        self._stop_ticks = threading.Event()
 
     def start(self) -> None:
         if self._controller is not None:
@@ -67,10 +77,24 @@ class EmbeddedWorker:
             controller.stop(in_sighandler=False)
             raise ThreadsError("the embedded worker did not become ready")
         self._controller, self._thread = controller, thread
+        if self.reconcile_interval:
+            # What Beat does for a deployment: the reconcile backbone, every few seconds.
+            self._stop_ticks.clear()
+            self._ticker = threading.Thread(target=self._tick, name="threads-embedded-reconcile", daemon=True)
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        assert self.reconcile_interval is not None
+        while not self._stop_ticks.wait(self.reconcile_interval):
+            try:
+                self.app.threads_runtime.get().reconcile_tick()  # type: ignore[attr-defined]
+            except Exception as exc:  # noqa: BLE001 - the next tick tries again
+                log.warning("embedded reconcile tick failed: %s: %s", type(exc).__name__, exc)
 
     def stop(self, timeout: float = 10.0, *, wait: bool = False) -> None:
         """Stop consuming. The consumer's poll takes up to two seconds to notice; unless ``wait``,
         that happens in the background (the queue is this worker's own, so nothing is lost)."""
+        self._stop_ticks.set()
         controller, thread = self._controller, self._thread
         self._controller = self._thread = None
         if controller is None:

@@ -47,7 +47,7 @@ agent = Agent(
 def threads() -> Iterator[Threads]:
     CALLS.clear()
     RELEASE.clear()
-    with Threads.embedded() as t:
+    with Threads.embedded(reconcile_interval=None) as t:  # ticks by hand only, to count them
         yield t
     RELEASE.set()
 
@@ -102,3 +102,13 @@ def test_nothing_due_means_a_tick_does_nothing(threads: Threads) -> None:
     handle = threads.start(agent, "charge 5")
     assert threads.wait(handle.run_id, 20).status == "completed"
     assert threads.reconcile() == {"expired_runs": 0, "republished": 0}
+
+
+def test_the_embedded_runtime_ticks_the_backbone_by_itself() -> None:
+    RELEASE.set()
+    with Threads.embedded(reconcile_interval=0.05) as threads:
+        threads.publisher.send = lambda entry: None  # type: ignore[method-assign] - a lost publish
+        handle = threads.start(agent, "charge 5")
+        with threads.store.transaction() as tx:
+            tx.conn.execute(update(outbox).values(due_at=utcnow() - timedelta(seconds=1)))
+        assert threads.wait(handle.run_id, 20).status == "completed"  # nobody called reconcile()
