@@ -384,7 +384,7 @@ def child_finished(tx: Tx, run: Run, *, status: str, output: str | None, error: 
 
 
 def seal_interrupted(
-    tx: Tx, row: AgentToolRun, *, reason: str, error: str, child_still_running: bool, now: datetime
+    tx: Tx, row: AgentToolRun, *, reason: str, error: str, child_still_running: bool | None, now: datetime
 ) -> list[OutboxEntry]:
     """Give up waiting on a child (soft): interrupted with a reason, and deliver that."""
     tx.update_agent_tool_run(

@@ -29,6 +29,7 @@ from .exceptions import (
 )
 from .interventions import PendingCall
 from .records import TERMINAL_STATUSES, Event, Message, OutboxEntry, Run, RunHandle
+from .observability import emit
 from .settings import Settings
 from .variables import SecretBox
 from .store import Store
@@ -436,6 +437,8 @@ class Threads:
                     ),
                 )
         self.publisher(entries)
+        if started:
+            emit("agent_tool", "agent_tool:dispatched", run_id=row.run_id, agent_type=row.agent_type, detached=options is not None)
         if options is not None:
             status = "error" if row.status == "error" and not started and row.error and "cap" in row.error else "running"
             return DetachedHandle(run_id=row.run_id, agent_type=row.agent_type, status=status, error=row.error if status == "error" else None)
@@ -503,6 +506,7 @@ class Threads:
             else:
                 entries = agent_tools.child_finished(tx, _AbortedChild(row), status="aborted", output=None, error=reason, now=now)
         self.publisher(entries)
+        emit("agent_tool", "agent_tool:cancelled", run_id=run_id, agent_type=row.agent_type, reason=reason)
         if child is not None:
             self._cancel_awaited_children(child, reason)  # the child's own children, and so on down
         return self.inspect_agent_tool_run(run_id)

@@ -10,12 +10,14 @@ handlers must be idempotent).
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import agent_tools, runs
 from .agent_tools import HARD_TERMINAL, AgentToolFailure, AgentToolResult, AgentToolRun
 from .records import OutboxEntry
+from .observability import emit
 from .tools import render_result
 
 if TYPE_CHECKING:
@@ -81,7 +83,7 @@ def deliver(runtime: Runtime, run_id: str, status: str) -> str:
         tx.delete_outbox(outbox_key)
         entries += _settle_parent_call(tx, row, result, runtime.clock(), runtime.registry)
     runtime.publish(entries)
-    log.info("agent-tool run %s delivered %s", run_id, status)
+    emit("agent_tool", "agent_tool:delivered", run_id=run_id, status=status, agent_type=row.agent_type)
     return f"delivered {status}"
 
 
@@ -227,6 +229,8 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
     now = runtime.clock()
     entries: list[OutboxEntry] = []
     expired = silent = redelivered = 0
+    observed: list[tuple[str, dict[str, Any]]] = []
+    started = time.monotonic()
     with runtime.store.transaction() as tx:
         for row in tx.due_agent_tool_runs(now=now, limit=limit):
             if not agent_tools.is_active(row.status):
@@ -246,20 +250,29 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
                     child_still_running=not cancelled,
                     now=now,
                 )
+                observed.append(("agent_tool:interrupted", {"run_id": row.run_id, "reason": "budget-exceeded" if row.detached else "window-exceeded"}))
                 expired += 1
             elif (
                 row.no_progress_budget_ms is not None
                 and row.last_signal_at is not None
                 and row.last_signal_at + timedelta(milliseconds=row.no_progress_budget_ms) <= now
             ):
+                # Before giving up on a silent child, look at it: it may have ended, or be gone.
+                finding = _inspect_child(tx, row, started=started)
+                observed.append(("agent_tool:recovery:row", {"run_id": row.run_id, "finding": finding}))
+                if finding == "ended":
+                    continue  # its finish is recorded and delivered on its own
+                reason, error, still_running = {
+                    "silent": ("no-progress", f"agent tool run made no progress for {row.no_progress_budget_ms} ms", True),
+                    "gone": ("not-tailable", "the child run cannot be found to follow", False),
+                    "failed": ("inspect-failed", "inspecting the child run failed", None),
+                    "slow": ("inspect-timeout", f"inspecting the child run took over {INSPECT_TIMEOUT_S:g} s", None),
+                    "late": ("recovery-deadline", f"the recovery pass ran past its {RECOVERY_DEADLINE_S:g} s deadline", None),
+                }[finding]
                 entries += agent_tools.seal_interrupted(
-                    tx,
-                    row,
-                    reason="no-progress",
-                    error=f"agent tool run made no progress for {row.no_progress_budget_ms} ms",
-                    child_still_running=True,
-                    now=now,
+                    tx, row, reason=reason, error=error, child_still_running=still_running, now=now
                 )
+                observed.append(("agent_tool:interrupted", {"run_id": row.run_id, "reason": reason}))
                 silent += 1
             else:
                 tx.update_agent_tool_run(
@@ -281,7 +294,36 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
             entries.append(entry)
             redelivered += 1
     runtime.publish(entries)
+    for event_type, payload in observed:
+        emit("agent_tool", event_type, **payload)
     return {"budget_exceeded": expired, "no_progress": silent, "redelivered": redelivered}
+
+
+#: An inspection of one child that takes longer than this is an inspect-timeout.
+INSPECT_TIMEOUT_S = 2.0
+#: A recovery pass that runs longer than this seals what is left as recovery-deadline.
+RECOVERY_DEADLINE_S = 5.0
+
+
+def _inspect_child(tx: Any, row: AgentToolRun, *, started: float) -> str:
+    """What the silent child's own record says: ended, silent, gone, failed, slow or late.
+
+    A missing record is "gone" only when the row says there was one; an inspection that raises
+    or is slow is never taken for a finish.
+    """
+    if time.monotonic() - started > RECOVERY_DEADLINE_S:
+        return "late"
+    began = time.monotonic()
+    try:
+        child = tx.get_run(row.child_run_id) if row.child_run_id else None
+    except Exception as exc:  # noqa: BLE001 - any failure to look is an inspect failure
+        log.warning("inspecting child of %s failed: %s: %s", row.run_id, type(exc).__name__, exc)
+        return "failed"
+    if time.monotonic() - began > INSPECT_TIMEOUT_S:
+        return "slow"
+    if child is None:
+        return "gone"
+    return "ended" if child.is_terminal else "silent"
 
 
 def _tear_down(tx: Any, row: AgentToolRun, now: datetime, reason: str) -> bool:

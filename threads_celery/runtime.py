@@ -38,6 +38,7 @@ from .effects import (
 )
 from .exceptions import FenceLost, StoreUnavailable, UnknownAgent
 from .leases import LeaseKeeper
+from .observability import emit
 from .permissions import Ask, Deny, decide_permission
 from .records import CallRow, OutboxEntry, Run
 from .settings import Settings
@@ -528,6 +529,8 @@ class Runtime:
                 tx.insert_outbox(entry, now)
                 entries.append(entry)
         self.publish(entries)
+        if started:
+            emit("agent_tool", "agent_tool:dispatched", run_id=row.run_id, agent_type=row.agent_type, detached=False)
         return f"waiting on {row.agent_type} ({row.run_id})"
 
     def start_detached_child(
