@@ -7,6 +7,7 @@ records in :mod:`threads_celery.records`; internal fields (fences, lease owners)
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -29,6 +30,19 @@ def _no_nul(value: str) -> str:
 
 def _optional_no_nul(value: str | None) -> str | None:
     return None if value is None else _no_nul(value)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or Infinity (Python's parser accepts them); refuse them at the edge."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("must be valid JSON: NaN and Infinity are not numbers in JSON")
+    if isinstance(value, dict):
+        for item in value.values():
+            _finite(item)
+    elif isinstance(value, list):
+        for item in value:
+            _finite(item)
+    return value
 
 
 Text = Annotated[str, AfterValidator(_no_nul)]
@@ -64,6 +78,7 @@ class Approve(_Request):
     override_args: Annotated[
         dict[str, JsonValue] | None,
         Field(description="Edited arguments; validated against the tool's input schema, and recorded."),
+        AfterValidator(_finite),
     ] = None
 
 
@@ -79,7 +94,9 @@ class Resolve(_Request):
 
     resolution: Literal["assume_done", "assume_not_done"]
     principal: Principal
-    result: Annotated[JsonValue, Field(description="With assume_done: the result the model is shown.")] = None
+    result: Annotated[
+        JsonValue, Field(description="With assume_done: the result the model is shown."), AfterValidator(_finite)
+    ] = None
 
 
 # -- responses ---------------------------------------------------------------------------------

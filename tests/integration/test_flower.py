@@ -1,0 +1,209 @@
+"""Flower shows what runs, and nothing of what the conversation holds.
+
+A real worker (``celery -A tasks worker -E``, Redis broker, PostgreSQL ledger) and a real Flower
+(``celery -A tasks flower --basic-auth=...``) run side by side. A run's user message and its
+tool's arguments carry a canary string; Flower's task listing must name the tool (through the
+task's ``argsrepr``) and the effect key, and must not hold the canary anywhere: task messages
+carry ids only, and results are outcomes, not tool output.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery.signals import before_task_publish
+
+from tests.integration.conftest import REPO_ROOT, TEST_AGENTS, WorkerProcess
+
+FLOWER_USER, FLOWER_PASSWORD = "flower-user", "flower-pass"
+DEADLINE_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def service_env(database_url: str, broker_url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("THREADS_", "CELERY_"))}
+    env.update(
+        THREADS_DATABASE_URL=database_url,
+        THREADS_BROKER_URL=broker_url,
+        THREADS_AGENTS=TEST_AGENTS,
+        PYTHONPATH=str(REPO_ROOT),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tasks", *argv],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+@pytest.fixture(scope="module")
+def worker(migrated_pg_url: str, integration_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """Overrides the package's worker: one with task events switched on explicitly (``-E``)."""
+    name = "flower-w1"
+    log_path = tmp_path_factory.mktemp("worker") / f"{name}.log"
+    argv = [
+        "worker", "-E", "--pool", "prefork", "--concurrency", "2", "--loglevel", "INFO",
+        "-n", f"{name}@%h", "--without-mingle", "--without-gossip",
+    ]  # fmt: skip
+    proc = spawn(argv, service_env(migrated_pg_url, integration_redis_url), log_path)
+    process = WorkerProcess(name, proc, log_path, migrated_pg_url, integration_redis_url)
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.terminate()
+
+
+class Flower:
+    """A Flower process and a tiny client for its JSON API."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+        self.proc, self.port, self.log_path = proc, port, log_path
+
+    def get(self, path: str, *, auth: bool = True) -> tuple[int, str]:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}")
+        if auth:
+            token = base64.b64encode(f"{FLOWER_USER}:{FLOWER_PASSWORD}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+
+    def tasks(self) -> tuple[str, dict[str, Any]]:
+        """The raw listing (to search for the canary) and its parsed form."""
+        status, text = self.get("/api/tasks")
+        assert status == 200, text
+        return text, json.loads(text)
+
+    def log_tail(self) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-60:])
+
+
+@pytest.fixture(scope="module")
+def flower(worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flower]:
+    pytest.importorskip("flower")
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("flower") / "flower.log"
+    argv = ["flower", f"--port={port}", "--address=127.0.0.1", f"--basic-auth={FLOWER_USER}:{FLOWER_PASSWORD}"]
+    proc = spawn(argv, service_env(worker.database_url, worker.broker_url), log_path)
+    flower = Flower(proc, port, log_path)
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            assert proc.poll() is None, f"flower exited:\n{flower.log_tail()}"
+            try:
+                if flower.get("/healthcheck", auth=False)[0] == 200:  # open, as the compose health check needs
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"flower did not answer within {DEADLINE_S:g}s:\n{flower.log_tail()}"
+            time.sleep(0.1)
+        yield flower
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+def wait_for_task(flower: Flower, task_id: str, *, state: str = "SUCCESS") -> dict[str, Any]:
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        _, listing = flower.tasks()
+        task = listing.get(task_id)
+        if task is not None and task.get("state") == state:
+            return task
+        assert time.monotonic() < deadline, (
+            f"task {task_id} not {state} in Flower within {DEADLINE_S:g}s: {task}\n{flower.log_tail()}"
+        )
+        time.sleep(0.2)
+
+
+def run_and_wait(threads: Any, flower: Flower, agent: Any, message: str) -> Any:
+    handle = threads.start(agent, message)
+    run = threads.wait(handle.run_id, DEADLINE_S)
+    assert run.status == "completed", (run.status, run.error)
+    return run
+
+
+def test_flower_needs_its_basic_auth(flower: Flower) -> None:
+    status, _ = flower.get("/api/tasks", auth=False)
+    assert status == 401
+
+
+def test_flower_names_the_tool_and_the_effect_key_and_never_the_conversation(
+    flower: Flower, threads: Any, tmp_path: Path
+) -> None:
+    from tests.integration.agents_for_tests import gated, one_step
+
+    # Flower only sees events sent while it listens: a first run proves it is listening.
+    warmup = run_and_wait(threads, flower, one_step, "warm up")
+    wait_for_task(flower, f"step:{warmup.id}:0")
+
+    canary = f"canary-{uuid.uuid4().hex}"
+    gate = tmp_path / f"gate-{canary}"
+    gate.touch()  # open already: the tool returns at once
+    # This process publishes the run's first step: catch the real message on its way out.
+    published: list[tuple[dict[str, Any], Any]] = []
+
+    def catch(sender: Any = None, body: Any = None, headers: Any = None, **_: Any) -> None:
+        published.append((dict(headers or {}), body))
+
+    before_task_publish.connect(catch, weak=False)
+    try:
+        # The canary is in the user message, and so in the tool's arguments: wait_for_file(path=gate).
+        run = run_and_wait(threads, flower, gated, f"gate {gate}")
+    finally:
+        before_task_publish.disconnect(catch)
+    [(headers, body)] = [(h, b) for h, b in published if h.get("id") == f"step:{run.id}:0"]
+    assert headers["task"] == "threads.step" and list(body[0]) == [run.id, 0] and body[1] == {}
+    assert canary not in json.dumps([headers, body], default=str)
+    [call] = [c for m in threads.messages(run.thread_id) for c in m.tool_calls]
+    assert call.name == "wait_for_file" and canary in call.args  # the ledger has it, as it should
+
+    task = wait_for_task(flower, call.effect_key)
+    assert task["name"] == "threads.tool"
+    assert task["uuid"] == call.effect_key  # the task id is the effect key
+    # Flower shows argsrepr: the tool's name and the effect key, and nothing else.
+    assert task["args"] == f"('wait_for_file', {call.effect_key})"
+    assert task["kwargs"] in ("{}", {}, None)
+    step = wait_for_task(flower, f"step:{run.id}:0")
+    assert step["name"] == "threads.step" and "it_gated" in step["args"]
+
+    text, listing = flower.tasks()
+    assert {f"step:{run.id}:0", call.effect_key, f"step:{run.id}:1"} <= set(listing)
+    assert canary not in text
+    for task_id in listing:
+        status, detail = flower.get(f"/api/task/info/{task_id}")
+        assert status == 200 and canary not in detail

@@ -1,0 +1,200 @@
+"""docker-compose.yml held against the code it runs (there is no Docker engine here to run it).
+
+Every command must name a real app module and a real CLI command, every ``THREADS_*`` variable a
+real setting, every published port the default the program listens on, and every long-running
+service must have a health check and a restart policy.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICES = {"postgres", "redis", "migrate", "worker", "beat", "flower", "api"}
+OUR_IMAGE = {"migrate", "worker", "beat", "flower", "api"}
+ONE_SHOT = {"migrate"}
+CORE_VARS = {"THREADS_DATABASE_URL", "THREADS_BROKER_URL", "THREADS_AGENTS"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def argv(service: dict[str, Any]) -> list[str]:
+    command = service["command"]
+    return shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+
+
+def option(args: list[str], name: str) -> str | None:
+    """The value of ``--name value`` or ``--name=value`` in ``args``."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def container_ports(service: dict[str, Any]) -> set[int]:
+    return {int(str(p).rsplit(":", 1)[-1].split("/")[0]) for p in service.get("ports", [])}
+
+
+def cli_command(*path: str) -> Any:
+    """The click command behind ``threads-celery <path...>``, or None."""
+    import typer
+
+    from threads_celery.cli import app
+
+    command: Any = typer.main.get_command(app)
+    for name in path:
+        commands = getattr(command, "commands", {})
+        if name not in commands:
+            return None
+        command = commands[name]
+    return command
+
+
+def test_every_service_is_there(services: dict[str, Any]) -> None:
+    assert set(services) == SERVICES
+
+
+def test_worker_beat_and_flower_run_the_same_app_module_which_exists(services: dict[str, Any]) -> None:
+    apps = set()
+    for name, sub in (("worker", "worker"), ("beat", "beat"), ("flower", "flower")):
+        args = argv(services[name])
+        assert args[:2] == ["celery", "-A"] and args[3] == sub, args
+        apps.add(args[2])
+    assert apps == {"tasks"}
+    assert importlib.util.find_spec("tasks") is not None
+    module = ast.parse((REPO / "tasks" / "__init__.py").read_text())
+    assigned = {t.id for node in module.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+    assert "app" in assigned  # what `celery -A tasks` looks for
+    assert "-E" in argv(services["worker"]) or "--task-events" in argv(services["worker"])
+
+
+def test_threads_variables_are_real_settings_and_documented(services: dict[str, Any]) -> None:
+    settings_src = (REPO / "threads_celery" / "settings.py").read_text()
+    api_src = (REPO / "threads_celery" / "api.py").read_text()
+    readme = (REPO / "README.md").read_text()
+    used: set[str] = set()
+    for service in services.values():
+        env = service.get("environment") or {}
+        used |= {k for k in (env if isinstance(env, dict) else dict(e.split("=", 1) for e in env)) if k.startswith("THREADS_")}
+    assert CORE_VARS <= used
+    for var in used:
+        assert f'"{var}"' in settings_src or f'"{var}"' in api_src, f"{var} is read by neither settings.py nor api.py"
+    for var in CORE_VARS:
+        assert f'"{var}"' in settings_src and var in readme, var
+
+
+def test_every_service_of_ours_gets_the_ledger_broker_and_agents(services: dict[str, Any]) -> None:
+    from threads_celery.store.engine import parse_database_url
+
+    postgres = services["postgres"]["environment"]
+    for name in OUR_IMAGE:
+        env = services[name]["environment"]
+        assert CORE_VARS <= set(env), name
+        url = parse_database_url(env["THREADS_DATABASE_URL"])
+        assert (url.host, url.port, url.database) == ("postgres", 5432, postgres["POSTGRES_DB"])
+        assert (url.username, url.password) == (postgres["POSTGRES_USER"], postgres["POSTGRES_PASSWORD"])
+        assert re.fullmatch(r"redis://redis:6379/\d+", env["THREADS_BROKER_URL"])
+        for spec in env["THREADS_AGENTS"].split(","):
+            assert importlib.util.find_spec(spec.split(":")[0]) is not None, spec
+
+
+def test_secrets_come_from_the_environment_not_the_file(services: dict[str, Any]) -> None:
+    assert re.fullmatch(r"\$\{THREADS_API_TOKENS:\?[^}]+\}", services["api"]["environment"]["THREADS_API_TOKENS"])
+    assert "THREADS_API_AUTH" not in services["api"]["environment"]
+    basic_auth = option(argv(services["flower"]), "--basic-auth")
+    assert basic_auth is not None and re.fullmatch(r"\$\{FLOWER_USER[^}]*\}:\$\{FLOWER_PASSWORD[^}]*\}", basic_auth)
+    for name in OUR_IMAGE - {"api"}:
+        assert "THREADS_API_TOKENS" not in services[name]["environment"], name
+
+
+def test_migrate_runs_a_real_cli_command_and_the_api_one_exists(services: dict[str, Any]) -> None:
+    args = argv(services["migrate"])
+    assert args[0] == "threads-celery"
+    assert cli_command(*args[1:]) is not None, args
+    assert args[1:] == ["db", "upgrade"]
+    api_args = argv(services["api"])
+    assert api_args[:2] == ["threads-celery", "api"]
+    api = cli_command("api")
+    assert api is not None
+    options = {opt for param in api.params for opt in getattr(param, "opts", [])}
+    assert {"--host", "--port"} <= options
+    assert option(api_args, "--host") == "0.0.0.0"  # reachable from outside its container
+
+
+def test_published_ports_are_the_ones_the_programs_listen_on(services: dict[str, Any]) -> None:
+    api = cli_command("api")
+    [port_param] = [p for p in api.params if "--port" in p.opts]
+    api_args = argv(services["api"])
+    assert int(option(api_args, "--port") or port_param.default) == port_param.default == 8000
+    assert container_ports(services["api"]) == {8000}
+
+    flower_default = pytest.importorskip("flower.options").options.port
+    assert int(option(argv(services["flower"]), "--port") or flower_default) == flower_default == 5555
+    assert container_ports(services["flower"]) == {5555}
+    for name in ("api", "flower"):
+        for mapping in services[name]["ports"]:
+            assert str(mapping).startswith("127.0.0.1:"), f"{name} is published on every interface: {mapping}"
+
+
+def test_long_running_services_have_health_checks_and_restart_policies(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        if name in ONE_SHOT:
+            assert service.get("restart") == "no" and "healthcheck" not in service
+            continue
+        check = service.get("healthcheck")
+        assert check and check.get("test"), f"{name} has no health check"
+        assert service.get("restart") in ("always", "unless-stopped", "on-failure"), name
+    assert "pg_isready" in str(services["postgres"]["healthcheck"]["test"])
+    assert "redis-cli" in str(services["redis"]["healthcheck"]["test"]) and "ping" in str(services["redis"]["healthcheck"]["test"])
+    assert "8000/healthz" in str(services["api"]["healthcheck"]["test"])
+    assert "5555/healthcheck" in str(services["flower"]["healthcheck"]["test"])
+    beat_schedule = option(argv(services["beat"]), "--schedule")
+    assert beat_schedule and beat_schedule in str(services["beat"]["healthcheck"]["test"])
+
+
+def test_the_health_endpoints_named_are_real_routes() -> None:
+    from threads_celery.api import create_api
+
+    app = create_api(object(), tokens={"t"})  # type: ignore[arg-type]  # routes only; nothing is called
+    paths = {getattr(route, "path", None) for route in app.routes}
+    assert {"/healthz", "/readyz"} <= paths
+
+
+def test_startup_order_waits_for_health_and_for_the_migration(services: dict[str, Any]) -> None:
+    assert services["migrate"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    for name in OUR_IMAGE - ONE_SHOT:
+        depends = services[name]["depends_on"]
+        assert depends["postgres"] == {"condition": "service_healthy"}, name
+        assert depends["redis"] == {"condition": "service_healthy"}, name
+        assert depends["migrate"] == {"condition": "service_completed_successfully"}, name
+
+
+def test_our_services_build_the_image_from_the_dockerfile(services: dict[str, Any]) -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    for name in OUR_IMAGE:
+        assert services[name]["build"] == ".", name
+    assert re.search(r"pip install .*\.\[flower\]", dockerfile)
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert re.search(r"^flower = \[", pyproject, re.MULTILINE)  # the extra the image installs
+    assert "COPY examples" in dockerfile  # THREADS_AGENTS=examples.demo must import in the image
+    assert {"postgres": "postgres:16", "redis": "redis:7"} == {n: services[n]["image"] for n in ("postgres", "redis")}
+    assert any("postgresql/data" in v for v in services["postgres"]["volumes"])
