@@ -1,13 +1,19 @@
-"""The ``threads-celery`` command line.
+"""The ``threads-celery`` command line: the Typer app, what its commands share, and ``run``.
+
+The other commands live beside this module, one noun each: :mod:`~threads_celery.cli_runs`
+(``runs list/show/cancel``, ``events``), :mod:`~threads_celery.cli_people` (``parked``,
+``approve``, ``deny``, ``resolve``) and :mod:`~threads_celery.cli_service` (``worker``, ``beat``,
+``api``, ``db``). They register on :data:`app` when imported, at the end of this module.
 
 With no ``THREADS_DATABASE_URL`` and no ``THREADS_BROKER_URL``, ``threads-celery run`` uses the
 embedded default (SQLite in ``.threads-celery/embedded.db`` and an in-process Celery worker), so
 an agent runs with nothing else installed. With both set, it enqueues to the broker and watches
 the ledger while ``threads-celery worker`` processes do the work.
 
-Exit codes: 0 the run completed (or the command succeeded); 1 the run ended in error, was aborted
-or interrupted; 2 a usage or configuration error (never a traceback); 3 the run waits for a person
-(parked, awaiting approval or a variable); 4 the run did not end within ``--timeout``.
+Exit codes, for every command: 0 done (the run completed); 1 the run ended in error, was aborted
+or interrupted; 2 a usage or configuration error, or something named that does not exist (never
+a traceback); 3 the run waits for a person (parked, awaiting approval or a variable); 4 the run
+(or the background child runs it started) did not end within ``--timeout``.
 """
 
 from __future__ import annotations
@@ -17,28 +23,25 @@ import getpass
 import json
 import os
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict
-from enum import Enum
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from rich.prompt import Prompt
-from rich.table import Table
 from rich.text import Text
 
-from .exceptions import ConfigError, RunNotFound, StoreUnavailable, ThreadsError
-from .live import NEEDS_A_PERSON, STATUS_STYLES, RunView, follow_run, format_args, run_summary
-from .records import ACTIVE_STATUSES, TERMINAL_STATUSES, Message, Run
+from .cli_watch import follow_run
+from .exceptions import ConfigError, ThreadsError
+from .live import NEEDS_A_PERSON, RunView, format_args
+from .records import TERMINAL_STATUSES, Message, Run
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
-
+    from .agent_tools import AgentToolRun
     from .agents import Agent
     from .client import Threads
     from .settings import Settings
@@ -49,7 +52,6 @@ EXIT_USAGE = 2
 EXIT_NEEDS_A_PERSON = 3
 EXIT_TIMEOUT = 4
 
-ALL_STATUSES = sorted(ACTIVE_STATUSES | TERMINAL_STATUSES)
 DEFAULT_EMBEDDED_DB = Path(".threads-celery") / "embedded.db"
 
 out = Console(highlight=False)
@@ -64,16 +66,20 @@ app = typer.Typer(
         ".threads-celery/ and an in-process worker):\n\n"
         "\b\n"
         '  threads-celery run examples/demo.py:agent "plan a dinner in Lisbon"\n'
-        "  threads-celery runs list\n\n"
+        '  threads-celery run examples/research.py:agent "Compare HTTP/3 and gRPC" --approve\n'
+        "  threads-celery runs list\n"
+        "  threads-celery events THREAD_ID --follow\n"
+        "  threads-celery parked\n\n"
         "In production, point every process at PostgreSQL and a broker:\n\n"
         "\b\n"
         "  export THREADS_DATABASE_URL=postgresql://app@db/threads\n"
         "  export THREADS_BROKER_URL=redis://redis:6379/0\n"
         "  threads-celery db upgrade\n"
         "  threads-celery worker --agents myapp.agents\n"
-        "  threads-celery beat\n\n"
-        "Exit codes of `run`: 0 completed, 1 error/aborted/interrupted, 2 usage or configuration "
-        "error, 3 waits for a person, 4 timed out."
+        "  threads-celery beat\n"
+        "  threads-celery approve run_3f2a...:1:0 --principal alice\n\n"
+        "Exit codes: 0 ok / completed, 1 the run failed (error, aborted, interrupted), 2 usage, "
+        "configuration or not found, 3 waits for a person, 4 timed out."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -81,24 +87,8 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-runs_app = typer.Typer(
-    help="List, inspect and cancel runs.\n\n\b\n  threads-celery runs list --status running\n  threads-celery runs show run_3f2a...",
-    no_args_is_help=True,
-)
-db_app = typer.Typer(
-    help="Database migrations.\n\n\b\n  threads-celery db upgrade --database-url postgresql://app@db/threads\n  threads-celery db current",
-    no_args_is_help=True,
-)
-app.add_typer(runs_app, name="runs")
-app.add_typer(db_app, name="db")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Pool(str, Enum):
-    prefork = "prefork"
-    threads = "threads"
-    solo = "solo"
 
 
 class UsageError(ThreadsError):
@@ -129,6 +119,15 @@ def main() -> None:
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+
+
+# -- options shared by several commands --------------------------------------------------------
+
+EmbeddedDb = Annotated[
+    Path | None,
+    typer.Option("--db", help="Embedded SQLite file [default: .threads-celery/embedded.db].", dir_okay=False),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 # -- agent specs -------------------------------------------------------------------------------
@@ -196,7 +195,7 @@ def _where(exc: BaseException) -> str:
 # -- opening the runtime -----------------------------------------------------------------------
 
 
-def _settings() -> Settings:
+def settings_from_env() -> Settings:
     from .settings import Settings
 
     return Settings.from_env()
@@ -210,7 +209,7 @@ def open_threads(db: Path | None, *, need_broker: bool = True) -> Threads:
     from .client import Threads
     from .worker import EMBEDDED_BROKER
 
-    settings = _settings()
+    settings = settings_from_env()
     if settings.database_url or settings.broker_url:
         if db is not None:
             raise UsageError(
@@ -222,9 +221,9 @@ def open_threads(db: Path | None, *, need_broker: bool = True) -> Threads:
     return Threads(settings=settings, embedded_path=db or DEFAULT_EMBEDDED_DB)
 
 
-def _embedded_db_missing(db: Path | None) -> Path | None:
+def embedded_db_missing(db: Path | None) -> Path | None:
     """The embedded database path when it is the one in use and does not exist yet."""
-    settings = _settings()
+    settings = settings_from_env()
     if settings.database_url or settings.broker_url:
         return None
     path = db or DEFAULT_EMBEDDED_DB
@@ -233,7 +232,7 @@ def _embedded_db_missing(db: Path | None) -> Path | None:
 
 def require_services(*, database: bool = True, broker: bool = True) -> Settings:
     """The settings, or a ConfigError naming the service URLs that are not set."""
-    settings = _settings()
+    settings = settings_from_env()
     missing = [
         name
         for name, wanted, value in (
@@ -249,6 +248,14 @@ def require_services(*, database: bool = True, broker: bool = True) -> Settings:
             "THREADS_BROKER_URL=redis://localhost:6379/0)"
         )
     return settings
+
+
+def principal_of_this_user() -> str:
+    """``cli:<login name>``: who a decision made at this terminal is recorded as."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # noqa: BLE001 - no user name in some containers
+        return "cli"
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -280,10 +287,7 @@ def run(
     thread: Annotated[
         str | None, typer.Option("--thread", help="Continue this thread (or start one with this id).")
     ] = None,
-    db: Annotated[
-        Path | None,
-        typer.Option("--db", help="Embedded SQLite file [default: .threads-celery/embedded.db].", dir_okay=False),
-    ] = None,
+    db: EmbeddedDb = None,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the run to end.")] = 300.0,
     approve: Annotated[
         bool,
@@ -297,9 +301,15 @@ def run(
 ) -> None:
     """Start a run and watch it live until it ends.
 
+    Shows each model turn, each tool call with its result, and every child agent-tool run with
+    a progress bar, its phase and its milestones, then the answer. Embedded, the command also waits for background (detached) child runs the run started, since
+    its in-process worker stops when it exits. Exit codes: 0 completed, 1 failed, 2 usage,
+    3 waits for a person, 4 timed out.
+
     \b
       threads-celery run examples/demo.py:agent "plan a dinner in Lisbon"
       threads-celery run examples/demo.py:agent "plan a dinner in Rome" --approve --json
+      threads-celery run examples/research.py:agent "Compare HTTP/3 and gRPC" --approve
       threads-celery run myapp.agents:support "where is my order?" --thread t-42
       echo "summarise this" | threads-celery run myapp.agents:writer -
     """
@@ -310,45 +320,13 @@ def run(
     try:
         handle = threads.start(agent, message, thread_id=thread)
         view = RunView(run_id=handle.run_id, agent=agent.name)
-        try:
-            final = _watch(threads, agent, handle.run_id, handle.thread_id, view, timeout=timeout, approve=approve, as_json=as_json)
-        except KeyboardInterrupt:
-            final = _abandon(threads, threads.get_run(handle.run_id), None, quiet=as_json)
-            timed_out = False
-        else:
-            timed_out = exit_code_for(final.status) == EXIT_TIMEOUT
-            if timed_out:
-                final = _abandon(threads, final, timeout, quiet=as_json)
-        if as_json:
-            messages = [m for m in threads.messages(handle.thread_id) if m.run_id == handle.run_id]
-            payload = {
-                "run_id": final.id,
-                "thread_id": final.thread_id,
-                "agent": final.agent,
-                "status": final.status,
-                "output": final.output,
-                "error": final.error,
-                "timed_out": timed_out,
-                "messages": [message_to_json(m) for m in messages],
-            }
-            sys.stdout.write(json.dumps(payload, indent=2) + "\n")
-        else:
-            view.add_all(threads.messages(handle.thread_id, after=view.last_seq))
-            view.update(final)
-            out.print(view.render_live())
-            if final.status in NEEDS_A_PERSON:
-                hint = " (re-run with --approve to approve its calls)" if final.status == "awaiting_approval" else ""
-                err.print(
-                    f"run {final.id} is {final.status.replace('_', ' ')}; it resumes once a person decides{hint}.",
-                    style="yellow",
-                    soft_wrap=True,
-                )
-        raise typer.Exit(EXIT_TIMEOUT if timed_out else exit_code_for(final.status))
+        code = watch_to_end(threads, agent, handle.run_id, handle.thread_id, view, timeout=timeout, approve=approve, as_json=as_json)
     finally:
         threads.close()
+    raise typer.Exit(code)
 
 
-def _watch(
+def watch_to_end(
     threads: Threads,
     agent: Agent,
     run_id: str,
@@ -358,17 +336,90 @@ def _watch(
     timeout: float,
     approve: bool,
     as_json: bool,
-) -> Run:
-    """Follow the run until it ends, needs a person nobody here can be, or time runs out."""
+    header: bool = True,
+) -> int:
+    """Watch a run until it stops, print where it stopped (or its JSON), and return the exit code."""
     deadline = time.monotonic() + timeout
+    try:
+        final = _watch(threads, agent, run_id, thread_id, view, deadline=deadline, approve=approve, as_json=as_json, header=header)
+    except KeyboardInterrupt:
+        final = _abandon(threads, threads.get_run(run_id), None, quiet=as_json)
+        timed_out = False
+    else:
+        timed_out = exit_code_for(final.status) == EXIT_TIMEOUT or bool(
+            final.is_terminal and threads.is_embedded and background_children(threads, final)
+        )
+        if timed_out:
+            final = _abandon(threads, final, timeout, quiet=as_json)
+    if as_json:
+        messages = [m for m in threads.messages(thread_id) if m.run_id in (run_id, None)]
+        children = agent_tool_runs_of(threads, thread_id, run_id=run_id)
+        payload = {
+            "run_id": final.id,
+            **{k: v for k, v in run_to_json(final).items() if k in ("thread_id", "agent", "status", "output", "error")},
+            "timed_out": timed_out,
+            "messages": [message_to_json(m) for m in messages],
+            "agent_tool_runs": [agent_tool_run_to_json(r) for r in children],
+        }
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+    else:
+        view.add_events(threads.events(thread_id, after=view.last_event_seq))
+        view.update(final)
+        out.print(view.render_live())
+        if final.is_terminal and not threads.is_embedded and background_children(threads, final):
+            err.print(f"the workers carry on with its background child runs: threads-celery events {thread_id} --follow", style="dim", soft_wrap=True)
+        if final.status in NEEDS_A_PERSON:
+            hint = " (re-run with --approve to approve its calls)" if final.status == "awaiting_approval" else ""
+            err.print(
+                f"run {final.id} is {final.status.replace('_', ' ')}; it resumes once a person decides{hint}. "
+                "See `threads-celery parked`.",
+                style="yellow",
+                soft_wrap=True,
+            )
+    return EXIT_TIMEOUT if timed_out else exit_code_for(final.status)
+
+
+def background_children(threads: Threads, run: Run) -> list[AgentToolRun]:
+    """Detached child runs started by ``run`` that have not ended, or whose end was not delivered."""
+    from .agent_tools import is_active
+
+    return [
+        row
+        for row in threads.agent_tool_runs(run.thread_id)
+        if row.parent_run_id == run.id and (is_active(row.status) or (row.detached and row.status not in row.delivered))
+    ]
+
+
+def _watch(
+    threads: Threads,
+    agent: Agent,
+    run_id: str,
+    thread_id: str,
+    view: RunView,
+    *,
+    deadline: float,
+    approve: bool,
+    as_json: bool,
+    header: bool = True,
+) -> Run:
+    """Follow the run until it ends, needs a person nobody here can be, or time runs out.
+
+    Embedded, a run that ended is followed on while background child runs it started go on:
+    they run in this process, which is about to stop.
+    """
     interactive = not as_json and not approve and sys.stdin.isatty() and out.is_terminal
-    header = True
+
+    def keep_watching(run: Run) -> bool:
+        return threads.is_embedded and run.is_terminal and bool(background_children(threads, run))
+
     while True:
         remaining = max(0.0, deadline - time.monotonic())
         if as_json:
-            run = _wait_quietly(threads, run_id, remaining)
+            run = _wait_quietly(threads, run_id, remaining, keep_watching)
         else:
-            run = follow_run(threads, run_id, thread_id, console=out, view=view, timeout=remaining, header=header)
+            run = follow_run(
+                threads, run_id, thread_id, console=out, view=view, timeout=remaining, header=header, keep_watching=keep_watching
+            )
         header = False
         if run.status != "awaiting_approval" or not (approve or interactive):
             return run
@@ -376,19 +427,12 @@ def _watch(
             return run
 
 
-def _principal() -> str:
-    try:
-        return f"cli:{getpass.getuser()}"
-    except Exception:  # noqa: BLE001 - no user name in some containers
-        return "cli"
-
-
 def _decide_approvals(threads: Threads, agent: Agent, run: Run, *, auto: bool, view: RunView) -> bool:
     """Approve (or ask about) the calls ``run`` waits on. False means: stop watching."""
     pending = [c for c in threads.parked() if c.run_id == run.id and c.status == "awaiting_approval"]
     if not pending:
         return True  # decided meanwhile (by someone else): keep watching
-    principal = _principal()
+    principal = principal_of_this_user()
     for call in pending:
         if not auto:
             tool = agent.tool_named(call.tool)
@@ -414,345 +458,70 @@ def _decide_approvals(threads: Threads, agent: Agent, run: Run, *, auto: bool, v
     return True
 
 
-def _wait_quietly(threads: Threads, run_id: str, timeout: float) -> Run:
+def _wait_quietly(threads: Threads, run_id: str, timeout: float, keep_watching: Callable[[Run], bool]) -> Run:
     from .exceptions import RunTimeout
 
+    deadline = time.monotonic() + timeout
     try:
-        return threads.wait(run_id, timeout)
+        run = threads.wait(run_id, timeout)
     except RunTimeout:
         return threads.get_run(run_id)
+    while keep_watching(run) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        run = threads.get_run(run_id)
+    return run
 
 
 def _abandon(threads: Threads, run: Run, timeout: float | None, *, quiet: bool) -> Run:
-    """Stop watching a run that has not ended.
+    """Stop watching a run (or the background child runs it started) that has not ended.
 
-    Embedded, this process is the only worker, so the run is cancelled rather than left
+    Embedded, this process is the only worker, so what is left is cancelled rather than left
     'running' with nobody to drive it. With a broker, the workers carry on.
     """
     why = f"did not end within {timeout:g}s" if timeout is not None else "was interrupted (Ctrl-C)"
-    if threads.is_embedded and run.status not in TERMINAL_STATUSES and run.status not in NEEDS_A_PERSON:
-        reason = f"threads-celery run {why}"
-        run = threads.cancel(run.id, reason=reason)
-        if not quiet:
+    if threads.is_embedded:
+        cancelled = []
+        if not run.is_terminal and run.status not in NEEDS_A_PERSON:
+            run = threads.cancel(run.id, reason=f"threads-celery run {why}")
+            cancelled.append("it")
+        left = background_children(threads, run) if run.is_terminal else []
+        for row in left:
+            threads.cancel_agent_tool(row.run_id, reason=f"threads-celery run {why}")
+        if left:
+            cancelled.append("the background child runs it started")
+        what = f"{' and '.join(cancelled)} {'was' if cancelled == ['it'] else 'were'}"
+        if cancelled and not quiet:
             err.print(
-                f"run {run.id} {why}; the in-process worker stops with this command, so it was cancelled.",
+                f"run {run.id} {why}; the in-process worker stops with this command, so {what} cancelled.",
                 style="yellow",
                 soft_wrap=True,
             )
     elif not quiet:
         err.print(
             f"run {run.id} {why} (status: {run.status}); the workers carry on. "
-            f"Watch it with: threads-celery runs show {run.id}",
+            f"Watch it with: threads-celery events {run.thread_id} --follow",
             style="yellow",
             soft_wrap=True,
         )
     return run
 
 
-# -- worker and beat ---------------------------------------------------------------------------
-
-
-@app.command()
-@friendly_errors
-def worker(
-    agents: Annotated[
-        str | None,
-        typer.Option(
-            "--agents",
-            help="Comma-separated agent specs to load (module, module:attr or file.py:attr); sets THREADS_AGENTS.",
-        ),
-    ] = None,
-    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c", min=1, help="Worker processes/threads [default: CPU count].")] = None,
-    pool: Annotated[Pool, typer.Option("--pool", "-P", help="Celery execution pool.")] = Pool.prefork,
-    queues: Annotated[
-        str | None,
-        typer.Option("--queues", "-Q", help="Comma-separated queues to consume [default: threads]. Include 'threads' unless another worker serves it."),
-    ] = None,
-    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
-) -> None:
-    """Run a Celery worker that executes model steps and tool calls.
-
-    Needs THREADS_DATABASE_URL and THREADS_BROKER_URL.
-
-    \b
-      threads-celery worker --agents myapp.agents --concurrency 4
-      threads-celery worker --agents examples/demo.py:agent --pool threads -Q threads,email
-    """
-    require_services()
-    if agents:
-        os.environ["THREADS_AGENTS"] = ",".join(resolve_spec(s) for s in agents.split(",") if s.strip())
-    else:
-        specs = [s for s in os.environ.get("THREADS_AGENTS", "").split(",") if s.strip()]
-        if not specs:
-            raise ConfigError("no agents to run: pass --agents myapp.agents or set THREADS_AGENTS")
-        os.environ["THREADS_AGENTS"] = ",".join(resolve_spec(s) for s in specs)
-    from .worker import app_from_environment
-
-    celery_app = app_from_environment()
-    _preflight(celery_app)
-    argv = ["worker", f"--loglevel={loglevel.upper()}", f"--pool={pool.value}"]
-    if concurrency is not None:
-        argv.append(f"--concurrency={concurrency}")
-    if queues:
-        argv.append(f"--queues={queues}")
-    celery_app.worker_main(argv)
-
-
-def _preflight(celery_app: Any) -> None:
-    """Fail now, with a clear message, if the agents do not load or the ledger is not ready."""
-    from .store.engine import safe_url
-    from .store.migrate import current_revision, head_revision
-
-    runtime = celery_app.threads_runtime.get()
-    runtime.store.ping()
-    current = current_revision(runtime.store.engine)
-    if current != head_revision():
-        raise ConfigError(
-            f"the database at {safe_url(runtime.store.engine.url)} is at migration {current or 'none'}, "
-            f"not {head_revision()}: run `threads-celery db upgrade`"
-        )
-    names = ", ".join(a.name for a in runtime.registry) or "none"
-    err.print(f"agents: {names}", style="dim")
-
-
-@app.command()
-@friendly_errors
-def beat(
-    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
-    schedule: Annotated[
-        Path | None,
-        typer.Option("--schedule", "-s", help="Beat's schedule state file [default: a file under the temp dir].", dir_okay=False),
-    ] = None,
-) -> None:
-    """Run Celery beat: the reconcile tick every THREADS_RECONCILE_INTERVAL_S seconds (default 5).
-
-    Run exactly one beat per deployment (a second one is safe, just wasteful).
-
-    \b
-      threads-celery beat
-      threads-celery beat --schedule /var/lib/threads/beat-schedule
-    """
-    require_services(database=False)
-    from .worker import app_from_environment
-
-    celery_app = app_from_environment()
-    if schedule is None:
-        user = getattr(os, "getuid", lambda: "user")()
-        schedule = Path(tempfile.gettempdir()) / f"threads-celery-{user}" / "beat-schedule"
-    schedule.parent.mkdir(parents=True, exist_ok=True)
-    celery_app.start(["beat", f"--loglevel={loglevel.upper()}", f"--schedule={schedule}"])
-
-
-# -- db ----------------------------------------------------------------------------------------
-
-
-@contextmanager
-def _engine(database_url: str | None) -> Iterator[Engine]:
-    from sqlalchemy.exc import OperationalError
-
-    from .store.engine import safe_url
-    from .worker import open_store
-
-    url = database_url or _settings().database_url or f"sqlite:///{DEFAULT_EMBEDDED_DB}"
-    store = open_store(url)
-    try:
-        yield store.engine
-    except OperationalError as exc:  # what a migration or a revision check meets when the server is away
-        first = (str(exc.orig).strip().splitlines() or [type(exc).__name__])[0]
-        raise StoreUnavailable(f"cannot reach the database at {safe_url(store.engine.url)}: {first}") from exc
-    finally:
-        store.dispose()
-
-
-DatabaseUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--database-url",
-        help="Database URL [default: THREADS_DATABASE_URL, else the embedded .threads-celery/embedded.db].",
-        show_default=False,
-    ),
-]
-
-
-@db_app.command("upgrade")
-@friendly_errors
-def db_upgrade(database_url: DatabaseUrl = None) -> None:
-    """Apply every pending migration.
-
-    \b
-      threads-celery db upgrade
-      threads-celery db upgrade --database-url postgresql://app@localhost/threads
-    """
-    from .store.engine import safe_url
-    from .store.migrate import current_revision, head_revision, upgrade
-
-    with _engine(database_url) as engine:
-        before = current_revision(engine)
-        upgrade(engine)
-        after = current_revision(engine)
-        where = safe_url(engine.url)
-    if before == after:
-        out.print(f"{where}: already at {after} (head)", soft_wrap=True)
-    else:
-        out.print(
-            f"{where}: upgraded {before or '(empty)'} → {after}" + (" (head)" if after == head_revision() else ""),
-            soft_wrap=True,
-        )
-
-
-@db_app.command("current")
-@friendly_errors
-def db_current(database_url: DatabaseUrl = None) -> None:
-    """Print the database's migration revision.
-
-    \b
-      threads-celery db current
-    """
-    from .store.engine import safe_url
-    from .store.migrate import current_revision, head_revision
-
-    if database_url is None and not _settings().database_url and not DEFAULT_EMBEDDED_DB.exists():
-        raise UsageError(f"no embedded database at {DEFAULT_EMBEDDED_DB} (set THREADS_DATABASE_URL or --database-url)")
-    with _engine(database_url) as engine:
-        current = current_revision(engine)
-        where = safe_url(engine.url)
-    head = head_revision()
-    if current == head:
-        out.print(f"{current} (head)")
-    else:
-        out.print(f"{current or '(empty)'} (head is {head}: run `threads-celery db upgrade`)", soft_wrap=True)
-    err.print(where, style="dim", soft_wrap=True)
-
-
-# -- runs --------------------------------------------------------------------------------------
-
-EmbeddedDb = Annotated[
-    Path | None,
-    typer.Option("--db", help="Embedded SQLite file [default: .threads-celery/embedded.db].", dir_okay=False),
-]
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-
-
-@runs_app.command("list")
-@friendly_errors
-def runs_list(
-    thread: Annotated[str | None, typer.Option("--thread", help="Only runs of this thread.")] = None,
-    status: Annotated[str | None, typer.Option("--status", help=f"Only runs in this status ({', '.join(ALL_STATUSES)}).")] = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many, newest first.")] = 20,
-    db: EmbeddedDb = None,
-    as_json: JsonFlag = False,
-) -> None:
-    """List recent runs, newest first.
-
-    \b
-      threads-celery runs list
-      threads-celery runs list --status parked --json
-    """
-    if status is not None and status not in ALL_STATUSES:
-        raise UsageError(f"unknown status {status!r}; one of: {', '.join(ALL_STATUSES)}")
-    if _embedded_db_missing(db) is not None:
-        found: list[Run] = []
-    else:
-        threads = open_threads(db, need_broker=False)
-        try:
-            found = threads.runs(thread_id=thread, status=status, limit=limit)
-        finally:
-            threads.close()
-    if as_json:
-        sys.stdout.write(json.dumps([run_to_json(r) for r in found], indent=2) + "\n")
-        return
-    if not found:
-        out.print("no runs", style="dim")
-        return
-    wide = out.width >= 110  # a narrow terminal drops the creation time rather than squeeze the ids
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    table.add_column("run", no_wrap=True, min_width=max(len(r.id) for r in found))
-    table.add_column("status", no_wrap=True, min_width=max(len(r.status) for r in found))
-    table.add_column("agent", no_wrap=True, min_width=min(16, max(len(r.agent) for r in found)))
-    if wide:
-        table.add_column("created", no_wrap=True, min_width=14)
-    table.add_column("took", no_wrap=True, justify="right", min_width=5)
-    table.add_column("input", overflow="ellipsis", no_wrap=True, ratio=1)
-    for r in found:
-        took = f"{(r.finished_at - r.created_at).total_seconds():.1f}s" if r.finished_at and r.created_at else ""
-        created = [r.created_at.strftime("%m-%d %H:%M:%S") if r.created_at else ""] if wide else []
-        table.add_row(
-            r.id,
-            Text(r.status, style=STATUS_STYLES.get(r.status, "")),
-            r.agent,
-            *created,
-            took,
-            Text(" ".join(r.input.split())),
-        )
-    out.print(table)
-
-
-@runs_app.command("show")
-@friendly_errors
-def runs_show(
-    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", show_default=False)],
-    db: EmbeddedDb = None,
-    as_json: JsonFlag = False,
-) -> None:
-    """Show a run and its thread's messages.
-
-    \b
-      threads-celery runs show run_3f2a...
-    """
-    if _embedded_db_missing(db) is not None:
-        raise RunNotFound(run_id)
-    threads = open_threads(db, need_broker=False)
-    try:
-        found = threads.get_run(run_id)
-        messages = threads.messages(found.thread_id)
-    finally:
-        threads.close()
-    if as_json:
-        sys.stdout.write(
-            json.dumps({**run_to_json(found), "messages": [message_to_json(m) for m in messages]}, indent=2) + "\n"
-        )
-        return
-    out.print(run_summary(found))
-    out.print()
-    view = RunView(agent=found.agent)
-    view.add_all(messages)
-    view.update(found)
-    out.print(view.render())
-
-
-@runs_app.command("cancel")
-@friendly_errors
-def runs_cancel(
-    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", show_default=False)],
-    db: EmbeddedDb = None,
-) -> None:
-    """Abort a run that has not ended (one that has is left as it is).
-
-    \b
-      threads-celery runs cancel run_3f2a...
-    """
-    if _embedded_db_missing(db) is not None:
-        raise RunNotFound(run_id)
-    threads = open_threads(db)
-    try:
-        before = threads.get_run(run_id)
-        after = threads.cancel(run_id, reason="cancelled from the command line")
-    finally:
-        threads.close()
-    if before.is_terminal:
-        out.print(f"run {run_id} had already ended: {before.status}")
-    else:
-        out.print(Text.assemble(f"run {run_id}: {before.status} → ", (after.status, STATUS_STYLES.get(after.status, ""))))
-
-
 # -- JSON --------------------------------------------------------------------------------------
 
 
+def jsonable(value: Any) -> Any:
+    """Dataclass fields as JSON values: datetimes as ISO 8601, tuples as lists."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {key: jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(item) for item in value]
+    return value
+
+
 def run_to_json(run: Run) -> dict[str, Any]:
-    data = asdict(run)
-    for key, value in data.items():
-        if hasattr(value, "isoformat"):
-            data[key] = value.isoformat()
+    data: dict[str, Any] = jsonable(asdict(run))
     return data
 
 
@@ -764,38 +533,35 @@ def message_to_json(message: Message) -> dict[str, Any]:
         "run_id": message.run_id,
         "tool_calls": [c.to_json() for c in message.tool_calls],
         "tool_result": message.tool_result.to_json() if message.tool_result else None,
+        "meta": message.meta,
         "created_at": message.created_at.isoformat() if message.created_at else None,
     }
 
 
-# -- api ---------------------------------------------------------------------------------------
+def agent_tool_runs_of(threads: Threads, thread_id: str, *, run_id: str | None = None) -> list[AgentToolRun]:
+    """The thread's child runs (those ``run_id`` started, if given), each with its milestones."""
+    rows = [r for r in threads.agent_tool_runs(thread_id) if run_id is None or r.parent_run_id == run_id]
+    return [threads.inspect_agent_tool_run(r.run_id) or r for r in rows]
 
 
-@app.command()
-@friendly_errors
-def api(
-    host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0 in a container).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8000,
-    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="debug, info, warning, error.")] = "info",
-) -> None:
-    """Serve the HTTP API (start runs, read them, stream events, approve, deny, resolve).
+def agent_tool_run_to_json(row: AgentToolRun) -> dict[str, Any]:
+    names = (
+        "run_id", "agent_type", "display_name", "status", "reason", "error", "child_still_running", "summary",
+        "output", "progress", "detached", "parent_run_id", "child_run_id", "child_thread_id", "delivered",
+        "created_at", "finished_at",
+    )  # fmt: skip
+    data: dict[str, Any] = {name: jsonable(getattr(row, name)) for name in names}
+    data["milestones"] = [{"sequence": m.sequence, "name": m.name, "data": jsonable(m.data)} for m in row.milestones]
+    return data
 
-    Routes under /v1 need `Authorization: Bearer <token>` with a token from THREADS_API_TOKENS
-    (comma-separated); set THREADS_API_AUTH=off only behind something that authenticates.
-    THREADS_AGENTS names the agents whose tool schemas approvals with edited arguments are checked
-    against. OpenAPI at /openapi.json; /healthz and /readyz are open.
 
-    \b
-      THREADS_API_TOKENS=change-me threads-celery api
-      threads-celery api --host 0.0.0.0 --port 8000
-    """
-    import uvicorn
-
-    from .api import app_from_environment
-
-    api_app = app_from_environment()  # here, not in uvicorn: a bad configuration is one red line
-    uvicorn.run(api_app, host=host, port=port, log_level=loglevel.lower(), proxy_headers=True)
-
+# The other commands register themselves on `app` when imported (after everything above exists).
+if __name__ != "__main__":
+    from . import cli_runs, cli_people, cli_service  # noqa: F401,I001
 
 if __name__ == "__main__":
-    app()
+    # `python -m threads_celery.cli` runs this file as __main__, a second copy of the module; the
+    # commands above registered on the app of `threads_celery.cli`, which is the one to run.
+    from threads_celery.cli import app as registered_app
+
+    registered_app()

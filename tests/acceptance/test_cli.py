@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from threads_celery.store.migrate import head_revision
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = f"{REPO / 'examples' / 'demo.py'}:agent"
+RESEARCH = f"{REPO / 'examples' / 'research.py'}:agent"
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -37,6 +39,7 @@ def cli(*args: str, cwd: Path, timeout: float = 90, **env: str) -> subprocess.Co
         capture_output=True,
         text=True,
         timeout=timeout,
+        check=False,
     )
 
 
@@ -108,6 +111,88 @@ def test_a_call_that_needs_approval_stops_a_non_interactive_run_with_exit_3(tmp_
     assert "awaiting_approval → aborted" in cancelled.stdout
     shown = json.loads(cli("runs", "show", waiting[0]["id"], "--json", cwd=tmp_path).stdout)
     assert shown["status"] == "aborted" and shown["error"] == "cancelled from the command line"
+
+
+# -- agents as tools: the research demo, and the thread's event log ------------------------------
+
+
+@pytest.fixture(scope="module")
+def research(workdir: Path) -> dict[str, Any]:
+    result = cli("run", RESEARCH, "Compare HTTP/3 and gRPC", "--approve", "--json", cwd=workdir)
+    assert result.returncode == 0, explain(result)
+    payload: dict[str, Any] = json.loads(result.stdout)
+    return payload
+
+
+def test_the_research_demo_completes_with_both_research_results_and_the_background_import(research: dict[str, Any], workdir: Path) -> None:
+    assert research["status"] == "completed" and research["timed_out"] is False
+    results = [m["tool_result"] for m in research["messages"] if m["tool_result"]]
+    found = [r["content"] for r in results if r["name"] == "research"]
+    assert [f.split(":")[0] for f in found] == ["HTTP/3", "gRPC"]
+    assert "runs over QUIC" in found[0] and "Protocol Buffers" in found[1]
+    handle = json.loads(next(r["content"] for r in results if r["name"] == "start_import"))
+    assert handle["status"] == "running" and handle["run_id"].startswith("agent-tool:")
+    assert research["output"].startswith("HTTP/3 vs gRPC:") and handle["run_id"] in research["output"]
+
+    children = research["agent_tool_runs"]
+    researchers = [c for c in children if c["agent_type"] == "researcher"]
+    assert [c["status"] for c in researchers] == ["completed", "completed"] and not any(c["detached"] for c in researchers)
+    assert all([m["name"] for m in c["milestones"]] == ["sources_read"] for c in researchers)
+    assert all(c["progress"]["fraction"] == 1.0 and c["progress"]["phase"] == "reading" for c in researchers)
+    [imported] = [c for c in children if c["run_id"] == handle["run_id"]]
+    # The command waited for the background import and for its finish to be delivered.
+    assert imported["detached"] and imported["status"] == "completed" and "completed" in imported["delivered"]
+    assert [m["name"] for m in imported["milestones"]] == ["halfway", "indexed"]
+    assert imported["summary"].startswith("Imported 1200 records of protocol-benchmarks")
+    delivered = json.loads(next((workdir / ".threads-celery" / "imports").glob("*.json")).read_text())
+    assert delivered["run_id"] == handle["run_id"] and delivered["status"] == "completed"  # on_finish ran
+    narrated = [m for m in research["messages"] if (m["meta"] or {}).get("source") == "agent-tool-milestone"]
+    assert [m["text"] for m in narrated] == ["[import] reached halfway"]
+
+
+def test_the_research_demo_shows_each_child_run_with_its_progress_bar_and_milestones(workdir: Path) -> None:
+    result = cli("run", RESEARCH, "Compare QUIC and TCP", "--approve", cwd=workdir)
+
+    assert result.returncode == 0, explain(result)
+    lines = result.stdout.splitlines()
+
+    def line_with(*fragments: str) -> str:
+        return next(line for line in lines if all(f in line for f in fragments))
+
+    for topic in ("QUIC", "TCP"):
+        row = line_with(f"researcher · {topic}")
+        assert "completed" in row and "━" in row and "100%" in row and "◆ sources_read" in row
+        assert lines.index(row) > lines.index(line_with(f'research(topic="{topic}")'))  # under its call
+    assert "⇢ started import in the background" in result.stdout
+    assert "◆ [import] reached halfway" in result.stdout
+    imported = line_with("✔ import")
+    assert "completed" in imported and "100%" in imported and "◆ halfway" in imported and "◆ indexed" in imported
+    assert "QUIC vs TCP:" in result.stdout and "3 child runs" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_events_replays_a_thread_as_json_lines_from_a_cursor_and_as_a_live_view(research: dict[str, Any], workdir: Path) -> None:
+    thread = research["thread_id"]
+    replayed = cli("events", thread, "--json", cwd=workdir)
+    assert replayed.returncode == 0, explain(replayed)
+    events = [json.loads(line) for line in replayed.stdout.splitlines()]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert {"run", "message", "agent_tool.started", "agent_tool.progress", "agent_tool.milestone", "agent_tool.finished"} <= {e["type"] for e in events}
+    handle = next(json.loads(e["payload"]["tool_result"]["content"]) for e in events if e["type"] == "message" and (e["payload"].get("tool_result") or {}).get("name") == "start_import")
+    fractions = [e["payload"]["fraction"] for e in events if e["type"] == "agent_tool.progress" and e["payload"]["run_id"] == handle["run_id"]]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(fractions) > 1
+
+    cursor = events[len(events) // 2]["seq"]
+    resumed = cli("events", thread, "--after", str(cursor), "--json", "--follow", "--timeout", "0.5", cwd=workdir)
+    assert resumed.returncode == 0, explain(resumed)
+    assert [json.loads(line) for line in resumed.stdout.splitlines()] == events[cursor:]
+
+    view = cli("events", thread, cwd=workdir)
+    assert view.returncode == 0, explain(view)
+    assert f"▶ thread {thread}" in view.stdout and "research-coordinator" in view.stdout
+    assert f"✔ run {research['run_id']} completed" in view.stdout
+    assert "researcher · HTTP/3" in view.stdout and "◆ halfway" in view.stdout
+    assert f"last event: {events[-1]['seq']}" in view.stdout
 
 
 @pytest.mark.parametrize(
