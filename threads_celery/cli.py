@@ -37,7 +37,7 @@ from rich.text import Text
 
 from .cli_watch import follow_run
 from .exceptions import ConfigError, ThreadsError
-from .live import NEEDS_A_PERSON, RunView, format_args
+from .live import NEEDS_A_PERSON, RunView, format_args, is_narration
 from .records import TERMINAL_STATUSES, Message, Run
 
 if TYPE_CHECKING:
@@ -352,7 +352,7 @@ def watch_to_end(
         if timed_out:
             final = _abandon(threads, final, timeout, quiet=as_json)
     if as_json:
-        messages = [m for m in threads.messages(thread_id) if m.run_id in (run_id, None)]
+        messages = [m for m in threads.messages(thread_id) if m.run_id in (run_id, None) or is_narration(m)]
         children = agent_tool_runs_of(threads, thread_id, run_id=run_id)
         payload = {
             "run_id": final.id,

@@ -212,6 +212,11 @@ class _TurnEntry:
 _Entry = _UserEntry | _TurnEntry | _NoteEntry
 
 
+def is_narration(message: Message) -> bool:
+    """A narrated milestone of a background child: an assistant status line, no model turn."""
+    return message.role == "assistant" and (message.meta or {}).get("source") == "agent-tool-milestone"
+
+
 class RunView:
     """Renders one run (or, with ``thread_id``, a whole thread) from its events and snapshots.
 
@@ -258,10 +263,10 @@ class RunView:
             if message.seq <= self.last_seq:
                 return
             self.last_seq = message.seq
-            if self.run_id is not None and message.run_id not in (None, self.run_id):
+            narration = is_narration(message)
+            if self.run_id is not None and message.run_id not in (None, self.run_id) and not narration:
                 return
-            source = (message.meta or {}).get("source")
-            if message.role == "assistant" and source == "agent-tool-milestone":
+            if narration:
                 # A narrated milestone of a background child: a status line, not a model turn.
                 self._entries.append(_NoteEntry(Text.assemble(("  ◆ ", "magenta"), (message.text, "magenta"))))
             elif message.role == "user":

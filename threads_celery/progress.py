@@ -118,15 +118,16 @@ def _surface_milestone(runtime: Runtime, tx: Any, row: AgentToolRun, name: str, 
             input_meta={**meta, "key": key},
         )
         return entries
-    if not tx.message_key_exists(row.parent_thread_id, key):
-        tx.insert_message(
-            thread_id=row.parent_thread_id,
-            seq=tx.next_seq(row.parent_thread_id),
-            run_id=None,
-            role="assistant",
-            text=text,
-            now=now,
-            key=key,
-            meta=meta,
-        )
-    return []
+    # Narrate: an assistant status line and no model turn. It queues behind the parent's current
+    # run like any message, so it never lands between a tool call and its result.
+    _, entries = runs.submit_run(
+        tx,
+        agent=thread.agent,
+        config_hash=thread.config_hash,
+        message=text,
+        now=now,
+        thread_id=row.parent_thread_id,
+        run_id=f"narrate:{row.run_id}:{name}",
+        input_meta={**meta, "key": key, "narrate": True},
+    )
+    return entries

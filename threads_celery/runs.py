@@ -115,11 +115,12 @@ def activate(tx: Tx, run: Run, now: datetime) -> OutboxEntry:
     """The run now drives its thread: its message joins the history and its first step is due."""
     meta = dict(run.input_meta or {})
     key = meta.pop("key", None)
+    narrate = bool(meta.pop("narrate", False))
     tx.insert_message(
         thread_id=run.thread_id,
         seq=tx.next_seq(run.thread_id),
         run_id=run.id,
-        role="user",
+        role="assistant" if narrate else "user",
         text=run.input,
         now=now,
         meta=meta or None,

@@ -200,6 +200,10 @@ class Runtime:
             if run.status == "queued":
                 tx.append_event(run.thread_id, run_id, "run", {"run_id": run_id, "status": "running"}, now)
             history = tx.list_messages(run.thread_id)
+        if (run.input_meta or {}).get("narrate"):
+            # A narrated status line: its message is in the thread already; no model turn.
+            self._finish(run, fence, "completed", output=run.input)
+            return "narrated"
         try:
             agent = self.registry.get(run.agent)
         except UnknownAgent as exc:

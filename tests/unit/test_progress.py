@@ -252,7 +252,7 @@ def test_on_milestones_narrate_injects_one_assistant_line_and_calls_no_model(thr
     parent = RecordingParent(unique("parent"))
     parent_thread, run_id = running_child(threads, gate, parent, detached=Detached(on_milestones=["sources-gathered"]))
     turns_before = parent.turns.turns
-    runs_before = len(threads.runs(thread_id=parent_thread))
+    runs_before = {r.id for r in threads.runs(thread_id=parent_thread)}
     r = reporter(threads)
     r.report(run_id, milestone="sources-gathered", data={"sources": 2})
     r.report(run_id, milestone="not-configured")
@@ -264,7 +264,9 @@ def test_on_milestones_narrate_injects_one_assistant_line_and_calls_no_model(thr
     assert "sources-gathered" in injected[0].text
     assert injected[0].meta is not None and injected[0].meta["run_id"] == run_id and injected[0].meta["source"]
     assert parent.turns.turns == turns_before  # no model call
-    assert len(threads.runs(thread_id=parent_thread)) == runs_before
+    # The line queued as a narration of its own (so it never splits the parent's turn).
+    added = [r for r in threads.runs(thread_id=parent_thread) if r.id not in runs_before]
+    assert [r.id for r in added] == [f"narrate:{run_id}:sources-gathered"]
 
 
 def test_on_milestones_react_posts_a_user_turn_that_gets_exactly_one_reply(threads: Threads, gate: Gate) -> None:
