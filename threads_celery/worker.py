@@ -29,6 +29,7 @@ log = logging.getLogger("threads_celery.worker")
 
 RECONCILE_TASK = "threads.reconcile"
 DELIVER_TASK = "threads.deliver"
+SCHEDULED_RUN_TASK = "threads.scheduled_run"
 EMBEDDED_BROKER = "memory://"
 
 
@@ -53,6 +54,9 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "task_send_sent_event": True,
         "task_default_queue": "threads",
         "worker_hijack_root_logger": False,
+        # Beat's scheduler adds the scheduled batch agents (SCHEDULES in THREADS_AGENTS modules)
+        # and publishes each with its slot: see beat/schedule.py and threads_celery.schedules.
+        "beat_scheduler": "beat.schedule:Scheduler",
         "beat_schedule": {
             "threads-reconcile": {
                 "task": RECONCILE_TASK,
@@ -146,6 +150,9 @@ class RuntimeHolder:
         self.single_queue: str | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        from .schedules import ScheduleRegistry
+
+        self.schedules = ScheduleRegistry()
 
     def get(self) -> Any:
         from .runtime import Runtime
@@ -161,6 +168,7 @@ class RuntimeHolder:
                     self._store = open_store(self.settings.database_url, self.settings)
                 if self.settings.agents:
                     self.registry.load(self.settings.agents)
+                    self.schedules.load(self.settings.agents)
                 self._runtime = Runtime(
                     self._store,
                     self.registry,
@@ -233,6 +241,14 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         """Beat's backbone tick: re-dispatch runs whose worker died, republish lost outbox rows."""
         runtime = holder.get()
         return _run(self, lambda: str(runtime.reconcile_tick()))
+
+    @app.task(name=SCHEDULED_RUN_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
+    def scheduled_run(self: Task, schedule_name: str, slot_iso: str | None = None) -> str:
+        """Start the run of one slot of a schedule (Beat publishes it); idempotent by slot."""
+        from .schedules import start_scheduled_run
+
+        runtime = holder.get()
+        return _run(self, lambda: start_scheduled_run(runtime, holder.schedules, schedule_name, slot_iso))
 
 
 def app_from_environment() -> Celery:

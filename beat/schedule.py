@@ -1,0 +1,155 @@
+"""Celery Beat's side of scheduled batch agents: when a schedule is due, and what to publish.
+
+:class:`Scheduler` is the ``beat_scheduler`` of every threads app (see
+:func:`threads_celery.worker.celery_config`), so ``celery -A tasks beat`` and
+``threads-celery beat`` use it. On start-up it reads the ``SCHEDULES`` lists of the modules in
+``THREADS_AGENTS`` (:class:`threads_celery.schedules.Schedule` values) and adds one Beat entry
+per enabled schedule, ``threads-schedule:<name>``, next to the reconcile backbone. It keeps
+Celery's persistent schedule file (``-s PATH``), which is where it remembers when it last
+published each schedule.
+
+Beat imports those modules to read them (so it needs the agents' code, as workers do); if that
+fails it logs the error and runs the reconcile backbone alone.
+
+When an entry is due it publishes ``threads.scheduled_run(name, slot_iso)`` with Celery task id
+``sched:<name>:<slot>``. The slot is the clock floored to the schedule
+(:func:`threads_celery.schedules.beat_slot`), not the moment of publishing, so two Beats agree on
+it, and the worker's run id is derived from it: two Beats, or one Beat and a redelivery, start one
+run per slot. Entries are due on the schedule's own slots (an interval is aligned to multiples of
+itself since 1970-01-01 UTC, not to when Beat started), so Beat's drift cannot skip a slot.
+After a gap (more than one slot passed since this Beat last published the schedule),
+``missed="skip"`` publishes nothing and ``missed="run_once"`` publishes the latest missed slot.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from celery.beat import PersistentScheduler
+from celery.schedules import BaseSchedule
+
+from threads_celery.schedules import (
+    SCHEDULED_RUN_TASK,
+    MissedPolicy,
+    Schedule,
+    ScheduleRegistry,
+    Timing,
+    beat_slot,
+    format_slot,
+)
+
+log = logging.getLogger("celery.beat.threads")
+
+ENTRY_PREFIX = "threads-schedule:"
+
+__all__ = ["ENTRY_PREFIX", "Scheduler", "SlotSchedule", "beat_entries", "schedules_for_app"]
+
+
+def _utc(at: datetime) -> datetime:
+    return at.replace(tzinfo=timezone.utc) if at.tzinfo is None else at.astimezone(timezone.utc)
+
+
+class SlotSchedule(BaseSchedule):
+    """Celery's view of a schedule: due at its next slot after the last publish."""
+
+    def __init__(self, name: str, timing: Timing, missed: MissedPolicy = "skip", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.name = name
+        self.timing = timing
+        self.missed = missed
+
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc)
+
+    def remaining_estimate(self, last_run_at: datetime) -> timedelta:
+        return self.timing.next_after(_utc(last_run_at)) - self.now()
+
+    def is_due(self, last_run_at: datetime) -> tuple[bool, float]:
+        now = self.now()
+        due_at = self.timing.next_after(_utc(last_run_at))
+        if now >= due_at:
+            return True, max((self.timing.next_after(now) - now).total_seconds(), 0.0)
+        return False, (due_at - now).total_seconds()
+
+    def __reduce__(self) -> Any:
+        return self.__class__, (self.name, self.timing, self.missed)
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, SlotSchedule):
+            return (self.name, self.timing, self.missed) == (other.name, other.timing, other.missed)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.timing.interval, self.timing.tz, self.missed))
+
+    def __repr__(self) -> str:
+        return f"<slots {self.timing.describe()} missed={self.missed}>"
+
+
+def beat_entry(schedule: Schedule) -> dict[str, Any]:
+    """The Beat entry of one schedule; :class:`Scheduler` adds the slot when it publishes."""
+    return {
+        "task": SCHEDULED_RUN_TASK,
+        "schedule": SlotSchedule(schedule.name, schedule.timing, schedule.missed),
+        "args": (schedule.name,),
+    }
+
+
+def beat_entries(schedules: ScheduleRegistry) -> dict[str, dict[str, Any]]:
+    """Beat entries for the enabled schedules, named ``threads-schedule:<name>``."""
+    return {f"{ENTRY_PREFIX}{s.name}": beat_entry(s) for s in schedules if s.enabled}
+
+
+def schedules_for_app(app: Any) -> ScheduleRegistry:
+    """The schedules declared in the agent modules the app's settings name (``THREADS_AGENTS``)."""
+    holder = getattr(app, "threads_runtime", None)
+    registry = getattr(holder, "schedules", None)
+    if registry is None:
+        registry = ScheduleRegistry()
+    settings = getattr(holder, "settings", None)
+    if settings is None:
+        from threads_celery.settings import Settings
+
+        settings = Settings.from_env()
+    if settings.agents:
+        registry.load(settings.agents)
+    return registry
+
+
+class Scheduler(PersistentScheduler):
+    """Celery's persistent scheduler, plus the declared schedules, published with their slot."""
+
+    def setup_schedule(self) -> None:
+        try:
+            declared = beat_entries(schedules_for_app(self.app))
+        except Exception:  # noqa: BLE001 - the reconcile backbone must run whatever the agents do
+            log.exception("beat: cannot load the scheduled batch agents; running the reconcile backbone only")
+            declared = {}
+        if declared:
+            self.app.conf.beat_schedule = {**(self.app.conf.beat_schedule or {}), **declared}
+            log.info("beat: scheduled batch agents: %s", ", ".join(sorted(declared)))
+        super().setup_schedule()
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
+        schedule = entry.schedule
+        if entry.task != SCHEDULED_RUN_TASK or not isinstance(schedule, SlotSchedule):
+            return super().apply_async(entry, producer, advance, **kwargs)
+        last_published = _utc(entry.last_run_at) if entry.last_run_at else None
+        if advance:
+            self.reserve(entry)
+        now = schedule.now()
+        slot, gap = beat_slot(schedule.timing, schedule.missed, last_published, now)
+        if slot is None:
+            log.warning(
+                "schedule %s: slots were missed since %s; skipping them (missed='skip'), next at %s",
+                schedule.name, last_published, schedule.timing.next_after(now).isoformat(),
+            )  # fmt: skip
+            return None
+        log.info(
+            "schedule %s: publishing slot %s%s", schedule.name, slot.isoformat(), " (after a gap: missed='run_once')" if gap else ""
+        )
+        options = {**(entry.options or {}), "task_id": f"sched:{schedule.name}:{format_slot(slot)}"}
+        publish = self.Entry(**dict(entry, args=(schedule.name, slot.isoformat()), options=options))
+        return super().apply_async(publish, producer, False, **kwargs)

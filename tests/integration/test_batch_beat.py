@@ -1,0 +1,246 @@
+"""Scheduled batch agents under two real ``celery beat`` processes and a real worker.
+
+Two Beats (each with its own schedule file, in its own directory) publish the same one-second
+schedules to Redis; a prefork worker on PostgreSQL runs them. Each published slot must end up
+as exactly one run, whichever Beat's message arrived first, and every run must complete. Then
+one Beat is restarted after a gap of several slots, to see the missed-slot policies act:
+``skip`` publishes nothing for the gap, ``run_once`` publishes the latest missed slot.
+
+The agents module is written to a temporary directory at test time and reaches the processes
+through ``PYTHONPATH`` and ``THREADS_AGENTS``. The broker is a Redis database of this module's
+own (``THREADS_TEST_BATCH_REDIS_DB``, default 14), flushed first, so no other suite's worker
+takes these tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from tests.integration.conftest import REPO_ROOT, WorkerProcess
+
+T = TypeVar("T")
+WAIT_S = 60.0
+AGENTS_MODULE = "batch_beat_agents"
+AGENTS_SOURCE = textwrap.dedent(
+    """
+    from datetime import timedelta
+
+    from threads_celery import Agent
+    from threads_celery.schedules import Schedule
+    from threads_celery.testing import ScriptedModel, say
+
+    ticker = Agent(name="it_ticker", instructions="Tick.", model=ScriptedModel([say("tick done")]))
+
+    SCHEDULES = [
+        Schedule("it-tick", ticker, "tick", every=timedelta(seconds=1)),  # missed="skip"
+        Schedule("it-acc", ticker, "tock", every=timedelta(seconds=1), thread="accumulate", missed="run_once"),
+    ]
+    """
+)
+PUBLISHED = re.compile(r"schedule (it-tick|it-acc): publishing slot (\S+)( \(after a gap)?")
+
+
+def eventually(
+    probe: Callable[[], T], *, timeout: float = WAIT_S, what: str, detail: Callable[[], Any] | None = None
+) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            seen = detail() if detail is not None else value
+            raise AssertionError(f"{what} did not happen within {timeout:g}s: {seen!r}")
+        time.sleep(0.1)
+
+
+def published(process: WorkerProcess, schedule: str) -> list[str]:
+    """The slots (ISO) that a Beat's log says it published for ``schedule``, in order."""
+    return [m.group(2) for m in PUBLISHED.finditer(process.log_text()) if m.group(1) == schedule]
+
+
+@pytest.fixture
+def batch_redis_url(redis_url: str) -> str:
+    """A Redis database for this module's processes alone, flushed now."""
+    from urllib.parse import urlsplit
+
+    import redis
+
+    raw_db = os.environ.get("THREADS_TEST_BATCH_REDIS_DB", "14")
+    if not raw_db.isdigit() or not 1 <= int(raw_db) <= 15:
+        pytest.fail(f"THREADS_TEST_BATCH_REDIS_DB must be an integer in 1..15, got {raw_db!r}")
+    parts = urlsplit(redis_url)
+    client = redis.Redis(host=parts.hostname or "127.0.0.1", port=parts.port or 6379, db=int(raw_db))
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+    return f"redis://{parts.hostname}:{parts.port}/{raw_db}"
+
+
+@pytest.fixture
+def services(
+    migrated_pg_url: str, batch_redis_url: str, tmp_path: Path
+) -> Iterator[Callable[..., WorkerProcess]]:
+    """``start(kind, name, cwd=None)`` starts ``celery -A tasks <kind>``; all are stopped after the test."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / f"{AGENTS_MODULE}.py").write_text(AGENTS_SOURCE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("THREADS_", "CELERY_"))}
+    env.update(
+        THREADS_DATABASE_URL=migrated_pg_url,
+        THREADS_BROKER_URL=batch_redis_url,
+        THREADS_AGENTS=AGENTS_MODULE,
+        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(modules)]),
+        PYTHONUNBUFFERED="1",
+    )
+    started: list[WorkerProcess] = []
+
+    def start(kind: str, name: str, *, cwd: Path | None = None) -> WorkerProcess:
+        workdir = cwd or tmp_path / name
+        workdir.mkdir(exist_ok=True)
+        if kind == "worker":
+            extra = ["--pool", "prefork", "--concurrency", "2", "-n", f"{name}@%h", "--without-mingle", "--without-gossip"]
+        else:
+            extra = ["--schedule", str(workdir / "beat-schedule")]
+        argv = [sys.executable, "-m", "celery", "-A", "tasks", kind, "--loglevel", "INFO", *extra]
+        log_path = tmp_path / f"{name}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        process = WorkerProcess(name, proc, log_path, migrated_pg_url, batch_redis_url)
+        started.append(process)
+        return process
+
+    try:
+        yield start
+    finally:
+        for process in started:
+            process.terminate()
+
+
+@pytest.fixture
+def client(migrated_pg_url: str, batch_redis_url: str) -> Iterator[Any]:
+    from threads_celery.client import Threads
+
+    threads = Threads(database_url=migrated_pg_url, broker_url=batch_redis_url)
+    try:
+        yield threads
+    finally:
+        threads.close()
+
+
+def runs_by_slot(client: Any, schedule: str) -> dict[str, Any]:
+    """The schedule's runs, by the slot recorded with each (counted by run id prefix)."""
+    found = [r for r in client.runs(limit=10_000) if r.id.startswith(f"sched:{schedule}:")]
+    by_slot: dict[str, Any] = {}
+    for run in found:
+        slot = (run.input_meta or {}).get("slot")
+        assert slot not in by_slot, f"two runs for slot {slot}: {by_slot[slot].id} and {run.id}"
+        by_slot[slot] = run
+    return by_slot
+
+
+def all_completed(client: Any, schedule: str, slots: set[str]) -> dict[str, Any] | None:
+    by_slot = runs_by_slot(client, schedule)
+    if set(by_slot) >= slots and all(r.status == "completed" for r in by_slot.values()):
+        return by_slot
+    return None
+
+
+def progress(client: Any, schedule: str, slots: set[str]) -> Callable[[], dict[str, Any]]:
+    """What is missing, for a failure message: slots without a run, and unfinished runs."""
+
+    def describe() -> dict[str, Any]:
+        by_slot = runs_by_slot(client, schedule)
+        return {
+            "slots without a run": sorted(slots - set(by_slot)),
+            "unfinished": {s: r.status for s, r in by_slot.items() if r.status != "completed"},
+        }
+
+    return describe
+
+
+def test_two_beats_start_one_run_per_slot_and_a_restarted_beat_applies_the_missed_policy(
+    services: Callable[..., WorkerProcess], client: Any, tmp_path: Path
+) -> None:
+    worker = services("worker", "w-batch")
+    worker.wait_ready()
+    beat_a, beat_b = services("beat", "beat-a"), services("beat", "beat-b")
+
+    # Both Beats publish the same slots: wait until at least three slots came from both.
+    def shared_slots() -> set[str]:
+        return set(published(beat_a, "it-tick")) & set(published(beat_b, "it-tick"))
+
+    eventually(lambda: len(shared_slots()) >= 3, what="both Beats publishing the same three slots")
+    beat_a.terminate()
+    beat_b.terminate()
+    tick_slots = set(published(beat_a, "it-tick")) | set(published(beat_b, "it-tick"))
+    acc_slots = set(published(beat_a, "it-acc")) | set(published(beat_b, "it-acc"))
+
+    # Every published slot became exactly one completed run, and no run came from elsewhere.
+    ticks = eventually(
+        lambda: all_completed(client, "it-tick", tick_slots),
+        what="the it-tick runs completing",
+        detail=progress(client, "it-tick", tick_slots),
+    )
+    assert set(ticks) == tick_slots
+    for run in ticks.values():
+        assert run.output == "tick done"
+        assert run.thread_id == run.id  # thread="new": the slot's own thread
+        assert [m.role for m in client.messages(run.thread_id)] == ["user", "assistant"]
+    accs = eventually(
+        lambda: all_completed(client, "it-acc", acc_slots),
+        what="the it-acc runs completing",
+        detail=progress(client, "it-acc", acc_slots),
+    )
+    assert set(accs) == acc_slots
+    assert {r.thread_id for r in accs.values()} == {"sched:it-acc"}
+    user_texts = [m.text for m in client.messages("sched:it-acc") if m.role == "user"]
+    assert user_texts == ["tock"] * len(acc_slots)  # one user message per run, none twice
+    # The duplicates really were delivered, and the ledger refused them.
+    exists = worker.wait_for_log(r"succeeded in [\d.e-]+s: 'exists sched:it-tick:\d{8}T\d{6}Z'", timeout=WAIT_S)
+    assert exists
+
+    # Restart Beat A on its schedule file after a gap of a few slots.
+    last_tick = max(tick_slots)
+    time.sleep(3.5)  # the outage being simulated: Beat is down for more than one interval
+    restarted = services("beat", "beat-a2", cwd=tmp_path / "beat-a")
+    restarted.wait_for_log(r"slots were missed since .*skipping them \(missed='skip'\)", timeout=WAIT_S)
+    catch_up = restarted.wait_for_log(r"schedule it-acc: publishing slot (\S+) \(after a gap", timeout=WAIT_S)
+    eventually(lambda: len(published(restarted, "it-tick")) >= 2, what="the restarted Beat publishing again")
+    restarted.terminate()
+
+    after_restart = published(restarted, "it-tick")
+    ticks = eventually(
+        lambda: all_completed(client, "it-tick", tick_slots | set(after_restart)),
+        what="the new it-tick runs",
+        detail=progress(client, "it-tick", tick_slots | set(after_restart)),
+    )
+    # skip: the slots of the outage (and the tick that found the gap) have no run.
+    assert set(ticks) == tick_slots | set(after_restart)
+    assert min(after_restart) > last_tick
+    gap = [s for s in ticks if last_tick < s < min(after_restart)]
+    assert gap == []
+    first_tick_line = next(line for line in restarted.log_text().splitlines() if "schedule it-tick:" in line)
+    assert "skipping them" in first_tick_line  # the tick that found the gap published nothing
+    # run_once: one run, for the latest missed slot, published on the first tick after the gap.
+    accs = eventually(
+        lambda: all_completed(client, "it-acc", acc_slots | {catch_up.group(1)}),
+        what="the catch-up run",
+        detail=progress(client, "it-acc", acc_slots | {catch_up.group(1)}),
+    )
+    assert catch_up.group(1) in accs
+    assert catch_up.group(1) not in acc_slots
