@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
@@ -240,6 +242,10 @@ class AgentRegistry:
 def import_agents(spec: str) -> list[Agent]:
     """The agents named by ``module:attribute``, or every top-level Agent in ``module``."""
     module_name, _, attribute = spec.partition(":")
+    # `celery -A tasks worker` does not put the working directory on the path; agents usually
+    # live in the project the worker is started from.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
