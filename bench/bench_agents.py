@@ -1,0 +1,283 @@
+"""What the benchmark worker imports: the no-op agent, the bare Celery chain, and instruments.
+
+Loaded by ``bench/tool_call_overhead.py``'s worker as both ``THREADS_AGENTS=bench.bench_agents``
+(the agent) and ``celery -A tasks worker -I bench.bench_agents`` (the bare task and the signal
+handlers), so both sides of the comparison run in the same worker processes.
+
+* ``bench_noop``: an agent whose scripted model answers the user message ``"<tool> <n>"`` with one
+  reply calling ``<tool>`` n times (``noop_ro`` is read_only, ``noop_ug`` unguarded), then ``done``.
+* ``bench.noop_chain(remaining, key)``: the same no-op as a bare task that enqueues the next one,
+  so the chain is sequential like the calls of one model reply.
+* Instruments (only when ``BENCH_TRACE_DIR`` is set): every task writes one JSON line (task,
+  run key, start/end times, the CPU time of its pool process, and the PostgreSQL round trips
+  it made, by kind) to ``$BENCH_TRACE_DIR/<pid>.jsonl``; a run's final step and a chain's last task push to
+  the Redis list ``bench:done:<key>`` so the driver can wait without polling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from threads_celery import Agent, tool
+from threads_celery.permissions import Permissions
+from threads_celery.testing import Reply, ScriptedModel, calls
+
+DONE_PREFIX = "bench:done:"
+CHAIN_TASK = "bench.noop_chain"
+STORED_CHAIN_TASK = "bench.noop_chain_stored"
+
+
+def noop() -> str:
+    """The work both sides do: nothing."""
+    return "ok"
+
+
+class NoInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+noop_ro = tool(
+    name="noop_ro",
+    description="Do nothing (read_only).",
+    input=NoInput,
+    effect="read_only",
+    execute=lambda _inp, _ctx: noop(),
+)
+noop_ug = tool(
+    name="noop_ug",
+    description="Do nothing (unguarded).",
+    input=NoInput,
+    effect="unguarded",
+    execute=lambda _inp, _ctx: noop(),
+)
+
+
+def _fan_out(messages: list[Any]) -> Reply:
+    """One reply calling the tool named in the user message as many times as it says."""
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+    prompt = ""
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, UserPromptPart) and isinstance(part.content, str):
+                    prompt = part.content
+    name, _, count = prompt.partition(" ")
+    if name not in ("noop_ro", "noop_ug"):
+        raise ValueError(f"the bench agent expects '<noop_ro|noop_ug> <n>', got {prompt!r}")
+    return calls(*[(name, {})] * int(count))
+
+
+bench_noop = Agent(
+    name="bench_noop",
+    instructions="Call the no-op tool as asked.",
+    model=ScriptedModel([_fan_out, "done"], chunk_size=64),
+    tools=[noop_ro, noop_ug],
+    permissions=Permissions(allow=["noop_ug"]),  # unguarded tools ask a person by default
+    max_steps=5,
+)
+
+
+# -- the bare side and the instruments (worker only) ------------------------------------------
+
+
+class _Counters:
+    """SQL activity of the current task in this process."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.statements = 0
+        self.commits = 0
+        self.rollbacks = 0
+        self.pings = 0
+        self.begins = 0
+        self.log: list[str] | None = None
+
+    def note(self, what: str) -> None:
+        if self.log is not None:
+            self.log.append(what)
+
+
+counters = _Counters()
+_trace: dict[str, Any] = {"pid": None, "file": None, "t0": 0.0, "cpu0": 0.0, "redis": None}
+
+
+def install_sql_counters() -> None:
+    """Count the PostgreSQL round trips of every engine in this process, by kind.
+
+    With psycopg 3 each of these is one round trip: a statement; BEGIN, sent on its own before
+    a transaction's first statement; COMMIT; ROLLBACK (skipped by psycopg when no transaction
+    is open, as in autocommit); and the ``SELECT 1`` of ``pool_pre_ping`` on checkout.
+    """
+    from sqlalchemy import event
+    from sqlalchemy.dialects.postgresql._psycopg_common import _PGDialect_common_psycopg
+    from sqlalchemy.engine import Engine
+
+    def _in_transaction_mode(conn: Any) -> bool:
+        try:
+            return not conn.connection.dbapi_connection.autocommit
+        except Exception:  # noqa: BLE001 - not psycopg (SQLite), or an invalidated connection
+            return True
+
+    def _statement(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        counters.statements += 1
+        counters.note(" ".join(statement.split()))
+
+    def _begin(conn: Any) -> None:
+        if _in_transaction_mode(conn):
+            counters.begins += 1
+            counters.note("BEGIN")
+
+    def _commit(conn: Any) -> None:
+        if _in_transaction_mode(conn):
+            counters.commits += 1
+            counters.note("COMMIT")
+
+    def _rollback(conn: Any) -> None:
+        if _in_transaction_mode(conn):
+            counters.rollbacks += 1
+            counters.note("ROLLBACK")
+
+    if not getattr(_PGDialect_common_psycopg.do_ping, "_bench_counted", False):
+        ping = _PGDialect_common_psycopg.do_ping
+
+        def do_ping(self: Any, dbapi_connection: Any) -> bool:
+            counters.pings += 1
+            counters.note("SELECT 1 (pool pre-ping)")
+            return ping(self, dbapi_connection)
+
+        do_ping._bench_counted = True  # type: ignore[attr-defined]
+        _PGDialect_common_psycopg.do_ping = do_ping  # type: ignore[method-assign]
+    event.listen(Engine, "before_cursor_execute", _statement)
+    event.listen(Engine, "begin", _begin)
+    event.listen(Engine, "commit", _commit)
+    event.listen(Engine, "rollback", _rollback)
+
+
+def _trace_file() -> Any:
+    pid = os.getpid()
+    if _trace["pid"] != pid:
+        directory = os.environ["BENCH_TRACE_DIR"]
+        _trace["pid"] = pid
+        _trace["file"] = open(os.path.join(directory, f"{pid}.jsonl"), "a", buffering=1)  # noqa: SIM115
+    return _trace["file"]
+
+
+def _redis() -> Any:
+    client = _trace["redis"]
+    if client is None or client[0] != os.getpid():
+        import redis
+
+        client = _trace["redis"] = (os.getpid(), redis.Redis.from_url(os.environ["THREADS_BROKER_URL"]))
+    return client[1]
+
+
+def _task_key(name: str, args: Any) -> str:
+    """The run id of a threads task, or the key of a bare chain."""
+    if not args:
+        return ""
+    if name == "threads.tool":
+        return str(args[0]).split(":", 1)[0]
+    if name == "threads.step":
+        return str(args[0])
+    if name in (CHAIN_TASK, STORED_CHAIN_TASK):
+        return str(args[1])
+    return ""
+
+
+def _install_worker_side() -> None:
+    tasks_module = sys.modules.get("tasks")
+    app = getattr(tasks_module, "app", None)
+    if app is None or not os.environ.get("BENCH_TRACE_DIR"):
+        return
+    from celery.signals import task_postrun, task_prerun, worker_process_init, worker_process_shutdown
+
+    install_sql_counters()
+    # A result backend for the "stored results" chain only (DESIGN section 11 measured a bare
+    # chain with one); every other task ignores results (task_ignore_result).
+    app.conf.result_backend = os.environ["THREADS_BROKER_URL"]
+
+    def _chain(task: Any, name: str, remaining: int, key: str) -> str:
+        noop()
+        if remaining > 0:
+            task_id = f"{key}:{remaining - 1}"
+            task.app.send_task(
+                name,
+                args=[remaining - 1, key],
+                task_id=task_id,
+                argsrepr=task_id,
+                retry=True,
+                retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
+            )
+            return "next"
+        return "last"
+
+    @app.task(name=CHAIN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+    def noop_chain(self: Any, remaining: int, key: str) -> str:
+        """A bare task doing the tool's no-op, then enqueueing the next link of the chain."""
+        return _chain(self, CHAIN_TASK, remaining, key)
+
+    @app.task(name=STORED_CHAIN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=False)
+    def noop_chain_stored(self: Any, remaining: int, key: str) -> str:
+        """The same, storing each task's result in the Redis result backend."""
+        return _chain(self, STORED_CHAIN_TASK, remaining, key)
+
+    if os.environ.get("BENCH_PROFILE") in ("cpu", "wall"):
+        # cProfile each pool process (BENCH_PROFILE=cpu: CPU time, wall: elapsed time); stats
+        # land in $BENCH_TRACE_DIR/<pid>.prof at shutdown.
+        import cProfile
+
+        profile = cProfile.Profile(time.process_time if os.environ["BENCH_PROFILE"] == "cpu" else time.perf_counter)
+
+        @worker_process_init.connect(weak=False)
+        def _start_profile(**_: Any) -> None:
+            profile.enable()
+
+        @worker_process_shutdown.connect(weak=False)
+        def _dump_profile(**_: Any) -> None:
+            profile.disable()
+            profile.dump_stats(os.path.join(os.environ["BENCH_TRACE_DIR"], f"{os.getpid()}.prof"))
+
+    @task_prerun.connect(weak=False)
+    def _before(task: Any = None, **_: Any) -> None:
+        counters.reset()
+        _trace["t0"] = time.time()
+        _trace["cpu0"] = time.process_time()
+
+    @task_postrun.connect(weak=False)
+    def _after(task: Any = None, task_id: str = "", args: Any = None, retval: Any = None, **_: Any) -> None:
+        t1 = time.time()
+        cpu = time.process_time() - _trace["cpu0"]
+        name = getattr(task, "name", "")
+        key = _task_key(name, args)
+        record = {
+            "task": name,
+            "id": task_id,
+            "key": key,
+            "t0": _trace["t0"],
+            "t1": t1,
+            "cpu": cpu,
+            "statements": counters.statements,
+            "commits": counters.commits,
+            "rollbacks": counters.rollbacks,
+            "pings": counters.pings,
+            "begins": counters.begins,
+            "retval": retval if isinstance(retval, str) else repr(retval),
+        }
+        _trace_file().write(json.dumps(record) + "\n")
+        finished = (name == "threads.step" and isinstance(retval, str) and retval.startswith(("completed", "error"))) or (
+            name in (CHAIN_TASK, STORED_CHAIN_TASK) and retval == "last"
+        )
+        if finished:
+            _redis().rpush(DONE_PREFIX + key, json.dumps({"t": t1, "retval": retval}))
+
+
+_install_worker_side()
