@@ -143,6 +143,8 @@ class CallRow:
     queue: str | None = None
     dedup_window_ms: int | None = None
     finality: str | None = None
+    #: (effect key, tool, queue) of the call after this one in the same reply, when read with it.
+    next_call: tuple[str, str, str | None] | None = None
     first_started_at: datetime | None = None
     lease_expires_at: datetime | None = None
     result: str | None = None

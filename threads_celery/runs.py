@@ -118,7 +118,6 @@ def activate(tx: Tx, run: Run, now: datetime) -> OutboxEntry:
     narrate = bool(meta.pop("narrate", False))
     tx.insert_message(
         thread_id=run.thread_id,
-        seq=tx.next_seq(run.thread_id),
         run_id=run.id,
         role="assistant" if narrate else "user",
         text=run.input,
@@ -224,12 +223,14 @@ def record_call_result(
     ends_turn: bool,
     now: datetime,
     resume: bool = False,
+    own_outbox: bool = True,
 ) -> tuple[str, list[OutboxEntry]]:
     """Commit a call's result as a tool message and record what runs next (fenced).
 
     The next task is the following call of the same model reply, or the next model step after
     the last one; a successful ``ends_turn`` call ends the run instead. ``resume`` sets a run
-    that waited for a person back to running.
+    that waited for a person back to running. ``own_outbox=False`` says the call's outbox row
+    was consumed already (by its claim).
     """
     from .records import ToolResult
 
@@ -240,17 +241,16 @@ def record_call_result(
     tx.settle_call(
         call.effect_key, status="error" if is_error else "completed", result=content, is_error=is_error, now=now
     )
-    seq = tx.next_seq(run.thread_id)
-    tx.insert_message(
+    seq = tx.insert_message(
         thread_id=run.thread_id,
-        seq=seq,
         run_id=run.id,
         role="tool",
         text=content,
         now=now,
         tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error),
     )
-    tx.delete_outbox(call.effect_key)
+    if own_outbox:
+        tx.delete_outbox(call.effect_key)
     if run.agent_tool_run_id is not None:
         from .agent_tools import child_signal
 
@@ -261,6 +261,8 @@ def record_call_result(
         return f"ended the turn{f' (skipped {skipped})' if skipped else ''}", entries
     if call.is_last_in_step:
         entry = step_entry(run, run.step, run.agent)
+    elif call.next_call is not None:
+        entry = tool_entry(*call.next_call)
     else:
         following = tx.get_next_call(run.id, call.step, call.index + 1)
         entry = tool_entry(following.effect_key, following.tool, following.queue)

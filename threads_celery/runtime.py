@@ -261,7 +261,6 @@ class Runtime:
 
             tx.insert_message(
                 thread_id=run.thread_id,
-                seq=tx.next_seq(run.thread_id),
                 run_id=run.id,
                 role="assistant",
                 text=turn.text,
@@ -453,10 +452,10 @@ class Runtime:
                 content = redact(content, env.revealed)  # a secret never reaches the model or a log
             # Still holding the lease: a store outage here must not lose a result that exists
             # only in this process (dropping it turns a blip into a rerun or a park).
-            return self._commit_executed(run, fence, call, tool, content, is_error=is_error)
+            return self._commit_executed(run, fence, call, tool, content, is_error=is_error, own_outbox=read_only)
 
     def _commit_executed(
-        self, run: Run, fence: int, call: CallRow, tool: Tool | None, content: str, *, is_error: bool
+        self, run: Run, fence: int, call: CallRow, tool: Tool | None, content: str, *, is_error: bool, own_outbox: bool
     ) -> str:
         """Commit an executed call's result, retrying while the store is unreachable.
 
@@ -467,7 +466,7 @@ class Runtime:
         delay = 0.1
         while True:
             try:
-                return self._commit_call(run, fence, call, tool, content, is_error=is_error)
+                return self._commit_call(run, fence, call, tool, content, is_error=is_error, own_outbox=own_outbox)
             except StoreUnavailable as exc:
                 if time.monotonic() + delay >= deadline:
                     raise
@@ -578,7 +577,15 @@ class Runtime:
         )
 
     def _commit_call(
-        self, run: Run, fence: int, call: CallRow, tool: Tool | None, content: str, *, is_error: bool
+        self,
+        run: Run,
+        fence: int,
+        call: CallRow,
+        tool: Tool | None,
+        content: str,
+        *,
+        is_error: bool,
+        own_outbox: bool = True,
     ) -> str:
         with self.store.transaction() as tx:
             outcome, entries = runs.record_call_result(
@@ -590,6 +597,7 @@ class Runtime:
                 is_error=is_error,
                 ends_turn=tool is not None and tool.ends_turn,
                 now=self.clock(),
+                own_outbox=own_outbox,
             )
         self.publish(entries)
         return outcome

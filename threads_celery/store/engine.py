@@ -61,7 +61,7 @@ def create_store_engine(url: URL, **overrides: Any) -> Engine:
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(url, **overrides)
     options: dict[str, Any] = {
-        "pool_pre_ping": True,
+        "pool_pre_ping": False,
         "pool_size": 5,
         "max_overflow": 10,
         "connect_args": {"connect_timeout": 5},

@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from ..exceptions import StoreUnavailable
 from ..records import CallRow, Event, Message, OutboxEntry, Run, ToolCall, ToolResult
 from .engine import safe_url
+from . import statements
 from .agent_tool_queries import AgentToolQueries
 from .schema import agents, events, messages, outbox, runs, threads, tool_calls, variables
 
@@ -227,17 +228,8 @@ class Tx(AgentToolQueries):
     ) -> int | None:
         """Take the run's lease; returns the new fence, or None if the fence moved."""
         return self.conn.execute(
-            update(runs)
-            .where(runs.c.id == run_id, runs.c.fence == fence)
-            .values(
-                fence=runs.c.fence + 1,
-                status="running",
-                lease_owner=owner,
-                lease_expires_at=lease_until,
-                started_at=func.coalesce(runs.c.started_at, now),
-                updated_at=now,
-            )
-            .returning(runs.c.fence)
+            statements.CLAIM_RUN,
+            {"b_id": run_id, "b_fence": fence, "b_owner": owner, "b_until": lease_until, "b_now": now, "b_now2": now},
         ).scalar()
 
     def extend_run_lease(self, run_id: str, *, fence: int, owner: str, lease_until: datetime) -> bool:
@@ -253,12 +245,9 @@ class Tx(AgentToolQueries):
 
         A change of status is also appended to the thread's event log.
         """
-        row = self.conn.execute(
-            update(runs)
-            .where(runs.c.id == run_id, runs.c.fence == fence)
-            .values(fence=runs.c.fence + 1, updated_at=now, **values)
-            .returning(runs.c.fence, runs.c.thread_id)
-        ).first()
+        columns = tuple(sorted(values))
+        params = {"b_id": run_id, "b_fence": fence, "b_now": now, **{f"v_{k}": v for k, v in values.items()}}
+        row = self.conn.execute(statements.advance_run(columns), params).first()
         if row is None:
             return None
         if "status" in values:
@@ -281,38 +270,32 @@ class Tx(AgentToolQueries):
         self,
         *,
         thread_id: str,
-        seq: int,
         run_id: str | None,
         role: str,
         text: str,
         now: datetime,
+        seq: int | None = None,
         tool_calls: Sequence[ToolCall] = (),
         tool_result: ToolResult | None = None,
         key: str | None = None,
         meta: dict[str, Any] | None = None,
-    ) -> None:
+    ) -> int:
+        """Append a message (at the thread's next sequence number unless ``seq`` is given)."""
         parts: dict[str, Any] | None = None
         if tool_calls:
             parts = {"tool_calls": [c.to_json() for c in tool_calls]}
         elif tool_result is not None:
             parts = {"tool_result": tool_result.to_json()}
-        self.conn.execute(
-            insert(messages).values(
-                thread_id=thread_id,
-                seq=seq,
-                run_id=run_id,
-                role=role,
-                text=text,
-                parts=parts,
-                key=key,
-                meta=meta,
-                created_at=now,
-            )
-        )
+        values = {"run_id": run_id, "role": role, "text": text, "parts": parts, "key": key, "meta": meta, "created_at": now}
+        if seq is None:
+            seq = int(self.conn.execute(statements.INSERT_NEXT_MESSAGE, {"b_thread": thread_id, **values}).scalar_one())
+        else:
+            self.conn.execute(insert(messages).values(thread_id=thread_id, seq=seq, **values))
         payload: dict[str, Any] = {"seq": seq, "role": role, "text": text, **(parts or {})}
         if meta:
             payload["meta"] = meta
         self.append_event(thread_id, run_id, "message", payload, now)
+        return seq
 
     # -- events ------------------------------------------------------------------------------
 
@@ -320,16 +303,13 @@ class Tx(AgentToolQueries):
         self, thread_id: str, run_id: str | None, type: str, payload: dict[str, Any], now: datetime
     ) -> int:
         """Append to the thread's event log; returns the event's sequence number."""
-        seq = self.conn.execute(
-            update(threads)
-            .where(threads.c.id == thread_id)
-            .values(event_seq=threads.c.event_seq + 1)
-            .returning(threads.c.event_seq)
-        ).scalar_one()
+        if self.dialect == "postgresql":
+            params = {"b_thread": thread_id, "b_run": run_id, "b_type": type, "b_payload": payload, "b_now": now}
+            return int(self.conn.execute(statements.APPEND_EVENT_PG, params).scalar_one())
+        seq = self.conn.execute(statements.BUMP_EVENT_SEQ, {"b_thread": thread_id}).scalar_one()
         self.conn.execute(
-            insert(events).values(
-                thread_id=thread_id, seq=seq, run_id=run_id, type=type, payload=payload, created_at=now
-            )
+            statements.INSERT_EVENT,
+            {"thread_id": thread_id, "seq": seq, "run_id": run_id, "type": type, "payload": payload, "created_at": now},
         )
         return int(seq)
 
@@ -377,20 +357,27 @@ class Tx(AgentToolQueries):
             self.conn.execute(insert(tool_calls), list(rows))
 
     def get_call_and_run(self, effect_key: str, *, lock: bool = False) -> tuple[CallRow, Run] | None:
-        """The call's ledger row and its run's row, in one statement."""
-        query = (
-            select(tool_calls, *[c.label(f"r__{c.name}") for c in runs.c])
-            .join(runs, runs.c.id == tool_calls.c.run_id)
-            .where(tool_calls.c.effect_key == effect_key)
-        )
+        """The call's ledger row (with the next call of its reply) and its run's row, in one statement."""
         if lock:
-            query = query.with_for_update()
-        row = self.conn.execute(query).first()
+            query = (
+                select(tool_calls, *[c.label(f"r__{c.name}") for c in runs.c])
+                .join(runs, runs.c.id == tool_calls.c.run_id)
+                .where(tool_calls.c.effect_key == effect_key)
+                .with_for_update()
+            )
+            row = self.conn.execute(query).first()
+        else:
+            row = self.conn.execute(statements.CALL_RUN_AND_NEXT, {"b_key": effect_key}).first()
         if row is None:
             return None
         mapping = row._mapping
         run_values = {c.name: mapping[f"r__{c.name}"] for c in runs.c}
-        return _call(mapping), _run_from_mapping(run_values)
+        call = _call(mapping)
+        if not lock and mapping["n__effect_key"] is not None:
+            from dataclasses import replace
+
+            call = replace(call, next_call=(mapping["n__effect_key"], mapping["n__tool"], mapping["n__queue"]))
+        return call, _run_from_mapping(run_values)
 
     def calls_in_step(self, run_id: str, step: int) -> list[CallRow]:
         rows = self.conn.execute(
@@ -420,31 +407,15 @@ class Tx(AgentToolQueries):
     ) -> None:
         """Record that the call is starting: the evidence that its effect may have happened."""
         self.conn.execute(
-            update(tool_calls)
-            .where(tool_calls.c.effect_key == effect_key)
-            .values(
-                status="started",
-                attempt=tool_calls.c.attempt + 1,
-                first_started_at=func.coalesce(tool_calls.c.first_started_at, now),
-                lease_owner=owner,
-                lease_expires_at=lease_until,
-            )
+            statements.CLAIM_CALL, {"b_key": effect_key, "b_owner": owner, "b_until": lease_until, "b_now": now}
         )
 
     def settle_call(
         self, effect_key: str, *, status: str, result: str, is_error: bool, now: datetime
     ) -> None:
         self.conn.execute(
-            update(tool_calls)
-            .where(tool_calls.c.effect_key == effect_key)
-            .values(
-                status=status,
-                result=result,
-                is_error=is_error,
-                lease_owner=None,
-                lease_expires_at=None,
-                finished_at=now,
-            )
+            statements.SETTLE_CALL,
+            {"b_key": effect_key, "b_status": status, "b_result": result, "b_is_error": is_error, "b_now": now},
         )
 
     def update_call(self, effect_key: str, **values: Any) -> None:
@@ -542,7 +513,7 @@ class Tx(AgentToolQueries):
         self.conn.execute(_insert_ignoring_duplicates(self.dialect, outbox, values, ["key"]))
 
     def delete_outbox(self, key: str) -> None:
-        self.conn.execute(delete(outbox).where(outbox.c.key == key))
+        self.conn.execute(statements.DELETE_OUTBOX, {"b_key": key})
 
     def due_outbox(self, *, now: datetime, limit: int) -> list[OutboxEntry]:
         """Rows nobody consumed in time (a publish was lost, or its worker died), moved forward.

@@ -1,0 +1,133 @@
+"""The hot path's statements, built once with bind parameters.
+
+Building a Core statement on every call costs SQLAlchemy a construction and a cache-key walk
+over all its parts each time; a statement built once here memoizes both, and its SQL is compiled
+once per dialect. These are the statements every tool call and model step runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import bindparam, delete, func, insert, select, update
+
+from .schema import events, messages, outbox, runs, threads, tool_calls
+
+_next = tool_calls.alias("nxt")
+
+#: A call, its run, and the call after it in the same model reply, in one statement.
+CALL_RUN_AND_NEXT = (
+    select(
+        tool_calls,
+        *[c.label(f"r__{c.name}") for c in runs.c],
+        _next.c.effect_key.label("n__effect_key"),
+        _next.c.tool.label("n__tool"),
+        _next.c.queue.label("n__queue"),
+    )
+    .join(runs, runs.c.id == tool_calls.c.run_id)
+    .outerjoin(
+        _next,
+        (_next.c.run_id == tool_calls.c.run_id)
+        & (_next.c.step == tool_calls.c.step)
+        & (_next.c.idx == tool_calls.c.idx + 1),
+    )
+    .where(tool_calls.c.effect_key == bindparam("b_key"))
+)
+
+#: A message whose sequence number is the thread's next, computed in the same statement.
+INSERT_NEXT_MESSAGE = (
+    insert(messages)
+    .values(
+        seq=select(func.coalesce(func.max(messages.c.seq), -1) + 1)
+        .where(messages.c.thread_id == bindparam("b_thread"))
+        .scalar_subquery(),
+        thread_id=bindparam("b_thread"),
+    )
+    .returning(messages.c.seq)
+)
+
+BUMP_EVENT_SEQ = (
+    update(threads)
+    .where(threads.c.id == bindparam("b_thread"))
+    .values(event_seq=threads.c.event_seq + 1)
+    .returning(threads.c.event_seq)
+)
+
+INSERT_EVENT = insert(events)
+
+#: PostgreSQL: bump the thread's event counter and insert the event in one round trip.
+_bumped = BUMP_EVENT_SEQ.cte("bumped")
+APPEND_EVENT_PG = insert(events).from_select(
+    ["thread_id", "seq", "run_id", "type", "payload", "created_at"],
+    select(
+        bindparam("b_thread", type_=events.c.thread_id.type),
+        _bumped.c.event_seq,
+        bindparam("b_run", type_=events.c.run_id.type),
+        bindparam("b_type", type_=events.c.type.type),
+        bindparam("b_payload", type_=events.c.payload.type),
+        bindparam("b_now", type_=events.c.created_at.type),
+    ),
+).returning(events.c.seq)
+
+SETTLE_CALL = (
+    update(tool_calls)
+    .where(tool_calls.c.effect_key == bindparam("b_key"))
+    .values(
+        status=bindparam("b_status", type_=tool_calls.c.status.type),
+        result=bindparam("b_result", type_=tool_calls.c.result.type),
+        is_error=bindparam("b_is_error", type_=tool_calls.c.is_error.type),
+        lease_owner=None,
+        lease_expires_at=None,
+        finished_at=bindparam("b_now", type_=tool_calls.c.finished_at.type),
+    )
+)
+
+DELETE_OUTBOX = delete(outbox).where(outbox.c.key == bindparam("b_key"))
+
+CLAIM_RUN = (
+    update(runs)
+    .where(runs.c.id == bindparam("b_id"), runs.c.fence == bindparam("b_fence"))
+    .values(
+        fence=runs.c.fence + 1,
+        status="running",
+        lease_owner=bindparam("b_owner", type_=runs.c.lease_owner.type),
+        lease_expires_at=bindparam("b_until", type_=runs.c.lease_expires_at.type),
+        started_at=func.coalesce(runs.c.started_at, bindparam("b_now", type_=runs.c.started_at.type)),
+        updated_at=bindparam("b_now2", type_=runs.c.updated_at.type),
+    )
+    .returning(runs.c.fence)
+)
+
+CLAIM_CALL = (
+    update(tool_calls)
+    .where(tool_calls.c.effect_key == bindparam("b_key"))
+    .values(
+        status="started",
+        attempt=tool_calls.c.attempt + 1,
+        first_started_at=func.coalesce(
+            tool_calls.c.first_started_at, bindparam("b_now", type_=tool_calls.c.first_started_at.type)
+        ),
+        lease_owner=bindparam("b_owner", type_=tool_calls.c.lease_owner.type),
+        lease_expires_at=bindparam("b_until", type_=tool_calls.c.lease_expires_at.type),
+    )
+)
+
+_ADVANCE: dict[tuple[str, ...], Any] = {}
+
+
+def advance_run(columns: tuple[str, ...]) -> Any:
+    """The fenced transition that sets ``columns`` (one statement per set of columns)."""
+    statement = _ADVANCE.get(columns)
+    if statement is None:
+        statement = _ADVANCE[columns] = (
+            update(runs)
+            .where(runs.c.id == bindparam("b_id"), runs.c.fence == bindparam("b_fence"))
+            .values(
+                fence=runs.c.fence + 1,
+                updated_at=bindparam("b_now", type_=runs.c.updated_at.type),
+                **{name: bindparam(f"v_{name}", type_=runs.c[name].type) for name in columns},
+            )
+            .returning(runs.c.fence, runs.c.thread_id)
+        )
+    return statement
+
