@@ -587,6 +587,14 @@ class Runtime:
         is_error: bool,
         own_outbox: bool = True,
     ) -> str:
+        ends_turn = tool is not None and tool.ends_turn and not is_error
+        if (
+            self.store.dialect == "postgresql"
+            and not ends_turn
+            and run.agent_tool_run_id is None
+            and (call.next_call is not None or call.is_last_in_step)
+        ):
+            return self._commit_call_in_one(run, fence, call, content, is_error=is_error, own_outbox=own_outbox)
         with self.store.transaction() as tx:
             outcome, entries = runs.record_call_result(
                 tx,
@@ -601,6 +609,34 @@ class Runtime:
             )
         self.publish(entries)
         return outcome
+
+    def _commit_call_in_one(self, run: Run, fence: int, call: CallRow, content: str, *, is_error: bool, own_outbox: bool) -> str:
+        """The common result commit as one statement and one round trip (PostgreSQL).
+
+        Writes what :func:`runs.record_call_result` writes for a call that neither ends the turn
+        nor belongs to a child run: the fenced run, the settled call, the tool message and its
+        event, and the next task's outbox row.
+        """
+        from .records import ToolResult
+
+        entry = runs.step_entry(run, run.step, run.agent) if call.next_call is None else runs.tool_entry(*call.next_call)
+        with self.store.autocommit() as tx:
+            moved = tx.commit_call_result_in_one(
+                run_id=run.id,
+                thread_id=run.thread_id,
+                fence=fence,
+                call=call,
+                content=content,
+                is_error=is_error,
+                own_outbox=own_outbox,
+                tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error),
+                next_entry=entry,
+                now=self.clock(),
+            )
+        if moved is None:
+            raise FenceLost(run.id, fence)
+        self.publish([entry])
+        return "error" if is_error else "completed"
 
     def _await_approval(self, run: Run, call: CallRow, reason: str, *, status: str = "awaiting_approval") -> None:
         """The run waits for a person (an approval, or a variable's value), holding no worker."""

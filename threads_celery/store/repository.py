@@ -73,6 +73,20 @@ class Store:
                 ) from exc
             raise
 
+    @contextmanager
+    def autocommit(self) -> Iterator[Tx]:
+        """A connection whose every statement commits on its own (PostgreSQL's one-statement paths)."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT")
+                yield Tx(conn, self)
+        except OperationalError as exc:
+            if _is_connection_error(exc):
+                raise StoreUnavailable(
+                    f"cannot reach the database at {safe_url(self.engine.url)}: {_first_line(exc)}"
+                ) from exc
+            raise
+
     def ping(self) -> None:
         """Raise StoreUnavailable unless the database answers."""
         with self.read() as tx:
@@ -386,6 +400,45 @@ class Tx(AgentToolQueries):
             .order_by(tool_calls.c.idx)
         )
         return [_call(row._mapping) for row in rows]
+
+    def commit_call_result_in_one(
+        self,
+        *,
+        run_id: str,
+        thread_id: str,
+        fence: int,
+        call: CallRow,
+        content: str,
+        is_error: bool,
+        own_outbox: bool,
+        tool_result: ToolResult,
+        next_entry: OutboxEntry,
+        now: datetime,
+    ) -> int | None:
+        """PostgreSQL: the result commit of a tool call as one statement; the new fence or None."""
+        import json
+
+        parts = {"tool_result": tool_result.to_json()}
+        params = {
+            "now": now,
+            "run_id": run_id,
+            "fence": fence,
+            "status": "error" if is_error else "completed",
+            "content": content,
+            "is_error": is_error,
+            "effect_key": call.effect_key,
+            "thread_id": thread_id,
+            "parts": json.dumps(parts),
+            "payload": json.dumps({"role": "tool", "text": content, **parts}),
+            "own_outbox": own_outbox,
+            "next_key": next_entry.key,
+            "next_task": next_entry.task,
+            "next_args": json.dumps(list(next_entry.args)),
+            "next_queue": next_entry.queue,
+            "next_argsrepr": next_entry.argsrepr,
+            "next_due": now + self._outbox_grace(next_entry.task),
+        }
+        return self.conn.execute(statements.COMMIT_CALL_RESULT_PG, params).scalar()
 
     def get_next_call(self, run_id: str, step: int, index: int) -> CallRow:
         row = self.conn.execute(

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import Boolean, bindparam, delete, func, insert, select, text, update
 
-from .schema import events, messages, outbox, runs, threads, tool_calls
+from .schema import UTCDateTime, events, messages, outbox, runs, threads, tool_calls
 
 _next = tool_calls.alias("nxt")
 
@@ -131,3 +131,52 @@ def advance_run(columns: tuple[str, ...]) -> Any:
         )
     return statement
 
+
+
+#: PostgreSQL: a tool call's whole result commit in one statement (so one round trip, in
+#: autocommit). Each data-modifying part runs only if the fenced run update matched, so a stale
+#: fence writes nothing; the message takes the thread's next number and its event the next
+#: event number, as the separate statements would.
+COMMIT_CALL_RESULT_PG = text(
+    """
+WITH r AS (
+    UPDATE runs SET fence = fence + 1, updated_at = :now, lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = CAST(:run_id AS varchar) AND fence = :fence
+    RETURNING fence
+), c AS (
+    UPDATE tool_calls SET status = :status, result = CAST(:content AS text), is_error = :is_error,
+        lease_owner = NULL, lease_expires_at = NULL, finished_at = :now
+    WHERE effect_key = CAST(:effect_key AS varchar) AND EXISTS (SELECT 1 FROM r)
+), m AS (
+    INSERT INTO messages (thread_id, seq, run_id, role, text, parts, created_at)
+    SELECT CAST(:thread_id AS varchar),
+        (SELECT coalesce(max(seq), -1) + 1 FROM messages WHERE thread_id = CAST(:thread_id AS varchar)),
+        CAST(:run_id AS varchar), 'tool', CAST(:content AS text), CAST(:parts AS json), :now
+    FROM r
+    RETURNING seq
+), t AS (
+    UPDATE threads SET event_seq = event_seq + 1
+    WHERE id = CAST(:thread_id AS varchar) AND EXISTS (SELECT 1 FROM r)
+    RETURNING event_seq
+), e AS (
+    INSERT INTO events (thread_id, seq, run_id, type, payload, created_at)
+    SELECT CAST(:thread_id AS varchar), t.event_seq, CAST(:run_id AS varchar), 'message',
+        CAST(CAST(:payload AS jsonb) || jsonb_build_object('seq', m.seq) AS json), :now
+    FROM t, m
+), d AS (
+    DELETE FROM outbox WHERE key = CAST(:effect_key AS varchar) AND :own_outbox AND EXISTS (SELECT 1 FROM r)
+), o AS (
+    INSERT INTO outbox (key, task, args, queue, argsrepr, created_at, due_at, publish_count)
+    SELECT CAST(:next_key AS varchar), CAST(:next_task AS varchar), CAST(:next_args AS json),
+        CAST(:next_queue AS varchar), CAST(:next_argsrepr AS varchar), :now, :next_due, 0
+    FROM r
+    ON CONFLICT (key) DO NOTHING
+)
+SELECT fence FROM r
+"""
+).bindparams(
+    bindparam("now", type_=UTCDateTime()),
+    bindparam("next_due", type_=UTCDateTime()),
+    bindparam("is_error", type_=Boolean()),
+    bindparam("own_outbox", type_=Boolean()),
+)
