@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,9 @@ def resolve_model(model: Any) -> Any:
     """A pydantic-ai Model for a model object or a model string (cached per string)."""
     if not isinstance(model, str):
         return model
+    if model.startswith("openai:") and os.environ.get("OPENAI_BASE_URL"):
+        # An OpenAI-compatible server speaks chat completions; "openai:" means the Responses API.
+        model = "openai-chat:" + model.removeprefix("openai:")
     with _model_cache_lock:
         cached = _model_cache.get(model)
         if cached is None:

@@ -319,7 +319,11 @@ class Runtime:
 
     def _step_failed(self, run: Run, fence: int, step: int, attempt: int, exc: Exception) -> str:
         reason = f"{type(exc).__name__}: {exc}"
-        if attempt < self.settings.model_retries:
+        status = getattr(exc, "status_code", None)
+        # A request the provider refuses as such (bad model name, bad key, bad request) fails the
+        # same way every time; timeouts, rate limits and server errors are worth another try.
+        permanent = isinstance(status, int) and 400 <= status < 500 and status not in (408, 409, 425, 429)
+        if attempt < self.settings.model_retries and not permanent:
             # Give the lease back so the retry (on any worker) can claim at once.
             with self.store.transaction() as tx:
                 if tx.advance_run(run.id, fence=fence, now=self.clock(), lease_owner=None, lease_expires_at=None) is None:

@@ -679,3 +679,22 @@ def test_a_failing_model_is_retried_then_the_run_fails_or_recovers() -> None:
     assert failed.status == "error"
     assert failed.error == "model step 0 failed after 2 attempts: ConnectionError: provider is down"
     assert len(broken_calls) == 2
+
+
+def test_a_model_error_the_provider_will_repeat_is_not_retried() -> None:
+    from threads_celery.settings import Settings
+
+    class Refused(Exception):
+        status_code = 404
+
+    attempts: list[int] = []
+
+    def refuse(messages):
+        attempts.append(1)
+        raise Refused("model not found")
+
+    agent = Agent(name="refused-model", instructions="x", model=ScriptedModel([refuse]))
+    with Threads.embedded(settings=Settings(model_retries=3), reconcile_interval=None) as threads:
+        run = threads.wait(threads.start(agent, "hi").run_id, 20)
+    assert run.status == "error" and "model not found" in (run.error or "")
+    assert len(attempts) == 1

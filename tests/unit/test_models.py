@@ -250,3 +250,13 @@ def test_a_failing_model_raises_out_of_request_turn() -> None:
     model = ScriptedModel([])
     with pytest.raises(Exception, match="script"):
         request_turn(model, "", [user(0, "?")], [weather])
+
+
+def test_openai_strings_use_chat_completions_against_a_compatible_base_url(monkeypatch) -> None:
+    from threads_celery import models
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    monkeypatch.setattr(models, "_model_cache", {})
+    resolved = models.resolve_model("openai:gpt-4o-mini")
+    assert type(resolved).__name__ == "OpenAIChatModel"
