@@ -482,6 +482,18 @@ def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIR
         threads.resolve(effect_key, body.resolution, principal=body.principal, result=body.result)
         return Decision(effect_key=effect_key, decision=body.resolution)
 
+    from .api_children import add_agent_tool_routes
+
+    add_agent_tool_routes(
+        router,
+        threads,
+        stream=lambda thread_id, cursor: _event_stream(
+            threads, thread_id, cursor, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s
+        ),
+        parse_cursor=_parse_cursor,
+        last_event_seq=_last_event_seq,
+        api_error=ApiError,
+    )
     return router
 
 
