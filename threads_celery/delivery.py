@@ -81,7 +81,7 @@ def deliver(runtime: Runtime, run_id: str, status: str) -> str:
             values.update(status="error", error=result.error)
         tx.update_agent_tool_run(run_id, **values)
         tx.delete_outbox(outbox_key)
-        entries += _settle_parent_call(tx, row, result, runtime.clock(), runtime.registry)
+        entries += _settle_parent_call(tx, row, result, runtime.clock(), runtime.registry, runtime.settings.files_root)
     runtime.publish(entries)
     emit("agent_tool", "agent_tool:delivered", run_id=run_id, status=status, agent_type=row.agent_type)
     return f"delivered {status}"
@@ -182,8 +182,28 @@ def default_completion_text(row: AgentToolRun, result: AgentToolResult | AgentTo
     return f"[{label} {result.status}] {result.error}"
 
 
+def _with_returned_attachments(value: Any, files_root: str, row: AgentToolRun, parent_thread_id: str) -> Any:
+    """Files the child left in its area (beyond the ones it was given) are copied back to the
+    parent, and the returned references are the parent's."""
+    from .files import ThreadFiles, copy_back_to_parent
+
+    child = ThreadFiles(files_root, row.child_thread_id or "")
+    given = set(str(row.input or "").rpartition("Attachments: ")[2].split(", ")) if row.input else set()
+    produced = [name for name in child.list() if name not in given]
+    if not produced:
+        return value
+    refs = copy_back_to_parent(child, ThreadFiles(files_root, parent_thread_id), produced)
+    shaped = value if isinstance(value, dict) else {"text": value}
+    return {**shaped, "attachments": refs}
+
+
 def _settle_parent_call(
-    tx: Any, row: AgentToolRun, result: AgentToolResult | AgentToolFailure, now: datetime, registry: Any = None
+    tx: Any,
+    row: AgentToolRun,
+    result: AgentToolResult | AgentToolFailure,
+    now: datetime,
+    registry: Any = None,
+    files_root: str | None = None,
 ) -> list[OutboxEntry]:
     """For an awaited run started by a model call: the child's result becomes the call's result.
 
@@ -206,6 +226,8 @@ def _settle_parent_call(
         error = None if isinstance(result, AgentToolResult) else result.error
         summary = result.summary if isinstance(result, AgentToolResult) else ""
         value = shape_result(definition.prompt_options, summary, tx.list_messages(row.child_thread_id), error)
+        if files_root is not None and definition.prompt_options.init_attachments_property:
+            value = _with_returned_attachments(value, files_root, row, parent_run.thread_id)
     elif definition is not None and definition.subagent_op is not None:
         # The model needs the instance id to talk to the same subagent again.
         reply = value if isinstance(result, AgentToolResult) else {"error": value}

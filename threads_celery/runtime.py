@@ -13,6 +13,8 @@ happened).
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import os
 import socket
@@ -37,6 +39,7 @@ from .effects import (
     run_lookup,
 )
 from .exceptions import FenceLost, StoreUnavailable, UnknownAgent
+from .files import ThreadFiles, copy_into_child
 from .leases import LeaseKeeper
 from .observability import emit
 from .permissions import Ask, Deny, decide_permission
@@ -498,9 +501,24 @@ class Runtime:
         from . import agent_tools
         from .prompts import child_message_for
 
-        if input_value is None:
-            input_value = child_message_for(tool.prompt_options, parsed.model_dump(mode="json"))
         run_id = f"agent-tool:{call.effect_key}"
+        if input_value is None:
+            arguments = parsed.model_dump(mode="json")
+            input_value = child_message_for(tool.prompt_options, arguments)
+            options = tool.prompt_options
+            if options is not None and options.init_attachments_property and child_thread_id is None:
+                # The child's thread id is derived from the run id, so a retry copies to the same
+                # place (and the copies, same content, to the same references).
+                child_thread_id = "thread_" + hashlib.sha256(run_id.encode()).hexdigest()[:32]
+                names = arguments.get(options.init_attachments_property) or []
+                refs = copy_into_child(
+                    ThreadFiles(self.settings.files_root, run.thread_id),
+                    ThreadFiles(self.settings.files_root, child_thread_id),
+                    [str(n) for n in names],
+                )
+                if refs:
+                    text = input_value if isinstance(input_value, str) else json.dumps(input_value)
+                    input_value = f"{text}\n\nAttachments: {', '.join(refs)}"
         with self.store.transaction() as tx:
             if tx.advance_run(run.id, fence=run.fence, now=now, status="waiting", lease_owner=None, lease_expires_at=None) is None:
                 raise FenceLost(run.id, run.fence)
