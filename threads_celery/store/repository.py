@@ -13,16 +13,17 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ..exceptions import StoreUnavailable
-from ..records import CallRow, Event, Message, OutboxEntry, Run, ToolCall, ToolResult
+from ..records import CallRow, OutboxEntry, Run, ToolResult
 from .engine import safe_url
 from . import statements
 from .agent_tool_queries import AgentToolQueries
-from .schema import agents, events, messages, outbox, runs, threads, tool_calls, variables
+from .message_queries import MessageQueries
+from .schema import agents, outbox, runs, threads, tool_calls, variables
 
 
 TOOL_TASK_NAME = "threads.tool"
@@ -116,7 +117,7 @@ def args_digest(args: str) -> str:
     return hashlib.sha256(args.encode()).hexdigest()
 
 
-class Tx(AgentToolQueries):
+class Tx(MessageQueries, AgentToolQueries):
     """The named queries of one transaction."""
 
     def __init__(self, conn: Connection, store: Store) -> None:
@@ -271,98 +272,6 @@ class Tx(AgentToolQueries):
                     payload[key] = values[key]
             self.append_event(row.thread_id, run_id, "run", payload, now)
         return int(row.fence)
-
-    # -- messages ----------------------------------------------------------------------------
-
-    def next_seq(self, thread_id: str) -> int:
-        last = self.conn.execute(
-            select(func.max(messages.c.seq)).where(messages.c.thread_id == thread_id)
-        ).scalar()
-        return 0 if last is None else int(last) + 1
-
-    def insert_message(
-        self,
-        *,
-        thread_id: str,
-        run_id: str | None,
-        role: str,
-        text: str,
-        now: datetime,
-        seq: int | None = None,
-        tool_calls: Sequence[ToolCall] = (),
-        tool_result: ToolResult | None = None,
-        key: str | None = None,
-        meta: dict[str, Any] | None = None,
-    ) -> int:
-        """Append a message (at the thread's next sequence number unless ``seq`` is given)."""
-        parts: dict[str, Any] | None = None
-        if tool_calls:
-            parts = {"tool_calls": [c.to_json() for c in tool_calls]}
-        elif tool_result is not None:
-            parts = {"tool_result": tool_result.to_json()}
-        values = {"run_id": run_id, "role": role, "text": text, "parts": parts, "key": key, "meta": meta, "created_at": now}
-        if seq is None:
-            seq = int(self.conn.execute(statements.INSERT_NEXT_MESSAGE, {"b_thread": thread_id, **values}).scalar_one())
-        else:
-            self.conn.execute(insert(messages).values(thread_id=thread_id, seq=seq, **values))
-        payload: dict[str, Any] = {"seq": seq, "role": role, "text": text, **(parts or {})}
-        if meta:
-            payload["meta"] = meta
-        self.append_event(thread_id, run_id, "message", payload, now)
-        return seq
-
-    # -- events ------------------------------------------------------------------------------
-
-    def append_event(
-        self, thread_id: str, run_id: str | None, type: str, payload: dict[str, Any], now: datetime
-    ) -> int:
-        """Append to the thread's event log; returns the event's sequence number."""
-        if self.dialect == "postgresql":
-            params = {"b_thread": thread_id, "b_run": run_id, "b_type": type, "b_payload": payload, "b_now": now}
-            return int(self.conn.execute(statements.APPEND_EVENT_PG, params).scalar_one())
-        seq = self.conn.execute(statements.BUMP_EVENT_SEQ, {"b_thread": thread_id}).scalar_one()
-        self.conn.execute(
-            statements.INSERT_EVENT,
-            {"thread_id": thread_id, "seq": seq, "run_id": run_id, "type": type, "payload": payload, "created_at": now},
-        )
-        return int(seq)
-
-    def list_events(self, thread_id: str, *, after: int = 0, limit: int = 500) -> list[Event]:
-        rows = self.conn.execute(
-            select(events)
-            .where(events.c.thread_id == thread_id, events.c.seq > after)
-            .order_by(events.c.seq)
-            .limit(limit)
-        )
-        return [
-            Event(
-                thread_id=row.thread_id,
-                seq=int(row.seq),
-                type=row.type,
-                payload=row.payload,
-                run_id=row.run_id,
-                created_at=row.created_at,
-            )
-            for row in rows
-        ]
-
-    def message_key_exists(self, thread_id: str, key: str) -> bool:
-        return (
-            self.conn.execute(
-                select(messages.c.id).where(messages.c.thread_id == thread_id, messages.c.key == key)
-            ).first()
-            is not None
-        )
-
-    def list_messages(self, thread_id: str, *, after: int = -1, limit: int | None = None) -> list[Message]:
-        query = (
-            select(messages)
-            .where(messages.c.thread_id == thread_id, messages.c.seq > after)
-            .order_by(messages.c.seq)
-        )
-        if limit is not None:
-            query = query.limit(limit)
-        return [_message(row) for row in self.conn.execute(query)]
 
     # -- tool calls --------------------------------------------------------------------------
 
@@ -642,22 +551,6 @@ def _run_from_mapping(m: Any) -> Run:
         lease_expires_at=m["lease_expires_at"],
         input_meta=m["input_meta"],
         agent_tool_run_id=m["agent_tool_run_id"],
-    )
-
-
-def _message(row: Row[Any]) -> Message:
-    parts = row.parts or {}
-    return Message(
-        thread_id=row.thread_id,
-        seq=row.seq,
-        role=row.role,
-        text=row.text or "",
-        tool_calls=tuple(ToolCall.from_json(c) for c in parts.get("tool_calls", ())),
-        tool_result=ToolResult.from_json(parts["tool_result"]) if "tool_result" in parts else None,
-        run_id=row.run_id,
-        created_at=row.created_at,
-        meta=row.meta,
-        key=row.key,
     )
 
 
