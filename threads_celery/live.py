@@ -15,7 +15,6 @@ and the same output makes sense when stdout is a file or a pipe.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -30,114 +29,22 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from .records import TERMINAL_STATUSES, Event, Message, Run, ToolCall, ToolResult
-
 #: Statuses in which a run waits for a person: following it stops there.
-NEEDS_A_PERSON: frozenset[str] = frozenset({"parked", "awaiting_approval", "awaiting_variable"})
-#: Statuses at which :func:`follow_run` stops watching.
-STOP_STATUSES: frozenset[str] = TERMINAL_STATUSES | NEEDS_A_PERSON
-
-STATUS_STYLES: dict[str, str] = {
-    "queued": "cyan",
-    "starting": "cyan",
-    "running": "cyan",
-    "waiting": "cyan",
-    "completed": "bold green",
-    "error": "bold red",
-    "aborted": "bold red",
-    "interrupted": "bold red",
-    "parked": "bold yellow",
-    "awaiting_approval": "bold yellow",
-    "awaiting_variable": "bold yellow",
-}
-STATUS_MARKS: dict[str, str] = {
-    "completed": "✔",
-    "error": "✘",
-    "aborted": "✘",
-    "interrupted": "✘",
-    "parked": "⏸",
-    "awaiting_approval": "⏸",
-    "awaiting_variable": "⏸",
-}
-_WAITING_NOTES: dict[str, str] = {
-    "parked": "a tool call may have run and is not safe to repeat; a person must decide",
-    "awaiting_approval": "a tool call waits for approval",
-    "awaiting_variable": "a tool call waits for a variable to be set",
-}
-#: An interrupted child is a soft stop (it may be retried), not a failure: yellow, not red.
-_CHILD_STYLES = {**STATUS_STYLES, "interrupted": "bold yellow"}
-_CHILD_END = {
-    "agent_tool.finished": "completed",
-    "agent_tool.error": "error",
-    "agent_tool.aborted": "aborted",
-    "agent_tool.interrupted": "interrupted",
-}
-
-
-def shorten(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters, with an ellipsis when something was cut."""
-    if limit <= 0 or len(text) <= limit:
-        return text
-    return text[: max(0, limit - 1)] + "…"
-
-
-def format_args(raw: str, limit: int = 160) -> str:
-    """A call's JSON arguments as ``key=value`` pairs on one line (raw text if not an object)."""
-    try:
-        data = json.loads(raw) if raw else {}
-    except json.JSONDecodeError:
-        return shorten(" ".join(raw.split()), limit)
-    if not isinstance(data, dict):
-        return shorten(json.dumps(data, ensure_ascii=False), limit)
-    pairs = (f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in data.items())
-    return shorten(", ".join(pairs), limit)
-
-
-def format_result(content: str, *, limit: int = 400, max_lines: int = 6) -> str:
-    """A tool result for display: JSON compacted, long text cut by characters and lines."""
-    text = content.strip()
-    try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, ValueError):
-        pass
-    else:
-        if isinstance(value, (dict, list)):
-            text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
-    lines = text.splitlines() or [""]
-    if len(lines) > max_lines:
-        lines = [*lines[:max_lines], f"… ({len(lines) - max_lines} more lines)"]
-    return shorten("\n".join(lines), limit)
-
-
-def message_from_event(event: Event) -> Message | None:
-    """The stored message a ``message`` event carries (None for any other event)."""
-    payload = event.payload
-    if event.type != "message" or "seq" not in payload:
-        return None
-    result = payload.get("tool_result")
-    return Message(
-        thread_id=event.thread_id,
-        seq=int(payload["seq"]),
-        role=payload.get("role", "user"),
-        text=payload.get("text") or "",
-        tool_calls=tuple(ToolCall.from_json(c) for c in payload.get("tool_calls") or ()),
-        tool_result=ToolResult.from_json(result) if result else None,
-        run_id=event.run_id,
-        created_at=event.created_at,
-        meta=payload.get("meta"),
-    )
-
-
-def _input_label(preview: str) -> str:
-    """A child's input, short enough to tell two runs of one agent apart."""
-    try:
-        value: Any = json.loads(preview)
-    except (json.JSONDecodeError, ValueError):
-        value = preview
-    if isinstance(value, dict):
-        value = next((v for v in value.values() if isinstance(v, str)), "")
-    return shorten(" ".join(str(value).split()), 32)
-
+from .live_format import (  # noqa: F401 - re-exported for the CLI
+    CHILD_END,
+    CHILD_STYLES,
+    NEEDS_A_PERSON,
+    STATUS_MARKS,
+    STATUS_STYLES,
+    STOP_STATUSES,
+    WAITING_NOTES,
+    format_args,
+    format_result,
+    input_label,
+    message_from_event,
+    shorten,
+)
+from .records import TERMINAL_STATUSES, Event, Message, Run, ToolCall, ToolResult
 
 # -- what the view holds ----------------------------------------------------------------------
 
@@ -163,7 +70,7 @@ class ChildRun:
 
     @property
     def is_terminal(self) -> bool:
-        return self.status in _CHILD_END.values()
+        return self.status in CHILD_END.values()
 
     @property
     def floating(self) -> bool:
@@ -338,7 +245,7 @@ class RunView:
         if event.type == "agent_tool.started":
             if child is None:
                 name = str(payload.get("display") or payload.get("agent_type") or "agent")
-                child = self._children[run_id] = ChildRun(run_id, name, _input_label(str(payload.get("input_preview", ""))))
+                child = self._children[run_id] = ChildRun(run_id, name, input_label(str(payload.get("input_preview", ""))))
                 child.call = self._call_of(run_id, payload.get("parent_tool_call_id"))
                 if child.call is not None:
                     child.call.children.append(child)
@@ -357,8 +264,8 @@ class RunView:
             body = payload.get("body") or {}
             names = body.get("tool_calls") or []
             child.activity = f"calling {', '.join(names)}" if names else shorten(" ".join(str(body.get("text", "")).split()), 60) or None
-        elif event.type in _CHILD_END and not child.is_terminal:
-            child.status = _CHILD_END[event.type]
+        elif event.type in CHILD_END and not child.is_terminal:
+            child.status = CHILD_END[event.type]
             if child.status == "completed":
                 child.fraction = 1.0
                 child.outcome = payload.get("summary") or None
@@ -512,7 +419,7 @@ class RunView:
         grid.add_column(no_wrap=True, justify="right", min_width=4)
         grid.add_column()
         for child in children:
-            style = _CHILD_STYLES.get(child.status, "")
+            style = CHILD_STYLES.get(child.status, "")
             active = not child.is_terminal
             failed = child.status in ("error", "aborted")
             label = Text.assemble(
@@ -603,7 +510,7 @@ class RunView:
             parts.append(
                 Panel(Text(run.error, style="red"), title=Text(run.status, style="bold red"), title_align="left", border_style="red", padding=(0, 1))
             )
-        note = _WAITING_NOTES.get(run.status)
+        note = WAITING_NOTES.get(run.status)
         if note:
             line.append(f" · {note}", style="yellow")
         elif floating:
