@@ -280,6 +280,22 @@ class Threads:
         self.publisher(entries)
         return len(entries)
 
+    def get_env(self, thread_id: str, name: str) -> str | None:
+        """A text variable's value on this thread (its own, not inherited); None if unset.
+
+        A secret cannot be read here: only a tool that declares it sees it (VariableError).
+        """
+        from .variables import VariableError
+
+        with self.store.read() as tx:
+            found = tx.thread_variables(thread_id).get(name)
+        if found is None:
+            return None
+        kind, value = found
+        if kind == "secret":
+            raise VariableError(f"variable {name!r} is a secret: only a tool that declares it can read it")
+        return value
+
     def env(self, thread_id: str) -> dict[str, str]:
         """The thread's own variables; secret values are never shown (``***``)."""
         with self.store.read() as tx:

@@ -166,3 +166,13 @@ def test_variable_declarations_are_checked() -> None:
     with pytest.raises(ConfigError):
         Variable("X", "password")  # type: ignore[arg-type]
     assert issubclass(VariableError, LookupError)
+
+
+def test_a_secret_cannot_be_read_outside_a_tool() -> None:
+    with Threads.embedded(reconcile_interval=None) as threads:
+        handle = threads.start(searcher("s6"), "find it", env={"VECTOR_STORE_ID": "vs_6", "API_KEY": CANARY})
+        assert threads.get_env(handle.thread_id, "VECTOR_STORE_ID") == "vs_6"
+        assert threads.get_env(handle.thread_id, "NOT_SET") is None
+        with pytest.raises(VariableError, match="only a tool that declares it") as raised:
+            threads.get_env(handle.thread_id, "API_KEY")
+        assert CANARY not in str(raised.value)
