@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,22 +104,27 @@ class Threads:
         """SQLite, an in-process Celery worker and a reconcile ticker (every
         ``reconcile_interval`` seconds; the settings' interval by default, None for none).
         A fresh temporary database when ``path`` is None."""
+        import shutil
         import tempfile
 
-        with tempfile.TemporaryDirectory(prefix="threads-celery-") as tmp:
-            db = Path(path) if path is not None else Path(tmp) / "threads.db"
-            base = settings or Settings.from_env(env={})
-            threads = cls(
-                settings=base.with_(database_url=None, broker_url=None),
-                embedded_path=db,
-                worker_concurrency=concurrency,
-                reconcile_interval=reconcile_interval,
-            )
-            try:
-                threads.start_worker()
-                yield threads
-            finally:
-                threads.close()
+        tmp = tempfile.mkdtemp(prefix="threads-celery-")
+        db = Path(path) if path is not None else Path(tmp) / "threads.db"
+        base = settings or Settings.from_env(env={})
+        threads = cls(
+            settings=base.with_(database_url=None, broker_url=None),
+            embedded_path=db,
+            worker_concurrency=concurrency,
+            reconcile_interval=reconcile_interval,
+        )
+        try:
+            threads.start_worker()
+            yield threads
+        finally:
+            # The worker finishes stopping in the background: remove the temporary folder now,
+            # and again once the worker let go of the database in it (a late write may have
+            # put a journal file back).
+            threads.close(then=lambda: shutil.rmtree(tmp, ignore_errors=True))
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def start_worker(self) -> None:
         """Start the in-process worker (embedded mode only; idempotent)."""
@@ -133,12 +138,23 @@ class Threads:
             )
             self._worker.start()
 
-    def close(self) -> None:
-        """Stop the in-process worker, if any, and release connections."""
+    def close(self, *, then: Callable[[], None] | None = None) -> None:
+        """Stop the in-process worker, if any, and release connections.
+
+        ``then`` runs once the in-process worker has stopped (in the background)."""
+        store = self.store
+
+        def after_stop() -> None:
+            store.dispose()
+            if then is not None:
+                then()
+
         if self._worker is not None:
-            self._worker.stop()
+            self._worker.stop(then=after_stop)
             self._worker = None
-        self.store.dispose()
+            store.dispose()  # connections this thread holds go now; the worker's go after it stops
+        else:
+            after_stop()
 
     def __enter__(self) -> Threads:
         return self

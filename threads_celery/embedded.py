@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -91,17 +92,27 @@ class EmbeddedWorker:
             except Exception as exc:  # noqa: BLE001 - the next tick tries again
                 log.warning("embedded reconcile tick failed: %s: %s", type(exc).__name__, exc)
 
-    def stop(self, timeout: float = 10.0, *, wait: bool = False) -> None:
+    def stop(self, timeout: float = 10.0, *, wait: bool = False, then: Callable[[], None] | None = None) -> None:
         """Stop consuming. The consumer's poll takes up to two seconds to notice; unless ``wait``,
-        that happens in the background (the queue is this worker's own, so nothing is lost)."""
+        that happens in the background (the queue is this worker's own, so nothing is lost).
+        ``then`` runs once the worker has stopped (in the background unless ``wait``)."""
         self._stop_ticks.set()
-        controller, thread = self._controller, self._thread
-        self._controller = self._thread = None
+        controller, thread, ticker = self._controller, self._thread, self._ticker
+        self._controller = self._thread = self._ticker = None
         if controller is None:
+            if then is not None:
+                then()
             return
-        stopper = threading.Thread(target=controller.stop, kwargs={"in_sighandler": False}, daemon=True)
+
+        def stop_then() -> None:
+            controller.stop(in_sighandler=False)
+            for running in (thread, ticker):
+                if running is not None:
+                    running.join(timeout)
+            if then is not None:
+                then()
+
+        stopper = threading.Thread(target=stop_then, name="threads-embedded-stop", daemon=True)
         stopper.start()
         if wait:
-            stopper.join(timeout)
-            if thread is not None:
-                thread.join(timeout)
+            stopper.join(timeout * 3)
