@@ -16,14 +16,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from . import runs
 from .agents import Agent
 from .exceptions import ConfigError
 from .records import TERMINAL_STATUSES, OutboxEntry, Run
 from .store import Tx
-from .tools import Tool, tool
+from .tools import Tool, describe_validation_error, tool
 
 DELIVER_TASK = "threads.deliver"
 DEFAULT_MAX_BUDGET_MS = 24 * 60 * 60 * 1000
@@ -195,16 +195,48 @@ def agent_tool(
     display_name: str | None = None,
     input: type[BaseModel] = AgentToolInput,
     name: str | None = None,
+    output: Any = None,
 ) -> Tool:
-    """Expose ``child`` as a tool the parent model can call; the call awaits the child's result."""
+    """Expose ``child`` as a tool the parent model can call; the call awaits the child's result.
+
+    With ``output`` (a pydantic model or any type pydantic validates), the child's final output
+    (``get_agent_tool_output``, else its last assistant text read as JSON) must fit it: output
+    that does not reaches the parent as an :class:`AgentToolFailure`, never as a success.
+    """
     agent = child() if isinstance(child, type) else child
     if not isinstance(agent, Agent):
         raise ConfigError(f"agent_tool needs an Agent (class or instance), not {type(child).__name__}")
     tool_name = name or agent.name.lower().replace("-", "_").replace(".", "_")
+    if output is not None:
+        try:
+            TypeAdapter(output)
+        except Exception as exc:  # noqa: BLE001 - any type pydantic cannot build a schema for
+            raise ConfigError(f"agent tool {tool_name!r}: output must be a type pydantic can validate ({exc})") from None
     # read_only: dispatch is idempotent by run id, so running it again re-attaches; the
-    # child's own tools carry their own effects and permissions.
-    definition = tool(name=tool_name, description=description, input=input, execute=_never_called, effect="read_only")
+    # child's own tools carry their own effects and permissions. ``output`` on the tool is the
+    # child's output schema (an agent tool is never executed, so it checks nothing else).
+    definition = tool(
+        name=tool_name, description=description, input=input, execute=_never_called, effect="read_only", output=output
+    )
     return replace(definition, child_agent=agent, display_name=display_name or agent.name)
+
+
+def check_child_output(definition: Tool, child_name: str, value: Any) -> tuple[Any, str | None]:
+    """The child's output checked against the agent tool's ``output`` schema: (value, error).
+
+    A string is read as JSON first (a model's final text); the value returned is the validated
+    one, dumped to JSON-ready data. Pure: no I/O.
+    """
+    if definition.output is None:
+        return value, None
+    adapter: TypeAdapter[Any] = TypeAdapter(definition.output)
+    label = getattr(definition.output, "__name__", repr(definition.output))
+    try:
+        checked = adapter.validate_json(value) if isinstance(value, str) else adapter.validate_python(value)
+    except ValidationError as exc:
+        detail = describe_validation_error(exc).removeprefix("invalid arguments: ")
+        return None, f"the output of agent {child_name!r} fails its output schema {label}: {detail}"
+    return adapter.dump_python(checked, mode="json"), None
 
 
 def _never_called(inp: Any, ctx: Any) -> Any:

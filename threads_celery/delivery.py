@@ -18,7 +18,7 @@ from . import agent_tools, runs
 from .agent_tools import HARD_TERMINAL, AgentToolFailure, AgentToolResult, AgentToolRun
 from .records import OutboxEntry
 from .observability import emit
-from .tools import render_result
+from .tools import Tool, render_result
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -95,14 +95,41 @@ def finish_result(runtime: Runtime, row: AgentToolRun) -> AgentToolResult | Agen
         return result
     child = runtime.registry.get(row.agent_type) if row.agent_type in runtime.registry else None
     get_output = getattr(child, "get_agent_tool_output", None)
+    schema_tool = _output_schema_tool(runtime, row)
     if child is None or not callable(get_output):
-        return result
+        if schema_tool is None:
+            return result
+        # No structured output of its own: the child's final text is its output.
+        checked, error = agent_tools.check_child_output(schema_tool, row.agent_type, result.summary)
+        if error is not None:
+            return AgentToolFailure("error", error, retryable=False)
+        return AgentToolResult(run_id=row.run_id, summary=result.summary, output=checked)
     output = get_output(row.run_id)
     if output is None:
         return AgentToolFailure("error", "the agent tool run completed without an output", retryable=False)
+    if schema_tool is not None:
+        output, error = agent_tools.check_child_output(schema_tool, row.agent_type, output)
+        if error is not None:
+            return AgentToolFailure("error", error, retryable=False)
     get_summary = getattr(child, "get_agent_tool_summary", None)
     summary = get_summary(row.run_id, output) if callable(get_summary) else result.summary
     return AgentToolResult(run_id=row.run_id, summary=summary or "", output=output)
+
+
+def _output_schema_tool(runtime: Runtime, row: AgentToolRun) -> Tool | None:
+    """The parent's agent-tool definition that started ``row``, when it declares an output schema."""
+    if row.parent_effect_key is None:
+        return None
+    with runtime.store.read() as tx:
+        loaded = tx.get_call_and_run(row.parent_effect_key)
+    if loaded is None:
+        return None
+    call, parent_run = loaded
+    parent = runtime.registry.get(parent_run.agent) if parent_run.agent in runtime.registry else None
+    definition = parent.tool_named(call.tool) if parent is not None else None
+    if definition is None or definition.child_agent is None or definition.output is None:
+        return None
+    return definition
 
 
 def result_json(result: AgentToolResult | AgentToolFailure) -> Any:
