@@ -1,4 +1,4 @@
-"""``threads-celery worker``, ``beat``, ``api`` and ``db``: the long-running services and migrations."""
+"""``threads-celery worker``, ``beat``, ``flower``, ``api`` and ``db``: the long-running services and migrations."""
 
 from __future__ import annotations
 
@@ -136,6 +136,33 @@ def beat(
         schedule = Path(tempfile.gettempdir()) / f"threads-celery-{user}" / "beat-schedule"
     schedule.parent.mkdir(parents=True, exist_ok=True)
     celery_app.start(["beat", f"--loglevel={loglevel.upper()}", f"--schedule={schedule}"])
+
+
+# -- flower ------------------------------------------------------------------------------------
+
+
+@app.command()
+@friendly_errors
+def flower(
+    address: Annotated[str, typer.Option("--address", help="Address to listen on (0.0.0.0 in a container).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 5555,
+) -> None:
+    """Run Flower behind basic authentication, /metrics included.
+
+    Needs THREADS_BROKER_URL, FLOWER_USER and FLOWER_PASSWORD; refuses to start when either
+    credential is empty. /healthcheck stays open for health probes.
+
+    \b
+      FLOWER_USER=admin FLOWER_PASSWORD=change-me threads-celery flower
+      threads-celery flower --address 0.0.0.0 --port 5555
+    """
+    from .flower_gate import flower_credentials, start_flower
+
+    flower_credentials(os.environ)  # before touching the broker: a missing password is one red line
+    require_services(database=False)
+    from .worker import app_from_environment
+
+    start_flower(app_from_environment(), os.environ, address=address, port=port)
 
 
 # -- api ---------------------------------------------------------------------------------------

@@ -113,8 +113,14 @@ def flower(worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory) -> I
     pytest.importorskip("flower")
     port = free_port()
     log_path = tmp_path_factory.mktemp("flower") / "flower.log"
-    argv = ["flower", f"--port={port}", "--address=127.0.0.1", f"--basic-auth={FLOWER_USER}:{FLOWER_PASSWORD}"]
-    proc = spawn(argv, service_env(worker.database_url, worker.broker_url), log_path)
+    # Started the way docker-compose and the README start it: our launcher, credentials from the environment.
+    env = service_env(worker.database_url, worker.broker_url)
+    env.update(FLOWER_USER=FLOWER_USER, FLOWER_PASSWORD=FLOWER_PASSWORD)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "threads-celery"), "flower", f"--port={port}", "--address=127.0.0.1"],
+            cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
     flower = Flower(proc, port, log_path)
     try:
         deadline = time.monotonic() + DEADLINE_S
@@ -160,6 +166,26 @@ def run_and_wait(threads: Any, flower: Flower, agent: Any, message: str) -> Any:
 def test_flower_needs_its_basic_auth(flower: Flower) -> None:
     status, _ = flower.get("/api/tasks", auth=False)
     assert status == 401
+
+
+def test_flower_metrics_need_the_same_basic_auth(flower: Flower) -> None:
+    """Flower alone serves /metrics to anyone; behind our launcher it asks for the credentials."""
+    status, _ = flower.get("/metrics", auth=False)
+    assert status == 401
+    status, text = flower.get("/metrics")
+    assert status == 200 and "flower_" in text
+    assert flower.get("/healthcheck", auth=False)[0] == 200  # the health probe stays open
+
+
+def test_flower_refuses_to_start_with_empty_credentials(worker: WorkerProcess) -> None:
+    env = service_env(worker.database_url, worker.broker_url)
+    env.update(FLOWER_USER="", FLOWER_PASSWORD="")
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "threads-celery"), "flower", f"--port={free_port()}"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE_S,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "FLOWER_USER and FLOWER_PASSWORD" in done.stderr + done.stdout
 
 
 def test_flower_names_the_tool_and_the_effect_key_and_never_the_conversation(

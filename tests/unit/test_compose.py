@@ -75,7 +75,7 @@ def test_every_service_is_there(services: dict[str, Any]) -> None:
 
 def test_worker_beat_and_flower_run_the_same_app_module_which_exists(services: dict[str, Any]) -> None:
     apps = set()
-    for name, sub in (("worker", "worker"), ("beat", "beat"), ("flower", "flower")):
+    for name, sub in (("worker", "worker"), ("beat", "beat")):
         args = argv(services[name])
         assert args[:2] == ["celery", "-A"] and args[3] == sub, args
         apps.add(args[2])
@@ -120,8 +120,8 @@ def test_every_service_of_ours_gets_the_ledger_broker_and_agents(services: dict[
 def test_secrets_come_from_the_environment_not_the_file(services: dict[str, Any]) -> None:
     assert re.fullmatch(r"\$\{THREADS_API_TOKENS:\?[^}]+\}", services["api"]["environment"]["THREADS_API_TOKENS"])
     assert "THREADS_API_AUTH" not in services["api"]["environment"]
-    basic_auth = option(argv(services["flower"]), "--basic-auth")
-    assert basic_auth is not None and re.fullmatch(r"\$\{FLOWER_USER[^}]*\}:\$\{FLOWER_PASSWORD[^}]*\}", basic_auth)
+    for var in ("FLOWER_USER", "FLOWER_PASSWORD"):  # `:?` refuses unset and empty alike
+        assert re.fullmatch(rf"\$\{{{var}:\?[^}}]+\}}", services["flower"]["environment"][var]), var
     for name in OUR_IMAGE - {"api"}:
         assert "THREADS_API_TOKENS" not in services[name]["environment"], name
 
@@ -147,8 +147,9 @@ def test_published_ports_are_the_ones_the_programs_listen_on(services: dict[str,
     assert int(option(api_args, "--port") or port_param.default) == port_param.default == 8000
     assert container_ports(services["api"]) == {8000}
 
-    flower_default = pytest.importorskip("flower.options").options.port
-    assert int(option(argv(services["flower"]), "--port") or flower_default) == flower_default == 5555
+    flower_cli = cli_command("flower")
+    [flower_port] = [p for p in flower_cli.params if "--port" in p.opts]
+    assert int(option(argv(services["flower"]), "--port") or flower_port.default) == flower_port.default == 5555
     assert container_ports(services["flower"]) == {5555}
     for name in ("api", "flower"):
         for mapping in services[name]["ports"]:
@@ -198,3 +199,15 @@ def test_our_services_build_the_image_from_the_dockerfile(services: dict[str, An
     assert "COPY examples" in dockerfile  # THREADS_AGENTS=examples.demo must import in the image
     assert {"postgres": "postgres:16", "redis": "redis:7"} == {n: services[n]["image"] for n in ("postgres", "redis")}
     assert any("postgresql/data" in v for v in services["postgres"]["volumes"])
+
+
+def test_flower_runs_behind_our_launcher_which_guards_metrics_and_refuses_empty_credentials(services: dict[str, Any]) -> None:
+    """Flower alone serves /metrics anonymously and accepts `--basic-auth=:`; our launcher does neither."""
+    args = argv(services["flower"])
+    assert args[:2] == ["threads-celery", "flower"], args
+    assert cli_command("flower") is not None
+    assert option(args, "--basic-auth") is None  # credentials come from FLOWER_USER/FLOWER_PASSWORD only
+    assert option(args, "--unauthenticated-api") is None and "--unauthenticated_api" not in " ".join(args)
+    assert not any(k.startswith("FLOWER_") and k not in ("FLOWER_USER", "FLOWER_PASSWORD") for k in services["flower"]["environment"])
+    for mapping in services["flower"]["ports"]:
+        assert str(mapping).startswith("127.0.0.1:")
