@@ -8,9 +8,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import overload
 
-from .effects import AlreadySettled, CallRecord, NeedsLookup, Park, RecordFound, RunAgain, Wait, decide_recovery
+from .effects import (
+    AlreadySettled,
+    CallRecord,
+    LookupAnswer,
+    LookupFailed,
+    NeedsLookup,
+    Park,
+    RecordFound,
+    RunAgain,
+    Wait,
+    decide_recovery,
+)
 from .records import CallRow, Run
 from .tools import Tool
 
@@ -59,18 +70,41 @@ def decide_step(run: Run | None, step: int, now: datetime) -> StepDecision:
 
 
 CallDecision = Skip | Busy | Proceed | RunAgain | RecordFound | Park | NeedsLookup
+AnsweredCallDecision = Skip | Busy | Proceed | RunAgain | RecordFound | Park
+"""What :func:`decide_call` answers once it has the lookup's answer: it never asks again."""
 
 
-def decide_call(call: CallRow, run: Run, now: datetime, tool: Tool | None, lookup: Any = None) -> CallDecision:
-    """Whether a delivery of a tool call should run, and how, given the ledger."""
+@overload
+def decide_call(
+    call: CallRow, run: Run, now: datetime, tool: Tool | None, lookup: None = None
+) -> CallDecision: ...
+
+
+@overload
+def decide_call(
+    call: CallRow, run: Run, now: datetime, tool: Tool | None, lookup: LookupAnswer | LookupFailed
+) -> AnsweredCallDecision: ...
+
+
+def decide_call(
+    call: CallRow, run: Run, now: datetime, tool: Tool | None, lookup: LookupAnswer | LookupFailed | None = None
+) -> CallDecision:
+    """Whether a delivery of a tool call should run, and how, given the ledger.
+
+    :class:`NeedsLookup` comes back only while ``lookup`` is None (see
+    :func:`~threads_celery.effects.decide_recovery`): the caller runs the tool's lookup once and
+    asks again with its answer.
+    """
     if run.is_terminal:
         return Skip(f"run is {run.status}")
-    if call.status in ("completed", "error", "skipped"):
-        return Skip("call already settled")
-    if call.status == "parked":
-        return Skip("call is parked")
-    if call.status in ("awaiting_approval", "awaiting_variable"):
-        return Skip(f"call is {call.status.replace('_', ' ')}")
+    # A match (rather than ``in`` tests) narrows the status to "pending" | "started" below.
+    match call.status:
+        case "completed" | "error" | "skipped":
+            return Skip("call already settled")
+        case "parked":
+            return Skip("call is parked")
+        case "awaiting_approval" | "awaiting_variable":
+            return Skip(f"call is {call.status.replace('_', ' ')}")
     if run.status != "running":
         return Skip(f"run is {run.status}")
     if run.step != call.step + 1:
@@ -86,15 +120,22 @@ def decide_call(call: CallRow, run: Run, now: datetime, tool: Tool | None, looku
         return Park(f"tool {call.tool!r} was interrupted mid-call and is no longer defined: a person must decide")
     record = CallRecord(
         effect_key=call.effect_key,
-        effect=call.effect,  # type: ignore[arg-type]
-        status=call.status,  # type: ignore[arg-type]
+        effect=call.effect,
+        status=call.status,
         attempt=call.attempt,
         first_started_at=call.first_started_at,
         lease_expires_at=call.lease_expires_at,
         dedup_window_ms=call.dedup_window_ms,
-        finality=call.finality,  # type: ignore[arg-type]
+        finality=call.finality,
     )
     decision = decide_recovery(record, now=now, lookup=lookup)
+    if isinstance(decision, NeedsLookup) and tool.reconcile is None:
+        # The call was recorded as reconcilable, but the tool has since been redefined without a
+        # lookup (a deploy changed its effect): there is nothing to ask, so never guess.
+        return Park(
+            f"tool {call.tool!r} was interrupted mid-call as reconcilable and no longer has a reconcile "
+            "lookup: a person must decide"
+        )
     if isinstance(decision, AlreadySettled):
         return Skip("call already settled")
     if isinstance(decision, Wait):

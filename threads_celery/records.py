@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from .effects import Effect, Finality
+
 RunStatus = Literal[
     "queued",
     "running",
@@ -139,10 +141,10 @@ class CallRow:
     status: CallStatus
     attempt: int
     calls_in_step: int = 1
-    effect: str = "unguarded"
+    effect: Effect = "unguarded"
     queue: str | None = None
     dedup_window_ms: int | None = None
-    finality: str | None = None
+    finality: Finality | None = None
     #: (effect key, tool, queue) of the call after this one in the same reply, when read with it.
     next_call: tuple[str, str, str | None] | None = None
     first_started_at: datetime | None = None

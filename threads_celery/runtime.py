@@ -263,6 +263,7 @@ class Runtime:
         tool = agent.tool_named(call.tool) if agent else None
         decision = decide_call(call, run, now, tool)
         if isinstance(decision, NeedsLookup):
+            # decide_call parks a call whose tool is gone or has no lookup, so both are set here.
             assert tool is not None and tool.reconcile is not None
             decision = decide_call(call, run, now, tool, lookup=run_lookup(tool.reconcile, effect_key))
         if isinstance(decision, Skip):

@@ -304,3 +304,13 @@ def test_the_decision_reads_the_effect_recorded_with_the_call() -> None:
     call = started("unguarded")
     assert isinstance(decide_call(call, make_run(), NOW, make_tool("read_only")), Park)
     assert isinstance(decide_call(replace(call, effect="read_only"), make_run(), NOW, make_tool()), RunAgain)
+
+
+@pytest.mark.parametrize("effect", ["read_only", "idempotent", "unguarded"])
+def test_a_reconcilable_call_whose_tool_lost_its_lookup_parks(effect: str) -> None:
+    # A deploy redefined the tool with another effect after the call was recorded as reconcilable:
+    # there is no lookup to run, so the call parks instead of reaching the runtime as NeedsLookup
+    # (which used to fail an assertion in Runtime.run_tool and leave the delivery crashing).
+    decision = decide_call(started("reconcilable"), make_run(), NOW, make_tool(effect))
+    assert isinstance(decision, Park)
+    assert "no longer has a reconcile lookup" in decision.reason
