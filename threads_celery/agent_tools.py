@@ -14,14 +14,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from . import runs
 from .agents import Agent
 from .exceptions import ConfigError
-from .records import TERMINAL_STATUSES, OutboxEntry, Run
+from .records import TERMINAL_STATUSES, OutboxEntry
 from .store import Tx
 from .tools import Tool, describe_validation_error, tool
 
@@ -389,7 +389,14 @@ def deliver_entry(run_id: str, status: str) -> OutboxEntry:
     return OutboxEntry(key=f"deliver:{run_id}:{status}", task=DELIVER_TASK, args=(run_id, status), argsrepr=f"(agent tool {run_id} {status})")
 
 
-def child_finished(tx: Tx, run: Run, *, status: str, output: str | None, error: str | None, now: datetime) -> list[OutboxEntry]:
+class FinishedChild(Protocol):
+    """What :func:`child_finished` reads of the child run: which agent-tool run it serves."""
+
+    @property
+    def agent_tool_run_id(self) -> str | None: ...
+
+
+def child_finished(tx: Tx, run: FinishedChild, *, status: str, output: str | None, error: str | None, now: datetime) -> list[OutboxEntry]:
     """The child ``run`` ended: update its agent-tool row and record the finish delivery."""
     assert run.agent_tool_run_id is not None
     row = tx.get_agent_tool_run(run.agent_tool_run_id, lock=True)
@@ -444,6 +451,7 @@ def is_active(status: str) -> bool:
 
 
 __all__ = [
+    "TERMINAL_STATUSES",
     "AgentToolFailure",
     "AgentToolInput",
     "AgentToolResult",
@@ -452,7 +460,6 @@ __all__ = [
     "DetachedHandle",
     "Milestone",
     "agent_tool",
-    "TERMINAL_STATUSES",
 ]
 
 

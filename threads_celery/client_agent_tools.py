@@ -10,7 +10,7 @@ import time
 import warnings
 from collections.abc import Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import agent_tools, runs
 from .agent_tools import AgentToolFailure, AgentToolResult, AgentToolRun, Detached, DetachedHandle
@@ -20,6 +20,7 @@ from .observability import emit
 
 if TYPE_CHECKING:
     from .agents import AgentRegistry
+    from .records import OutboxEntry, Run
     from .store import Store
     from .worker import Publisher
 
@@ -30,6 +31,13 @@ class AgentToolsMixin:
     store: Store
     registry: AgentRegistry
     publisher: Publisher
+
+    if TYPE_CHECKING:
+        # Defined by Threads, which this mixin is part of; declared here so the mixin's use of
+        # them is checked.
+        def register(self, agent: Agent) -> Agent: ...
+
+        def _cancel_awaited_children(self, run: Run, reason: str) -> None: ...
 
     # -- agents as tools -------------------------------------------------------------------
 
@@ -107,7 +115,7 @@ class AgentToolsMixin:
         if started:
             emit("agent_tool", "agent_tool:dispatched", run_id=row.run_id, agent_type=row.agent_type, detached=options is not None)
         if options is not None:
-            status = "error" if row.status == "error" and not started and row.error and "cap" in row.error else "running"
+            status: Literal["running", "error"] = "error" if row.status == "error" and not started and row.error and "cap" in row.error else "running"
             return DetachedHandle(run_id=row.run_id, agent_type=row.agent_type, status=status, error=row.error if status == "error" else None)
         return self._await_agent_tool(row.run_id, timeout)
 
@@ -116,11 +124,11 @@ class AgentToolsMixin:
         delay = 0.005
         while True:
             row = self.inspect_agent_tool_run(run_id)
-            if row is not None and row.is_terminal:
-                if row.status in row.delivered or row.status != "completed":
-                    result = row.result()
-                    assert result is not None
-                    return result
+            # A completed run is awaited until its delivery is recorded too.
+            if row is not None and row.is_terminal and (row.status in row.delivered or row.status != "completed"):
+                result = row.result()
+                assert result is not None
+                return result
             if time.monotonic() >= deadline:
                 raise RunTimeout(run_id, timeout, row.status if row else "unknown")
             time.sleep(delay)
@@ -162,7 +170,7 @@ class AgentToolsMixin:
     def cancel_agent_tool(self, run_id: str, reason: str = "agent tool run was cancelled") -> AgentToolRun | None:
         """Cancel a running (or softly interrupted) run; a no-op for unknown or ended ones."""
         now = runs.utcnow()
-        entries = []
+        entries: list[OutboxEntry] = []
         with self.store.transaction() as tx:
             row = tx.get_agent_tool_run(run_id, lock=True)
             if row is None or row.status in agent_tools.HARD_TERMINAL:

@@ -26,7 +26,6 @@ from .records import CallRow, Run
 from .tools import Tool
 
 
-
 @dataclass(frozen=True, slots=True)
 class Skip:
     """Nothing to do: the task is a duplicate, stale, or its run has ended."""

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
 from .schema import agent_tool_runs, milestones, threads
+
+if TYPE_CHECKING:
+    # For annotations only: the records still live beside the agent-tool machine (issue 10 moves
+    # them into the records module the store returns).
+    from ..agent_tools import AgentToolRun, Milestone
 
 
 class AgentToolQueries:
@@ -20,7 +25,7 @@ class AgentToolQueries:
     def insert_agent_tool_run(self, values: dict[str, Any]) -> None:
         self.conn.execute(insert(agent_tool_runs).values(**values))
 
-    def get_agent_tool_run(self, run_id: str, *, lock: bool = False, with_milestones: bool = False) -> Any:
+    def get_agent_tool_run(self, run_id: str, *, lock: bool = False, with_milestones: bool = False) -> AgentToolRun | None:
         query = select(agent_tool_runs).where(agent_tool_runs.c.run_id == run_id)
         if lock:
             query = query.with_for_update()
@@ -39,7 +44,7 @@ class AgentToolQueries:
         *,
         statuses: Sequence[str] | None = None,
         older_than: datetime | None = None,
-    ) -> list[Any]:
+    ) -> list[AgentToolRun]:
         query = (
             select(agent_tool_runs)
             .where(agent_tool_runs.c.parent_thread_id == parent_thread_id)
@@ -71,7 +76,7 @@ class AgentToolQueries:
         if child_thread_id is not None:
             self.conn.execute(delete(threads).where(threads.c.id == child_thread_id))
 
-    def due_agent_tool_runs(self, *, now: datetime, limit: int) -> list[Any]:
+    def due_agent_tool_runs(self, *, now: datetime, limit: int) -> list[AgentToolRun]:
         """Runs whose budget or silence window may have run out, locked with SKIP LOCKED."""
         query = (
             select(agent_tool_runs)
@@ -82,7 +87,7 @@ class AgentToolQueries:
         )
         return [_agent_tool_run(row, ()) for row in self.conn.execute(query)]
 
-    def undelivered_agent_tool_runs(self, *, now: datetime, limit: int) -> list[Any]:
+    def undelivered_agent_tool_runs(self, *, now: datetime, limit: int) -> list[AgentToolRun]:
         """Finished runs whose delivery was claimed and the claim lapsed (the deliverer died)."""
         query = (
             select(agent_tool_runs)
@@ -119,7 +124,7 @@ class AgentToolQueries:
         )
         return sequence
 
-    def list_milestones(self, run_id: str) -> tuple[Any, ...]:
+    def list_milestones(self, run_id: str) -> tuple[Milestone, ...]:
         from ..agent_tools import Milestone
 
         rows = self.conn.execute(
@@ -131,7 +136,7 @@ class AgentToolQueries:
         return self.conn.execute(select(threads.c.agent).where(threads.c.id == thread_id)).scalar()
 
 
-def _agent_tool_run(row: Row[Any], found: tuple[Any, ...]) -> Any:
+def _agent_tool_run(row: Row[Any], found: tuple[Milestone, ...]) -> AgentToolRun:
     from ..agent_tools import AgentToolRun
 
     m = row._mapping
