@@ -388,8 +388,9 @@ EffectKey = Annotated[str, Path(pattern=EFFECT_KEY_PATTERN, description="A tool 
 
 def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIRouter:
     router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
-    not_found = {404: {"model": ErrorOut, "description": "No such agent, run, thread or call."}}
-    conflict = {409: {"model": ErrorOut, "description": "The call is not in a state that allows this."}}
+    # FastAPI's own type for extra OpenAPI responses.
+    not_found: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "No such agent, run, thread or call."}}
+    conflict: dict[int | str, dict[str, Any]] = {409: {"model": ErrorOut, "description": "The call is not in a state that allows this."}}
 
     @router.post("/runs", status_code=202, response_model=RunStarted, tags=["runs"], responses={**not_found, **conflict, 413: {"model": ErrorOut}})
     def start_run(body: StartRun) -> JSONResponse:
@@ -565,12 +566,12 @@ def app_from_environment() -> FastAPI:
     when neither is set), and the agents of ``THREADS_AGENTS`` are loaded so that approvals with
     edited arguments can be validated against the tool's schema.
     """
+    from sqlalchemy.exc import OperationalError
+
     from .client import Threads
     from .settings import Settings
     from .store.engine import safe_url
     from .store.migrate import current_revision, head_revision
-
-    from sqlalchemy.exc import OperationalError
 
     env = os.environ
     # Refuse a misconfigured API before opening any connection.
@@ -596,4 +597,4 @@ def app_from_environment() -> FastAPI:
         raise
 
 
-__all__ = ["ApiError", "BodyLimit", "create_api", "app_from_environment", "sse_frame"]
+__all__ = ["ApiError", "BodyLimit", "app_from_environment", "create_api", "sse_frame"]

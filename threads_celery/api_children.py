@@ -96,7 +96,8 @@ def add_agent_tool_routes(
     api_error: Any,
 ) -> None:
     """Register the routes on the /v1 router (helpers come from :mod:`threads_celery.api`)."""
-    not_found = {404: {"model": ErrorOut, "description": "No such thread, or no such run in its registry."}}
+    # FastAPI's own type for extra OpenAPI responses.
+    not_found: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "No such thread, or no such run in its registry."}}
 
     def registry_row(thread_id: str, run_id: str) -> AgentToolRun:
         row = threads.inspect_agent_tool_run(run_id)

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import agent_tools, runs
 from .agent_tools import HARD_TERMINAL, AgentToolFailure, AgentToolResult, AgentToolRun
-from .records import OutboxEntry
 from .observability import emit
+from .records import OutboxEntry
 from .tools import Tool, render_result
 
 if TYPE_CHECKING:
@@ -69,20 +69,26 @@ def deliver(runtime: Runtime, run_id: str, status: str) -> str:
         return f"failed: {type(exc).__name__}"
     with runtime.store.transaction() as tx:
         current = tx.get_agent_tool_run(run_id, lock=True)
-        values: dict[str, Any] = {
-            "delivered": sorted({*current.delivered, status}),
-            "delivery_owner": None,
-            "delivery_lease_until": None,
-            "delivery_attempts": 0,
-        }
-        if isinstance(result, AgentToolResult):
-            values.update(summary=result.summary, output=result.output)
-        elif status == "completed":
-            values.update(status="error", error=result.error)
-        tx.update_agent_tool_run(run_id, **values)
-        tx.delete_outbox(outbox_key)
-        entries += _settle_parent_call(tx, row, result, runtime.clock(), runtime.registry, runtime.settings.files_root)
+        if current is None:
+            # Cleared (clear_agent_tool_runs) while its hooks ran: nothing is left to mark.
+            tx.delete_outbox(outbox_key)
+        else:
+            values: dict[str, Any] = {
+                "delivered": sorted({*current.delivered, status}),
+                "delivery_owner": None,
+                "delivery_lease_until": None,
+                "delivery_attempts": 0,
+            }
+            if isinstance(result, AgentToolResult):
+                values.update(summary=result.summary, output=result.output)
+            elif status == "completed":
+                values.update(status="error", error=result.error)
+            tx.update_agent_tool_run(run_id, **values)
+            tx.delete_outbox(outbox_key)
+            entries += _settle_parent_call(tx, row, result, runtime.clock(), runtime.registry, runtime.settings.files_root)
     runtime.publish(entries)
+    if current is None:
+        return "skipped: the agent-tool run was cleared during its delivery"
     emit("agent_tool", "agent_tool:delivered", run_id=run_id, status=status, agent_type=row.agent_type)
     return f"delivered {status}"
 
@@ -285,7 +291,7 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
             if not agent_tools.is_active(row.status):
                 tx.update_agent_tool_run(row.run_id, check_at=None)
                 continue
-            if row.max_budget_ms is not None and row.started_at + timedelta(milliseconds=row.max_budget_ms) <= now:
+            if row.max_budget_ms is not None and (row.started_at or now) + timedelta(milliseconds=row.max_budget_ms) <= now:
                 cancelled = _tear_down(tx, row, now, "budget exceeded")
                 entries += agent_tools.seal_interrupted(
                     tx,

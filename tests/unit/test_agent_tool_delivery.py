@@ -524,3 +524,24 @@ def test_a_negative_or_non_numeric_budget_is_a_config_error_at_dispatch(threads:
     with pytest.raises(ConfigError, match=field):
         threads.run_agent_tool(parent_thread, child, input="x", detached=Detached(**{field: value}))
     assert threads.agent_tool_runs(parent_thread) == []
+
+
+def test_a_run_cleared_while_its_finish_is_delivered_ends_the_delivery_cleanly(
+    threads: Threads, finished_tasks: list[tuple[str, tuple[Any, ...], Any]]
+) -> None:
+    parent = BlockingParent(unique("cleared"))
+    parent_thread = idle_parent(threads, parent)
+    handle = threads.run_agent_tool(parent_thread, quick_child(), input="x", detached=Detached(on_finish="on_slow"))
+    assert parent.inside.wait(WAIT_S), "the worker never started delivering"
+    try:
+        assert threads.clear_agent_tool_runs(parent_thread) == 1
+    finally:
+        parent.release.set()
+    # The row went while on_finish ran: the delivery used to fail on it (an AttributeError on
+    # None) and leave its outbox row for the backbone to publish again.
+    deliveries = eventually(
+        lambda: [r for name, args, r in finished_tasks if name == "threads.deliver" and args[0] == handle.run_id],
+        what="the delivery task to finish",
+    )
+    assert deliveries == ["skipped: the agent-tool run was cleared during its delivery"]
+    assert not [k for k in outbox_keys(threads) if k.startswith(f"deliver:{handle.run_id}:")]
