@@ -39,7 +39,8 @@ from .permissions import Ask, Deny, decide_permission
 from .records import CallRow, OutboxEntry, Run
 from .settings import Settings
 from .streaming import ToolCallStarted, ToolCallStarts
-from .variables import ThreadEnv, declared, redact
+from .redaction import describe_exception, install_log_redaction, redact_text, redact_value, redacting, secrets_active
+from .variables import ThreadEnv, declared
 from .store import Store
 from .store.repository import args_digest
 from .tools import Tool, ToolArgumentsError, ToolOutputError, render_result
@@ -344,24 +345,27 @@ class Runtime:
             is_cancelled=lambda: self._is_cancelled(run.id),
             env=env.get,
             report=(
-                functools.partial(self.progress.report, run.agent_tool_run_id)
+                redacting(functools.partial(self.progress.report, run.agent_tool_run_id), env.revealed)
                 if run.agent_tool_run_id is not None
                 else None
             ),
             settings=self.settings,
-            start_child=functools.partial(self.start_detached_child, run, call),
+            start_child=redacting(functools.partial(self.start_detached_child, run, call), env.revealed),
         )
-        with self.keeper.hold(renew, self.settings.tool_lease_s / 3):
+        install_log_redaction()
+        # A secret the tool reads is redacted from this process's logs and stdout while it runs,
+        # and from its result and error as data (before serialising) and as text (after).
+        with self.keeper.hold(renew, self.settings.tool_lease_s / 3), secrets_active(env.revealed):
             try:
                 value = models.run_coroutine(tool.execute(parsed, ctx)) if tool.is_async else tool.execute(parsed, ctx)
                 value = tool.check_output(value)
-                content, is_error = render_result(value), False
+                content, is_error = render_result(redact_value(value, env.revealed)), False
             except ToolOutputError as exc:
                 content, is_error = str(exc), True
             except Exception as exc:  # the tool failed: the model sees why and the run goes on
-                content, is_error = f"{type(exc).__name__}: {exc}", True
+                content, is_error = describe_exception(exc, env.revealed), True
             if env.revealed:
-                content = redact(content, env.revealed)  # a secret never reaches the model or a log
+                content = redact_text(content, env.revealed)
             # Still holding the lease: a store outage here must not lose a result that exists
             # only in this process (dropping it turns a blip into a rerun or a park).
             return self._commit_executed(run, fence, call, tool, content, is_error=is_error, own_outbox=read_only)

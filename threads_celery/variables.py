@@ -102,10 +102,13 @@ class SecretBox:
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every given secret value replaced by ``***``."""
-    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
-    return text
+    """``text`` with every given secret value replaced by ``***``, in every rendered form.
+
+    See :func:`threads_celery.redaction.redact_text` (raw, JSON-escaped, ``repr``, each line).
+    """
+    from .redaction import redact_text
+
+    return redact_text(text, secrets)
 
 
 def resolve(

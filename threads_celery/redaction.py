@@ -1,0 +1,264 @@
+"""Redaction of secret values in every form a tool's output or log line can carry them.
+
+A secret read by a tool (``ctx.env`` on a ``secret`` variable) must not reach the model, the
+store, an event, an error message or a log line. Looking for the raw value only is not enough:
+JSON escapes a newline as ``\\n``, ``repr`` escapes a backslash, ``ascii()`` and
+``ensure_ascii`` turn ``é`` into ``\\xe9`` or ``\\u00e9``, and a PEM key in a traceback may
+appear one line at a time. So a value is redacted twice: as data, before it is serialised
+(:func:`redact_value` walks results), and as text, after (:func:`redact_text` replaces every
+rendered form :func:`rendered_forms` knows).
+
+While a tool call runs, the secrets it revealed are *active* in its process
+(:func:`secrets_active`): :func:`install_log_redaction` makes every log record created in the
+process, whoever logs it (the runtime, Celery, the tool's own ``logging``), carry redacted text,
+and wraps ``sys.stdout``/``sys.stderr`` so that a tool's ``print`` is redacted too.
+
+What this cannot catch: a tool that deliberately re-encodes a secret (base64, hashing, splitting
+it into pieces shorter than :data:`MIN_FRAGMENT`) before returning or logging it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import sys
+import threading
+import traceback
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+from pydantic import BaseModel
+
+REDACTED = "***"
+#: Lines (and other fragments) of a multi-line secret shorter than this are not redacted on
+#: their own: a two-letter line would blank out every occurrence of those letters.
+MIN_FRAGMENT = 6
+
+_ESCAPES: tuple[Callable[[str], str], ...] = (
+    lambda s: json.dumps(s)[1:-1],  # JSON, non-ASCII as \uXXXX
+    lambda s: json.dumps(s, ensure_ascii=False)[1:-1],  # JSON, non-ASCII kept
+    lambda s: repr(s)[1:-1],  # Python repr, as exception messages and f"{x!r}" show it
+    lambda s: ascii(s)[1:-1],  # repr with non-ASCII as \xe9 / \u20ac
+    lambda s: s.encode("unicode_escape").decode("ascii"),  # repr body without quote escapes
+    lambda s: s.encode("unicode_escape").decode("ascii").replace("'", "\\'").replace('"', '\\"'),
+    lambda s: repr(s.encode("utf-8"))[2:-1],  # bytes repr: b'\xc3\xa9'
+    lambda s: s.encode("utf-8").decode("latin-1"),  # UTF-8 read back as Latin-1 (mojibake)
+    lambda s: urllib.parse.quote(s, safe=""),
+    lambda s: urllib.parse.quote_plus(s, safe=""),
+)
+
+
+@functools.lru_cache(maxsize=256)
+def rendered_forms(secret: str) -> tuple[str, ...]:
+    """Every form of ``secret`` to look for, longest first.
+
+    The raw value, each escaping above applied once and twice (a JSON string inside a JSON
+    document, a ``repr`` of JSON), and the same for each line of a multi-line secret (lines of at
+    least :data:`MIN_FRAGMENT` characters, with and without surrounding whitespace).
+    """
+    if not secret:
+        return ()
+    pieces = {secret}
+    if "\n" in secret or "\r" in secret:
+        for line in secret.splitlines():
+            for piece in (line, line.strip()):
+                if len(piece) >= MIN_FRAGMENT:
+                    pieces.add(piece)
+    forms: set[str] = set()
+    for piece in pieces:
+        once = {piece} | {escape(piece) for escape in _ESCAPES}
+        forms |= once
+        forms |= {escape(form) for form in once for escape in _ESCAPES}
+    forms = {f for f in forms if f == secret or len(f) >= min(MIN_FRAGMENT, len(secret))}
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
+def redact_text(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every rendered form of every secret replaced by ``***``."""
+    forms = sorted({f for s in set(secrets) for f in rendered_forms(s)}, key=len, reverse=True)
+    for form in forms:
+        if form in text:
+            text = text.replace(form, REDACTED)
+    return text
+
+
+def redact_value(value: Any, secrets: Sequence[str]) -> Any:
+    """``value`` with secrets redacted in every string inside it, before it is serialised.
+
+    Walks mappings (keys too), sequences, sets, pydantic models and dataclasses; a model or a
+    dataclass comes back as the plain data it would have been serialised as. Other objects are
+    left to :func:`redact_text` on their rendered form.
+    """
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        return redact_text(value, secrets)
+    if isinstance(value, bytes):
+        try:
+            return redact_text(value.decode("utf-8"), secrets).encode("utf-8")
+        except UnicodeDecodeError:
+            return value
+    if isinstance(value, BaseModel):
+        return redact_value(value.model_dump(mode="json"), secrets)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return redact_value(dataclasses.asdict(value), secrets)
+    if isinstance(value, dict):
+        return {redact_value(k, secrets): redact_value(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_value(v, secrets) for v in value) if type(value) in (list, tuple) else [redact_value(v, secrets) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return [redact_value(v, secrets) for v in value]
+    return value
+
+
+def describe_exception(exc: BaseException, secrets: Sequence[str]) -> str:
+    """``"<Type>: <message>"`` for a tool's failure, with every form of every secret redacted.
+
+    The message is built from the exception's arguments after they were redacted as values (a
+    ``KeyError(secret)`` shows the ``repr`` of its argument), then redacted again as text.
+    """
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - a hostile __str__ must not take the call down with it
+        message = "<unprintable exception>"
+    if secrets and exc.args:
+        try:
+            clean_args = redact_value(list(exc.args), secrets)
+            if clean_args != list(exc.args):
+                rebuilt = type(exc).__new__(type(exc))
+                rebuilt.args = tuple(clean_args)
+                message = str(rebuilt)
+        except Exception:  # noqa: BLE001 - exceptions whose __str__ needs their own fields
+            pass
+    return redact_text(f"{type(exc).__name__}: {message}", secrets)
+
+
+# -- the process's active secrets ------------------------------------------------------------
+
+_lock = threading.Lock()
+_active: dict[int, list[str]] = {}
+
+
+def active_secrets() -> list[str]:
+    """The secrets revealed to tool calls running in this process right now."""
+    with _lock:
+        return [s for revealed in _active.values() for s in revealed]
+
+
+@contextmanager
+def secrets_active(revealed: list[str]) -> Iterator[None]:
+    """While inside, every value appended to ``revealed`` is redacted from logs and stdout.
+
+    ``revealed`` is watched, not copied: a secret the tool reads halfway through its call is
+    covered from that moment on.
+    """
+    key = id(revealed)
+    with _lock:
+        _active[key] = revealed
+    try:
+        yield
+    finally:
+        with _lock:
+            _active.pop(key, None)
+
+
+# -- logs and standard streams ---------------------------------------------------------------
+
+_installed = False
+_exception_formatter = logging.Formatter()
+
+
+def _redacting_factory(previous: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
+    def make_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        secrets = active_secrets()
+        if secrets:
+            redact_record(record, secrets)
+        return record
+
+    return make_record
+
+
+def redact_record(record: logging.LogRecord, secrets: Sequence[str]) -> None:
+    """Rewrite ``record`` in place so that no handler can format a secret out of it."""
+    try:
+        message = record.getMessage()
+    except Exception:  # noqa: BLE001 - a bad format string: keep what there is, redacted
+        message = str(record.msg)
+    record.msg, record.args = redact_text(message, secrets), ()
+    if record.exc_info:
+        text = record.exc_text or _exception_formatter.formatException(record.exc_info)
+        record.exc_text = redact_text(text, secrets)
+        # The formatted text replaces the live exception: a handler that formats exc_info
+        # itself (instead of using exc_text) would see the secret again.
+        record.exc_info = None
+    elif record.exc_text:
+        record.exc_text = redact_text(record.exc_text, secrets)
+    if record.stack_info:
+        record.stack_info = redact_text(record.stack_info, secrets)
+
+
+class RedactingStream:
+    """A text stream that redacts the active secrets from everything written to it."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.wrapped = stream
+
+    def write(self, text: str) -> int:
+        """Write ``text`` with the active secrets redacted; returns the length given."""
+        secrets = active_secrets()
+        self.wrapped.write(redact_text(text, secrets) if secrets and isinstance(text, str) else text)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        """Write each line through :meth:`write`."""
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+
+def install_log_redaction() -> None:
+    """Redact the active secrets from every log record and from ``print`` in this process.
+
+    Idempotent; called by the runtime before a tool call runs, so every worker process (prefork
+    child, thread pool, embedded) has it before any tool code does.
+    """
+    global _installed
+    with _lock:
+        first, _installed = not _installed, True
+    if first:
+        logging.setLogRecordFactory(_redacting_factory(logging.getLogRecordFactory()))
+    # Checked on every call: whoever replaced a stream since (a test harness, a daemoniser)
+    # gets wrapped again.
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, RedactingStream):
+            setattr(sys, name, RedactingStream(stream))
+
+
+def format_exception_redacted(exc: BaseException, secrets: Sequence[str]) -> str:
+    """A traceback of ``exc`` with every form of every secret redacted."""
+    return redact_text("".join(traceback.format_exception(exc)), secrets)
+
+
+def redacting(function: Callable[..., Any], revealed: Sequence[str]) -> Callable[..., Any]:
+    """``function`` with every argument redacted of ``revealed`` secrets at call time.
+
+    For what a tool sends out of its call other than its result: progress reports (which become
+    events and the parent's snapshot) and the input of children it starts.
+    """
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if revealed:
+            args = tuple(redact_value(list(args), revealed))
+            kwargs = {k: redact_value(v, revealed) for k, v in kwargs.items()}
+        return function(*args, **kwargs)
+
+    return call
