@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from types import EllipsisType
+from typing import TYPE_CHECKING, Any, Self
 
 from . import interventions, runs
 from .agents import Agent, AgentRegistry
@@ -28,10 +29,13 @@ from .exceptions import (
 from .interventions import PendingCall
 from .records import TERMINAL_STATUSES, Event, Message, OutboxEntry, Run, RunHandle
 from .settings import Settings
-from .variables import SecretBox
 from .store import Store
 from .store.engine import safe_url
+from .variables import SecretBox
 from .worker import EMBEDDED_BROKER, Publisher, create_app, open_store
+
+if TYPE_CHECKING:
+    from .embedded import EmbeddedWorker
 
 #: Statuses in which a run waits for a person, so :meth:`Threads.wait` returns.
 NEEDS_A_PERSON = ("parked", "awaiting_approval", "awaiting_variable")
@@ -56,7 +60,7 @@ class Threads(AgentToolsMixin):
         migrate: bool | None = None,
         embedded_path: str | os.PathLike[str] | None = None,
         worker_concurrency: int = 2,
-        reconcile_interval: float | None | object = ...,
+        reconcile_interval: float | EllipsisType | None = ...,
     ) -> None:
         settings = settings or Settings.from_env()
         database_url = database_url or settings.database_url
@@ -76,7 +80,7 @@ class Threads(AgentToolsMixin):
         self.store: Store = open_store(database_url, self.settings)
         self.app = create_app(self.settings, self.registry, broker_url=broker_url, store=self.store)
         self.publisher = Publisher(self.app, single_queue=self.app.conf.task_default_queue if self.is_embedded else None)
-        self._worker: Any = None
+        self._worker: EmbeddedWorker | None = None
         self._worker_concurrency = worker_concurrency
         # The embedded worker runs the reconcile backbone itself (Beat's job in a deployment).
         self._reconcile_interval = (
@@ -96,7 +100,7 @@ class Threads(AgentToolsMixin):
         *,
         concurrency: int = 2,
         settings: Settings | None = None,
-        reconcile_interval: float | None | object = ...,
+        reconcile_interval: float | EllipsisType | None = ...,
     ) -> Iterator[Threads]:
         """SQLite, an in-process Celery worker and a reconcile ticker (every
         ``reconcile_interval`` seconds; the settings' interval by default, None for none).
@@ -153,7 +157,7 @@ class Threads(AgentToolsMixin):
         else:
             after_stop()
 
-    def __enter__(self) -> Threads:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -173,7 +177,7 @@ class Threads(AgentToolsMixin):
     def _check_schema(self) -> None:
         if self._schema_checked:
             return
-        from .store.migrate import head_revision, current_revision
+        from .store.migrate import current_revision, head_revision
 
         try:
             current = current_revision(self.store.engine)
@@ -225,12 +229,13 @@ class Threads(AgentToolsMixin):
         else:
             name = agent
             with self.store.read() as tx:
-                config_hash = tx.agent_hash(name)
-            if config_hash is None:
+                stored_hash = tx.agent_hash(name)
+            if stored_hash is None:
                 raise UnknownAgent(
                     f"agent {name!r} is not registered: start a worker that loads it "
                     "(THREADS_AGENTS) or call threads.register(agent)"
                 )
+            config_hash = stored_hash
         if self.is_embedded:
             self.start_worker()
         else:
@@ -432,7 +437,7 @@ class Threads(AgentToolsMixin):
 
     def reconcile(self) -> dict[str, int]:
         """Run one reconcile tick in this process (what Beat schedules)."""
-        return self.app.threads_runtime.get().reconcile_tick()  # type: ignore[attr-defined]
+        return self.app.threads_runtime.get().reconcile_tick()
 
 
 def _raise_if_unreachable(store: Store, exc: Exception) -> None:

@@ -10,14 +10,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from celery import Celery
 from celery.apps.worker import Worker  # noqa: F401 - makes sure worker bootsteps are importable
 from celery.utils.nodenames import anon_nodename
 from celery.worker import WorkController
 
 from .exceptions import ThreadsError
+
+if TYPE_CHECKING:
+    from .worker import ThreadsCelery
 
 log = logging.getLogger("threads_celery.embedded")
 
@@ -38,7 +40,7 @@ class EmbeddedWorker:
 
     def __init__(
         self,
-        app: Celery,
+        app: ThreadsCelery,
         *,
         concurrency: int = 2,
         ready_timeout: float = 30.0,
@@ -88,7 +90,7 @@ class EmbeddedWorker:
         assert self.reconcile_interval is not None
         while not self._stop_ticks.wait(self.reconcile_interval):
             try:
-                self.app.threads_runtime.get().reconcile_tick()  # type: ignore[attr-defined]
+                self.app.threads_runtime.get().reconcile_tick()
             except Exception as exc:  # noqa: BLE001 - the next tick tries again
                 log.warning("embedded reconcile tick failed: %s: %s", type(exc).__name__, exc)
 

@@ -11,9 +11,9 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
 from kombu.exceptions import OperationalError as KombuOperationalError
@@ -24,6 +24,9 @@ from .records import OutboxEntry
 from .runs import STEP_TASK, TOOL_TASK, utcnow
 from .settings import Settings
 from .store import Store, create_store_engine, parse_database_url
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 log = logging.getLogger("threads_celery.worker")
 
@@ -113,7 +116,8 @@ class Publisher:
         """Raise BrokerUnavailable unless the broker accepts a connection."""
         try:
             with self.app.connection_for_write() as conn:
-                conn.ensure_connection(max_retries=1, timeout=timeout)
+                # kombu takes float seconds here; celery-types annotates the timeout as int.
+                conn.ensure_connection(max_retries=1, timeout=timeout)  # type: ignore[arg-type]
         except (KombuOperationalError, OSError, TimeoutError) as exc:
             raise BrokerUnavailable(
                 f"cannot reach the broker at {safe_broker_url(self.app.conf.broker_url)}: {exc}"
@@ -146,7 +150,7 @@ class RuntimeHolder:
         self.settings = settings
         self.registry = registry
         self._store = store
-        self._runtime: Any = None
+        self._runtime: Runtime | None = None
         self.single_queue: str | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -154,7 +158,8 @@ class RuntimeHolder:
 
         self.schedules = ScheduleRegistry()
 
-    def get(self) -> Any:
+    def get(self) -> Runtime:
+        """This process's runtime, built on first use (and again after a fork)."""
         from .runtime import Runtime
 
         with self._lock:
@@ -178,6 +183,12 @@ class RuntimeHolder:
             return self._runtime
 
 
+class ThreadsCelery(Celery):
+    """A Celery app that carries the runtime its tasks use, as ``app.threads_runtime``."""
+
+    threads_runtime: RuntimeHolder
+
+
 def create_app(
     settings: Settings,
     registry: AgentRegistry,
@@ -185,15 +196,15 @@ def create_app(
     broker_url: str | None = None,
     store: Store | None = None,
     main: str = "threads",
-) -> Celery:
+) -> ThreadsCelery:
     """A Celery app with the threads tasks installed, bound to ``registry`` and the store."""
     broker = broker_url or settings.broker_url or EMBEDDED_BROKER
-    app = Celery(main, set_as_current=False)
+    app = ThreadsCelery(main, set_as_current=False)
     app.conf.update(celery_config(settings, broker))
     holder = RuntimeHolder(app, settings, registry, store)
     if broker.startswith("memory://"):
         holder.single_queue = app.conf.task_default_queue
-    app.threads_runtime = holder  # type: ignore[attr-defined]
+    app.threads_runtime = holder
     install_tasks(app, holder)
     return app
 
@@ -201,7 +212,8 @@ def create_app(
 def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
     """Register ``threads.step``, ``threads.tool`` and ``threads.reconcile`` on ``app``."""
 
-    def _run(task: Task, work: Any) -> str:
+    # The bound tasks' ``self`` is the Task the decorator builds; its call signature is Any there.
+    def _run(task: Task[Any, Any], work: Callable[[], str]) -> str:
         # Imported here, not above: a web app builds this app too, and must not load the runtime
         # (and with it the model layer) just to publish tasks.
         from .runtime import RetryLater
@@ -219,31 +231,31 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
             raise task.retry(countdown=countdown, max_retries=None, exc=None) from None
 
     @app.task(name=STEP_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
-    def step(self: Task, run_id: str, n: int) -> str:
+    def step(self: Task[Any, Any], run_id: str, n: int) -> str:
         """Run one model step of a run."""
         runtime = holder.get()
         return _run(self, lambda: runtime.run_step(run_id, n, attempt=self.request.retries or 0))
 
     @app.task(name=TOOL_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
-    def tool(self: Task, effect_key: str) -> str:
+    def tool(self: Task[Any, Any], effect_key: str) -> str:
         """Run one tool call, by effect key."""
         runtime = holder.get()
         return _run(self, lambda: runtime.run_tool(effect_key))
 
     @app.task(name=DELIVER_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
-    def deliver(self: Task, run_id: str, status: str) -> str:
+    def deliver(self: Task[Any, Any], run_id: str, status: str) -> str:
         """Deliver an agent-tool run's finish: the parent's tool result, on_finish or notify."""
         runtime = holder.get()
         return _run(self, lambda: runtime.deliver(run_id, status))
 
     @app.task(name=RECONCILE_TASK, bind=True, shared=False, acks_late=False)
-    def reconcile(self: Task) -> str:
+    def reconcile(self: Task[Any, Any]) -> str:
         """Beat's backbone tick: re-dispatch runs whose worker died, republish lost outbox rows."""
         runtime = holder.get()
         return _run(self, lambda: str(runtime.reconcile_tick()))
 
     @app.task(name=SCHEDULED_RUN_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
-    def scheduled_run(self: Task, schedule_name: str, slot_iso: str | None = None) -> str:
+    def scheduled_run(self: Task[Any, Any], schedule_name: str, slot_iso: str | None = None) -> str:
         """Start the run of one slot of a schedule (Beat publishes it); idempotent by slot."""
         from .schedules import start_scheduled_run
 
@@ -251,7 +263,7 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         return _run(self, lambda: start_scheduled_run(runtime, holder.schedules, schedule_name, slot_iso))
 
 
-def app_from_environment() -> Celery:
+def app_from_environment() -> ThreadsCelery:
     """The worker app for ``celery -A tasks``: settings and agents from ``THREADS_*`` variables."""
     settings = Settings.from_env()
     if not settings.broker_url:
@@ -267,7 +279,7 @@ def app_from_environment() -> Celery:
     def _load_agents(**_: Any) -> None:
         # Fail at start-up, not on the first task: a worker that cannot load its agents or
         # reach its store should say so at once.
-        runtime = app.threads_runtime.get()  # type: ignore[attr-defined]
+        runtime = app.threads_runtime.get()
         for agent in runtime.registry:
             with runtime.store.transaction() as tx:
                 tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), utcnow())
