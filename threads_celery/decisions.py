@@ -98,7 +98,7 @@ def decide_call(
         return Skip(f"run is {run.status}")
     # A match (rather than ``in`` tests) narrows the status to "pending" | "started" below.
     match call.status:
-        case "completed" | "error" | "skipped":
+        case "completed" | "error" | "skipped" | "finished":
             return Skip("call already settled")
         case "parked":
             return Skip("call is parked")

@@ -26,8 +26,18 @@ ACTIVE_STATUSES: frozenset[str] = frozenset(
 )
 
 Role = Literal["user", "assistant", "tool"]
+#: ``finished``: a concurrent call whose result is recorded but not yet shown (it waits for the
+#: calls before it in the reply, so results join the conversation in call order).
 CallStatus = Literal[
-    "pending", "awaiting_approval", "awaiting_variable", "started", "completed", "error", "parked", "skipped"
+    "pending",
+    "awaiting_approval",
+    "awaiting_variable",
+    "started",
+    "finished",
+    "completed",
+    "error",
+    "parked",
+    "skipped",
 ]
 
 
@@ -157,6 +167,8 @@ class CallRow:
     approved_by: str | None = None
     approved_args_hash: str | None = None
     original_args: str | None = None
+    #: The index of the first call of this call's concurrent group, or None (runs in order).
+    batch: int | None = None
 
     @property
     def is_last_in_step(self) -> bool:

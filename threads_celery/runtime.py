@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, assert_never
 
-from . import models, runs
+from . import batches, models, runs
 from .agents import Agent, AgentRegistry
 from .context import ToolContext
 from . import child_runs
@@ -35,6 +35,7 @@ from .effects import (
 )
 from .exceptions import FenceLost, StoreUnavailable, UnknownAgent
 from .leases import LeaseKeeper
+from .permissions import Allow as PermissionAllow
 from .permissions import Ask, Deny, decide_permission
 from .records import CallRow, OutboxEntry, Run
 from .settings import Settings
@@ -158,6 +159,7 @@ class Runtime:
             )
             for i, requested in enumerate(turn.calls)
         ]
+        plan = batches.plan_groups([self._may_run_concurrently(agent, t) for _, _, t in calls])
         entries: list[OutboxEntry] = []
         with self.store.transaction() as tx:
             moved = tx.advance_run(
@@ -208,14 +210,22 @@ class Runtime:
                             "attempt": 0,
                             "is_error": False,
                             "created_at": now,
+                            "batch": plan[i],
                         }
                         for i, (key, requested, t) in enumerate(calls)
                     ]
                 )
-                first_key, first, first_tool = calls[0]
-                entry = runs.tool_entry(first_key, first.name, first_tool.queue if first_tool else None)
-                tx.insert_outbox(entry, now)
-                entries.append(entry)
+                # The first call, or the first wave of a concurrent group that opens the reply.
+                wave = (
+                    batches.first_wave(0, batches.group_end(plan, 0), self.settings.max_parallel_tool_calls)
+                    if plan[0] is not None
+                    else range(1)
+                )
+                for i in wave:
+                    key, requested, t = calls[i]
+                    entry = runs.tool_entry(key, requested.name, t.queue if t else None)
+                    tx.insert_outbox(entry, now)
+                    entries.append(entry)
                 outcome = f"called {', '.join(r.name for _, r, _ in calls)}"
             else:
                 entries.extend(
@@ -224,6 +234,13 @@ class Runtime:
                 outcome = "completed"
         self.publish(entries)
         return outcome
+
+    @staticmethod
+    def _may_run_concurrently(agent: Agent, tool: Tool | None) -> bool:
+        """A concurrent tool whose call the agent's rules allow outright (no person to wait for)."""
+        if tool is None or not tool.concurrent:
+            return False
+        return isinstance(decide_permission(tool.name, tool.effect, agent.permissions), PermissionAllow)
 
     def _step_failed(self, run: Run, fence: int, step: int, attempt: int, exc: Exception) -> str:
         reason = f"{type(exc).__name__}: {exc}"
@@ -268,9 +285,15 @@ class Runtime:
             assert tool is not None and tool.reconcile is not None
             decision = decide_call(call, run, now, tool, lookup=run_lookup(tool.reconcile, effect_key))
         if isinstance(decision, Skip):
+            if run.is_terminal and call.batch is not None:
+                # A cancel lets running calls finish and skips the rest of their group.
+                with self.store.transaction() as tx:
+                    batches.skip_cancelled(tx, call, now, self.settings.max_parallel_tool_calls)
             return f"skipped: {decision.reason}"
         if isinstance(decision, Busy):
             raise RetryLater((decision.until - now).total_seconds(), "run is held by another worker")
+        if call.batch is not None and call.batch == call.index and call.index > 0:
+            batches.open_group(self, call)
         if agent is None:
             raise UnknownAgent(f"agent {run.agent!r} is not loaded in this worker")
         if isinstance(decision, Park):
@@ -305,6 +328,10 @@ class Runtime:
         )
         if isinstance(permission, Deny):
             return self._commit_call(run, run.fence, call, tool, f"denied: {permission.reason}", is_error=True)
+        if isinstance(permission, Ask) and call.batch is not None:
+            # Its siblings are running: a concurrent call cannot hold the run for a person.
+            reason = f"{permission.reason}, and a concurrent call cannot wait for approval"
+            return self._commit_call(run, run.fence, call, tool, f"denied: {reason}", is_error=True)
         if isinstance(permission, Ask):
             self._await_approval(run, call, permission.reason)
             return f"awaiting approval: {permission.reason}"
@@ -316,6 +343,9 @@ class Runtime:
             owner=f"tool {tool.name!r} or agent {agent.name!r}",
         )
         missing = env.missing_required()
+        if missing and call.batch is not None:
+            content = f"needs a value for {', '.join(missing)}, which a concurrent call cannot wait for"
+            return self._commit_call(run, run.fence, call, tool, content, is_error=True)
         if missing:
             self._await_approval(run, call, f"needs a value for {', '.join(missing)}", status="awaiting_variable")
             return f"awaiting variables: {', '.join(missing)}"
@@ -409,6 +439,8 @@ class Runtime:
         is_error: bool,
         own_outbox: bool = True,
     ) -> str:
+        if call.batch is not None:
+            return batches.record_concurrent_result(self, run, call, content, is_error=is_error)
         ends_turn = tool is not None and tool.ends_turn and not is_error
         if (
             self.store.dialect == "postgresql"

@@ -57,6 +57,8 @@ class Settings:
     task_soft_time_limit_s: int = 1740
     outbox_stale_after_s: float = 10.0
     reconcile_interval_s: float = 5.0
+    # Concurrent read_only calls of one model reply running at once (as parallel tasks).
+    max_parallel_tool_calls: int = 8
     # Each thread's attachments live in <files_root>/<thread_id>/ (relative: to the worker's cwd).
     files_root: str = DEFAULT_FILES_ROOT
     # ctx.run_code defaults: wall-clock seconds, memory cap, bytes kept of stdout and of stderr.
@@ -73,6 +75,8 @@ class Settings:
             )
         if self.task_soft_time_limit_s >= self.task_time_limit_s:
             raise ConfigError("the soft time limit must be below the hard time limit")
+        if isinstance(self.max_parallel_tool_calls, bool) or not isinstance(self.max_parallel_tool_calls, int) or self.max_parallel_tool_calls < 1:
+            raise ConfigError(f"max_parallel_tool_calls must be a positive integer, not {self.max_parallel_tool_calls!r}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -97,6 +101,7 @@ class Settings:
             ),
             "outbox_stale_after_s": _float(env, "THREADS_OUTBOX_STALE_AFTER_S", 10.0),
             "reconcile_interval_s": _float(env, "THREADS_RECONCILE_INTERVAL_S", 5.0),
+            "max_parallel_tool_calls": _int(env, "THREADS_MAX_PARALLEL_TOOL_CALLS", 8),
             "files_root": env.get("THREADS_FILES_ROOT") or DEFAULT_FILES_ROOT,
             "code_timeout_s": _float(env, "THREADS_CODE_TIMEOUT_S", 10.0),
             "code_memory_mb": _int(env, "THREADS_CODE_MEMORY_MB", 256),

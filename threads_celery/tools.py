@@ -53,6 +53,8 @@ class Tool:
     prompt_options: Any = None
     #: Set for the injected subagent lifecycle tools: "list", "create" or "message".
     subagent_op: str | None = None
+    #: May run at the same time as the neighbouring concurrent calls of one model reply.
+    concurrent: bool = False
 
     @property
     def is_async(self) -> bool:
@@ -139,13 +141,15 @@ def tool(
     progress_argument: str | None = None,
     variables: Sequence[Any] = (),
     queue: str | None = None,
+    concurrent: bool = False,
 ) -> Tool:
     """Define a tool the model can call.
 
     ``execute(input, ctx)`` receives the parsed input model and a
     :class:`~threads_celery.context.ToolContext`; it may be sync or async. A string result is shown
     to the model as is, anything else as JSON. ``effect`` says what a crash mid-call means; see
-    :mod:`threads_celery.effects`.
+    :mod:`threads_celery.effects`. ``concurrent=True`` (read_only tools only, never with
+    ``ends_turn``) lets the calls of one model reply run at the same time.
     """
     if not isinstance(name, str) or not TOOL_NAME.match(name):
         raise ConfigError(
@@ -189,6 +193,15 @@ def tool(
         _check_progress_argument(name, input, progress_argument)
     if queue is not None and (not isinstance(queue, str) or not queue):
         raise ConfigError(f"tool {name!r}: queue must be a non-empty string")
+    if not isinstance(concurrent, bool):
+        raise ConfigError(f"tool {name!r}: concurrent must be True or False, not {concurrent!r}")
+    if concurrent and effect != "read_only":
+        raise ConfigError(
+            f"tool {name!r}: concurrent=True is only for effect='read_only' (a {effect} call must run "
+            "alone, in order)"
+        )
+    if concurrent and ends_turn:
+        raise ConfigError(f"tool {name!r}: concurrent=True cannot be combined with ends_turn=True")
     strict_input = _forbid_unknown_keys(input)
     return Tool(
         name=name,
@@ -204,6 +217,7 @@ def tool(
         progress_argument=progress_argument,
         variables=tuple(variables),
         queue=queue,
+        concurrent=concurrent,
         _output_adapter=TypeAdapter(output) if output is not None else None,
     )
 

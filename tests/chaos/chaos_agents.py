@@ -166,6 +166,34 @@ def _agent(name: str, *tools: Any) -> Agent:
     )
 
 
+concurrent_read_tool = tool(
+    name="fetch_quote_concurrently",
+    description="Read a quote (changes nothing); several may run at once.",
+    input=ChaosIn,
+    effect="read_only",
+    concurrent=True,
+    execute=_perform("fetch_quote_concurrently"),
+)
+
+#: How many concurrent calls the parallel agent makes in one reply; the calls at the indices in
+#: PARALLEL_SLOW sleep ``seconds`` on their first execution, the others return at once.
+PARALLEL_CALLS = 4
+PARALLEL_SLOW = (1, 3)
+
+
+def _parallel_turn(messages: list[Any]) -> Reply:
+    args = _arguments(messages)
+    return Reply(
+        calls=tuple(
+            (
+                concurrent_read_tool.name,
+                json.dumps({**args, "seconds": args["seconds"] if i in PARALLEL_SLOW else 0.0}),
+            )
+            for i in range(PARALLEL_CALLS)
+        )
+    )
+
+
 #: effect class -> the agent that calls that class's tool once
 AGENTS: dict[str, Agent] = {cls: _agent(f"chaos_{cls}", t) for cls, t in TOOLS.items()}
 #: one model reply with two calls: a read_only one then an idempotent one
@@ -179,8 +207,18 @@ chaos_reconcilable_nonfinal = AGENTS["reconcilable_nonfinal"]
 chaos_unguarded = AGENTS["unguarded"]
 
 
+#: one model reply with PARALLEL_CALLS concurrent read_only calls
+parallel_agent = Agent(
+    name="chaos_parallel",
+    instructions="Call the tool several times at once, then say done.",
+    model=ScriptedModel([_parallel_turn, say("done")], model_name="chaos-parallel"),
+    tools=[concurrent_read_tool],
+    permissions=Permissions.allow_all(),
+)
+
+
 def all_agents() -> list[Agent]:
-    return [*AGENTS.values(), mixed_agent]
+    return [*AGENTS.values(), mixed_agent, parallel_agent]
 
 
 # -- crash between commit and publish -----------------------------------------------------------

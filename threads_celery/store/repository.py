@@ -581,6 +581,7 @@ def _call(m: Any) -> CallRow:
         approved_by=m["approved_by"],
         approved_args_hash=m["approved_args_hash"],
         original_args=m["original_args"],
+        batch=m.get("batch"),
     )
 
 

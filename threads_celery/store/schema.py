@@ -182,6 +182,8 @@ tool_calls = Table(
     Column("original_args", Text, nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
     Column("finished_at", UTCDateTime, nullable=True),
+    # The index of the first call of the concurrent group this call runs in (None: in order).
+    Column("batch", Integer, nullable=True),
     UniqueConstraint("run_id", "step", "idx"),
     Index(None, "status", "lease_expires_at"),
 )
