@@ -5,7 +5,7 @@ then definition errors, then runs on the embedded runtime (SQLite + in-process w
 calls of a group overlap, results join the conversation and the event log in call order whatever
 order they finish in, a call in order keeps its place, the in-flight limit holds, a call that
 raises leaves its siblings alone, and a cancel lets running calls finish and skips the rest.
-The crash case (a worker SIGKILLed mid-group) is in ``tests/chaos/test_parallel_calls.py``.
+The crash case (a worker SIGKILLed mid-group) is in ``tests/chaos/test_parallel_call_kills.py``.
 """
 
 from __future__ import annotations
