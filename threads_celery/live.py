@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 #: Statuses in which a run waits for a person: following it stops there.
-from .live_format import (  # noqa: F401 - re-exported for the CLI
+from .live_format import (
     CHILD_END,
     CHILD_STYLES,
     NEEDS_A_PERSON,
@@ -185,12 +185,12 @@ class RunView:
                     self._calls[entry.call.id] = entry
                 self._entries.append(turn)
             elif message.tool_result is not None:
-                entry = self._calls.get(message.tool_result.call_id)
-                if entry is None:
+                called = self._calls.get(message.tool_result.call_id)
+                if called is None:
                     # The call was made before this view started watching; show the result alone.
                     self._orphans.append(message.tool_result)
                 else:
-                    entry.result = message.tool_result
+                    called.result = message.tool_result
 
     def add_all(self, messages: Iterable[Message]) -> None:
         for message in messages:

@@ -11,9 +11,9 @@ import asyncio
 import json
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .records import Message
 from .tools import Tool
@@ -60,13 +60,16 @@ class StreamEvent:
 OnStream = Callable[[StreamEvent], None]
 
 
-def run_coroutine(coro: Any) -> Any:
+T = TypeVar("T")
+
+
+def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on this thread's long-lived event loop.
 
     One loop per worker thread, kept for the thread's life, so HTTP clients that providers cache
     stay bound to a loop that still exists.
     """
-    loop = getattr(_loops, "loop", None)
+    loop: asyncio.AbstractEventLoop | None = getattr(_loops, "loop", None)
     if loop is None or loop.is_closed():
         loop = asyncio.new_event_loop()
         _loops.loop = loop

@@ -374,7 +374,9 @@ def _error_line(stderr: str) -> str | None:
     """The line naming the error (``ZeroDivisionError: ...``, ``RangeError: ...``), else the last."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     named = [line for line in lines if _ERROR_LINE.match(line)]
-    return (named or lines or [None])[-1]
+    if named:
+        return named[-1]
+    return lines[-1] if lines else None
 
 
 def _signal_name(number: int) -> str:

@@ -87,9 +87,13 @@ def subagent_call(runtime: Runtime, run: Run, call: CallRow, agent: Agent, tool_
     relationships = {r.name: r for r in agent.subagents}
     if tool_.subagent_op == "list":
         with runtime.store.read() as tx:
-            rows = [r for r in tx.list_agent_tool_runs(run.thread_id) if r.display_name and r.display_name.startswith("subagent:")]
+            rows = tx.list_agent_tool_runs(run.thread_id)
         instances: dict[str, dict[str, Any]] = {}
         for row in rows:
+            if not (row.display_name and row.display_name.startswith("subagent:")):
+                continue
+            if row.child_thread_id is None:
+                continue  # refused before it started (the concurrency cap): no instance exists
             instances[row.child_thread_id] = {
                 "instance_id": row.child_thread_id,
                 "subagent": row.display_name.removeprefix("subagent:"),

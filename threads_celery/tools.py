@@ -209,7 +209,7 @@ def tool(
         input=strict_input,
         execute=execute,
         runs="host",
-        effect=effect,  # type: ignore[arg-type]
+        effect=effect,
         ends_turn=bool(ends_turn),
         output=output,
         dedup_window_ms=dedup_window_ms,

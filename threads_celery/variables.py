@@ -14,9 +14,15 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from .exceptions import ConfigError, ThreadsError
+
+if TYPE_CHECKING:
+    from cryptography.fernet import Fernet
+
+    from .agents import AgentRegistry
+    from .store import Store, Tx
 
 VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 SECRET_KEY_ENV = "THREADS_SECRET_KEY"
@@ -71,9 +77,9 @@ class SecretBox:
 
     def __init__(self, key: str | None = None) -> None:
         self._key = key if key is not None else os.environ.get(SECRET_KEY_ENV)
-        self._fernet = None
+        self._fernet: Fernet | None = None
 
-    def _cipher(self):  # type: ignore[no-untyped-def]
+    def _cipher(self) -> Fernet:
         if self._fernet is None:
             if not self._key:
                 raise ConfigError(
@@ -132,7 +138,7 @@ def resolve(
 class ThreadEnv:
     """The variables one tool call can read: its declarations resolved against its thread."""
 
-    def __init__(self, store: Any, registry: Any, thread_id: str, declarations: Mapping[str, Variable], *, owner: str, box: SecretBox | None = None) -> None:
+    def __init__(self, store: Store, registry: AgentRegistry, thread_id: str, declarations: Mapping[str, Variable], *, owner: str, box: SecretBox | None = None) -> None:
         self.store = store
         self.registry = registry
         self.thread_id = thread_id
@@ -141,8 +147,8 @@ class ThreadEnv:
         self.box = box or SecretBox()
         self.revealed: list[str] = []
 
-    def _chain(self, tx: Any) -> list[tuple[Mapping[str, tuple[str, str]], Callable[[str], bool]]]:
-        chain = []
+    def _chain(self, tx: Tx) -> list[tuple[Mapping[str, tuple[str, str]], Callable[[str], bool]]]:
+        chain: list[tuple[Mapping[str, tuple[str, str]], Callable[[str], bool]]] = []
         for thread_id, agent_name in tx.thread_chain(self.thread_id):
             agent = self.registry.get(agent_name) if agent_name in self.registry else None
             scoped = {v.name for v in agent.declared_variables().values() if v.scoped} if agent else set()

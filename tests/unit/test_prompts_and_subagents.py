@@ -128,6 +128,19 @@ def test_subagent_instances_are_child_threads_that_keep_their_conversation() -> 
     ]
 
 
+def test_a_create_refused_by_the_concurrency_cap_lists_no_instance() -> None:
+    boss = _boss(call("subagent_create", subagent="helper", message="hi"), call("subagents"))
+    boss.max_concurrent_agent_tools = 0  # every launch is past the cap
+    with Threads.embedded() as threads:
+        run = threads.wait(threads.start(boss, "go").run_id, 30)
+        assert run.status == "completed"
+        created, listed = _tool_results(threads, run.thread_id)
+        assert "too many concurrent agent tool runs" in created
+        # The refused create never got a child thread: listing it used to show an instance whose
+        # id was null, which no subagent_message can reach.
+        assert json.loads(listed) == []
+
+
 def test_unknown_subagents_and_instances_are_errors_the_model_sees_and_the_run_goes_on() -> None:
     boss = _boss(call("subagent_create", subagent="ghost", message="x"), call("subagent_message", instance_id="nope", message="x"))
     with Threads.embedded() as threads:
