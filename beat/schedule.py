@@ -122,6 +122,11 @@ class Scheduler(PersistentScheduler):
     """Celery's persistent scheduler, plus the declared schedules, published with their slot."""
 
     def setup_schedule(self) -> None:
+        # The app's start-up check (threads_celery.worker.app_from_environment): a Beat that
+        # cannot reach a migrated ledger or import its agents refuses to start, in one line.
+        preflight = getattr(self.app, "threads_beat_preflight", None)
+        if preflight is not None:
+            preflight()
         try:
             declared = beat_entries(schedules_for_app(self.app))
         except Exception:  # noqa: BLE001 - the reconcile backbone must run whatever the agents do

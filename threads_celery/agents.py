@@ -250,6 +250,8 @@ def import_agents(spec: str) -> list[Agent]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import agent module {module_name!r}: {exc}") from exc
+    except Exception as exc:  # a module that fails while importing is the same mistake, found at start-up
+        raise ConfigError(f"cannot import agent module {module_name!r}: {type(exc).__name__}: {exc}") from exc
     if attribute:
         value = getattr(module, attribute, None)
         if isinstance(value, type) and issubclass(value, Agent):

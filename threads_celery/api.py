@@ -566,12 +566,9 @@ def app_from_environment() -> FastAPI:
     when neither is set), and the agents of ``THREADS_AGENTS`` are loaded so that approvals with
     edited arguments can be validated against the tool's schema.
     """
-    from sqlalchemy.exc import OperationalError
-
     from .client import Threads
+    from .preflight import check_database, check_models
     from .settings import Settings
-    from .store.engine import safe_url
-    from .store.migrate import current_revision, head_revision
 
     env = os.environ
     # Refuse a misconfigured API before opening any connection.
@@ -580,16 +577,11 @@ def app_from_environment() -> FastAPI:
     settings = Settings.from_env()
     threads = Threads(settings=settings)
     try:
-        try:
-            current = current_revision(threads.store.engine)
-        except OperationalError as exc:
-            raise StoreUnavailable(f"cannot reach the database at {safe_url(threads.store.engine.url)}") from exc
-        if current != head_revision():
-            raise ConfigError(
-                f"the database at {safe_url(threads.store.engine.url)} is at migration {current or 'none'}, "
-                f"not {head_revision()}: run `threads-celery db upgrade`"
-            )
-        for agent in threads.registry.load(settings.agents) if settings.agents else []:
+        if not threads.is_embedded:
+            check_database(threads.store)
+        agents = threads.registry.load(settings.agents) if settings.agents else []
+        check_models(agents)
+        for agent in agents:
             threads.register(agent)
         return create_api(threads, env=env, close_threads_on_shutdown=True)
     except BaseException:

@@ -84,7 +84,7 @@ def worker(
     from .worker import app_from_environment
 
     celery_app = app_from_environment()
-    _preflight(celery_app)
+    _preflight(celery_app, "worker")
     argv = ["worker", f"--loglevel={loglevel.upper()}", f"--pool={pool.value}"]
     if concurrency is not None:
         argv.append(f"--concurrency={concurrency}")
@@ -93,21 +93,12 @@ def worker(
     celery_app.worker_main(argv)
 
 
-def _preflight(celery_app: Any) -> None:
-    """Fail now, with a clear message, if the agents do not load or the ledger is not ready."""
-    from .store.engine import safe_url
-    from .store.migrate import current_revision, head_revision
+def _preflight(celery_app: Any, service: str) -> None:
+    """Fail now, with one clear line, if the ledger is not ready or an agent cannot run here."""
+    from .worker import preflight
 
-    runtime = celery_app.threads_runtime.get()
-    runtime.store.ping()
-    current = current_revision(runtime.store.engine)
-    if current != head_revision():
-        raise ConfigError(
-            f"the database at {safe_url(runtime.store.engine.url)} is at migration {current or 'none'}, "
-            f"not {head_revision()}: run `threads-celery db upgrade`"
-        )
-    names = ", ".join(a.name for a in runtime.registry) or "none"
-    err.print(f"agents: {names}", style="dim")
+    ready = preflight(celery_app, service=service)
+    err.print(f"agents: {', '.join(ready.agents) or 'none'}", style="dim")
 
 
 @app.command()
@@ -127,10 +118,11 @@ def beat(
       threads-celery beat
       threads-celery beat --schedule /var/lib/threads/beat-schedule
     """
-    require_services(database=False)
+    require_services()
     from .worker import app_from_environment
 
     celery_app = app_from_environment()
+    _preflight(celery_app, "beat")
     if schedule is None:
         user = getattr(os, "getuid", lambda: "user")()
         schedule = Path(tempfile.gettempdir()) / f"threads-celery-{user}" / "beat-schedule"

@@ -20,6 +20,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .agents import AgentRegistry
 from .exceptions import BrokerUnavailable, FenceLost, StoreUnavailable
+from .preflight import Ready, check_database, check_models, exit_on_failure, require_database_url
 from .records import OutboxEntry
 from .runs import STEP_TASK, TOOL_TASK, utcnow
 from .settings import Settings
@@ -187,6 +188,8 @@ class ThreadsCelery(Celery):
     """A Celery app that carries the runtime its tasks use, as ``app.threads_runtime``."""
 
     threads_runtime: RuntimeHolder
+    #: Beat's start-up check (see beat.schedule.Scheduler); None for apps that are not services.
+    threads_beat_preflight: Callable[[], None] | None = None
 
 
 def create_app(
@@ -263,8 +266,27 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         return _run(self, lambda: start_scheduled_run(runtime, holder.schedules, schedule_name, slot_iso))
 
 
+def preflight(app: ThreadsCelery, *, service: str) -> Ready:
+    """Check that ``app`` can work before it accepts any: the database is set, answers and is at
+    head, the agents of ``THREADS_AGENTS`` import, and their model providers can be built.
+
+    Raises the ThreadsError whose message says what is wrong (see :mod:`threads_celery.preflight`).
+    """
+    holder = app.threads_runtime
+    if holder._store is None:
+        require_database_url(holder.settings.database_url, service=service)
+    runtime = holder.get()
+    revision = check_database(runtime.store)
+    check_models(runtime.registry)
+    return Ready(revision=revision, agents=tuple(agent.name for agent in runtime.registry))
+
+
 def app_from_environment() -> ThreadsCelery:
-    """The worker app for ``celery -A tasks``: settings and agents from ``THREADS_*`` variables."""
+    """The worker app for ``celery -A tasks``: settings and agents from ``THREADS_*`` variables.
+
+    A worker or Beat started from it runs :func:`preflight` first and refuses to start, with one
+    line on stderr and exit status 2, when it fails.
+    """
     settings = Settings.from_env()
     if not settings.broker_url:
         from .exceptions import ConfigError
@@ -276,12 +298,22 @@ def app_from_environment() -> ThreadsCelery:
     from celery.signals import worker_init
 
     @worker_init.connect(weak=False)
-    def _load_agents(**_: Any) -> None:
-        # Fail at start-up, not on the first task: a worker that cannot load its agents or
-        # reach its store should say so at once.
-        runtime = app.threads_runtime.get()
-        for agent in runtime.registry:
-            with runtime.store.transaction() as tx:
-                tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), utcnow())
+    def _check_worker(sender: Any = None, **_: Any) -> None:
+        # Signals are process-wide: answer only for a worker of this app.
+        if getattr(sender, "app", None) is not app:
+            return
+        with exit_on_failure("worker"):
+            preflight(app, service="worker")
+            runtime = app.threads_runtime.get()
+            for agent in runtime.registry:
+                with runtime.store.transaction() as tx:
+                    tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), utcnow())
 
+    def _check_beat() -> None:
+        with exit_on_failure("beat"):
+            preflight(app, service="beat")
+
+    # Called by beat.schedule.Scheduler before it reads the schedules (before Celery's logging
+    # takes stderr over), so a refusal is one line and not a logged traceback.
+    app.threads_beat_preflight = _check_beat
     return app

@@ -1,0 +1,180 @@
+"""Worker, Beat and API refuse to start, in one line and with exit status 2, when they cannot work.
+
+Each case starts the real command (``celery -A tasks worker``, ``celery -A tasks beat``,
+``threads-celery worker|beat|api``) against a misconfiguration and checks the refusal: one
+``error:`` line naming the cause, no traceback, exit status 2, and no "ready" before it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 120
+
+AGENT_MODULES = {
+    "broken_agents": "from threads_celery import Agent\nraise RuntimeError('agent module exploded at import')\n",
+    "keyed_agents": (
+        "from threads_celery import Agent\n"
+        "needs_key = Agent(name='needs-key', instructions='x', model='openai:gpt-4o-mini')\n"
+    ),
+    "scripted_agents": (
+        "from threads_celery import Agent\n"
+        "from threads_celery.testing import ScriptedModel, say\n"
+        "ok = Agent(name='scripted-ok', instructions='x', model=ScriptedModel([say('hi')]))\n"
+    ),
+}
+
+WORKER = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "solo", "-l", "INFO"]
+BEAT = [sys.executable, "-m", "celery", "-A", "tasks", "beat", "-l", "INFO"]
+CLI_WORKER = [sys.executable, "-m", "threads_celery.cli", "worker", "--pool", "solo"]
+CLI_BEAT = [sys.executable, "-m", "threads_celery.cli", "beat"]
+CLI_API = [sys.executable, "-m", "threads_celery.cli", "api", "--port", "1"]
+
+
+@pytest.fixture
+def agents_dir(tmp_path: Path) -> Path:
+    for name, source in AGENT_MODULES.items():
+        (tmp_path / f"{name}.py").write_text(source)
+    return tmp_path
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"postgresql://postgres@127.0.0.1:{port}/nothing_listens_here"
+
+
+def start(argv: list[str], cwd: Path, **env_vars: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("THREADS_", "CELERY_", "OPENAI_"))}
+    env.update(PYTHONPATH=f"{REPO_ROOT}{os.pathsep}{cwd}", PYTHONUNBUFFERED="1", THREADS_API_TOKENS="t")
+    env.update({k: v for k, v in env_vars.items() if v is not None})
+    extra = ["-s", str(cwd / "beat-schedule")] if argv[-3:-1] == ["beat", "-l"] else []
+    return subprocess.run(
+        argv + extra, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=START_TIMEOUT_S,
+    )  # fmt: skip
+
+
+def assert_refused(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    output = result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2, output
+    assert len(errors) == 1, output
+    assert "Traceback" not in output, output
+    assert " ready." not in output, output
+    for fragment in fragments:
+        assert fragment in errors[0], output
+    return errors[0]
+
+
+# -- the worker: every cause -------------------------------------------------------------------
+
+
+def test_worker_without_a_database_url_refuses(agents_dir: Path, redis_url: str) -> None:
+    result = start(WORKER, agents_dir, THREADS_BROKER_URL=redis_url, THREADS_AGENTS="scripted_agents")
+    assert_refused(result, "worker cannot start", "THREADS_DATABASE_URL is not set")
+
+
+def test_worker_with_an_unreachable_database_refuses(agents_dir: Path, redis_url: str) -> None:
+    result = start(
+        WORKER, agents_dir, THREADS_DATABASE_URL=closed_port_url(), THREADS_BROKER_URL=redis_url,
+        THREADS_AGENTS="scripted_agents",
+    )  # fmt: skip
+    line = assert_refused(result, "cannot reach the database")
+    assert "nothing_listens_here" in line
+
+
+def test_worker_on_an_unmigrated_database_refuses(agents_dir: Path, pg_url: str, redis_url: str) -> None:
+    result = start(WORKER, agents_dir, THREADS_DATABASE_URL=pg_url, THREADS_BROKER_URL=redis_url,
+                   THREADS_AGENTS="scripted_agents")  # fmt: skip
+    assert_refused(result, "is at migration none", "threads-celery db upgrade")
+
+
+def test_worker_whose_agent_module_fails_to_import_refuses(
+    agents_dir: Path, migrated_pg_url: str, redis_url: str
+) -> None:
+    result = start(WORKER, agents_dir, THREADS_DATABASE_URL=migrated_pg_url, THREADS_BROKER_URL=redis_url,
+                   THREADS_AGENTS="broken_agents")  # fmt: skip
+    assert_refused(result, "cannot import agent module 'broken_agents'", "agent module exploded at import")
+
+
+def test_worker_whose_agent_module_is_missing_refuses(agents_dir: Path, migrated_pg_url: str, redis_url: str) -> None:
+    result = start(WORKER, agents_dir, THREADS_DATABASE_URL=migrated_pg_url, THREADS_BROKER_URL=redis_url,
+                   THREADS_AGENTS="no_such_agents")  # fmt: skip
+    assert_refused(result, "cannot import agent module 'no_such_agents'")
+
+
+def test_worker_without_the_model_providers_key_refuses(agents_dir: Path, migrated_pg_url: str, redis_url: str) -> None:
+    pytest.importorskip("openai", reason="the openai extra is part of the test extra")
+    result = start(WORKER, agents_dir, THREADS_DATABASE_URL=migrated_pg_url, THREADS_BROKER_URL=redis_url,
+                   THREADS_AGENTS="keyed_agents")  # fmt: skip
+    assert_refused(result, "agent 'needs-key'", "openai:gpt-4o-mini", "OPENAI_API_KEY")
+
+
+def test_worker_without_the_model_providers_package_refuses(
+    agents_dir: Path, migrated_pg_url: str, redis_url: str
+) -> None:
+    try:
+        import anthropic  # noqa: F401
+    except ImportError:
+        pass
+    else:  # pragma: no cover - depends on what is installed
+        pytest.skip("the anthropic package is installed here: no provider package is missing")
+    (agents_dir / "anthropic_agents.py").write_text(
+        "from threads_celery import Agent\n"
+        "a = Agent(name='needs-package', instructions='x', model='anthropic:claude-3-5-haiku-latest')\n"
+    )
+    result = start(WORKER, agents_dir, THREADS_DATABASE_URL=migrated_pg_url, THREADS_BROKER_URL=redis_url,
+                   THREADS_AGENTS="anthropic_agents", ANTHROPIC_API_KEY="not-checked")  # fmt: skip
+    assert_refused(result, "agent 'needs-package'", "anthropic")
+
+
+def test_the_celery_app_without_a_broker_url_refuses(agents_dir: Path) -> None:
+    result = start(WORKER, agents_dir, THREADS_AGENTS="scripted_agents")
+    assert_refused(result, "THREADS_BROKER_URL is not set")
+
+
+# -- Beat, the CLI's services and the API --------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [BEAT, CLI_BEAT, CLI_WORKER, CLI_API], ids=["beat", "cli-beat", "cli-worker", "cli-api"])
+def test_every_service_refuses_an_unmigrated_database(
+    argv: list[str], agents_dir: Path, pg_url: str, redis_url: str
+) -> None:
+    result = start(argv, agents_dir, THREADS_DATABASE_URL=pg_url, THREADS_BROKER_URL=redis_url,
+                   THREADS_AGENTS="scripted_agents")  # fmt: skip
+    assert_refused(result, "is at migration none")
+
+
+@pytest.mark.parametrize("argv", [BEAT, CLI_BEAT, CLI_API], ids=["beat", "cli-beat", "cli-api"])
+def test_every_service_refuses_an_agent_module_that_fails_to_import(
+    argv: list[str], agents_dir: Path, migrated_pg_url: str, redis_url: str
+) -> None:
+    result = start(argv, agents_dir, THREADS_DATABASE_URL=migrated_pg_url, THREADS_BROKER_URL=redis_url,
+                   THREADS_AGENTS="broken_agents")  # fmt: skip
+    assert_refused(result, "cannot import agent module 'broken_agents'")
+
+
+@pytest.mark.parametrize("argv", [BEAT, CLI_API], ids=["beat", "cli-api"])
+def test_every_service_refuses_a_missing_model_key(
+    argv: list[str], agents_dir: Path, migrated_pg_url: str, redis_url: str
+) -> None:
+    pytest.importorskip("openai", reason="the openai extra is part of the test extra")
+    result = start(argv, agents_dir, THREADS_DATABASE_URL=migrated_pg_url, THREADS_BROKER_URL=redis_url,
+                   THREADS_AGENTS="keyed_agents")  # fmt: skip
+    assert_refused(result, "OPENAI_API_KEY")
+
+
+@pytest.mark.parametrize("argv", [BEAT, CLI_BEAT], ids=["beat", "cli-beat"])
+def test_beat_refuses_an_unreachable_database(argv: list[str], agents_dir: Path, redis_url: str) -> None:
+    result = start(argv, agents_dir, THREADS_DATABASE_URL=closed_port_url(), THREADS_BROKER_URL=redis_url,
+                   THREADS_AGENTS="scripted_agents")  # fmt: skip
+    assert_refused(result, "cannot reach the database")
