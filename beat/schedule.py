@@ -24,11 +24,11 @@ After a gap (more than one slot passed since this Beat last published the schedu
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery.beat import PersistentScheduler
-from celery.schedules import BaseSchedule
+from celery.schedules import BaseSchedule, schedstate
 
 from threads_celery.schedules import (
     SCHEDULED_RUN_TASK,
@@ -48,7 +48,7 @@ __all__ = ["ENTRY_PREFIX", "Scheduler", "SlotSchedule", "beat_entries", "schedul
 
 
 def _utc(at: datetime) -> datetime:
-    return at.replace(tzinfo=timezone.utc) if at.tzinfo is None else at.astimezone(timezone.utc)
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
 
 
 class SlotSchedule(BaseSchedule):
@@ -61,22 +61,22 @@ class SlotSchedule(BaseSchedule):
         self.missed = missed
 
     def now(self) -> datetime:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
     def remaining_estimate(self, last_run_at: datetime) -> timedelta:
         return self.timing.next_after(_utc(last_run_at)) - self.now()
 
-    def is_due(self, last_run_at: datetime) -> tuple[bool, float]:
+    def is_due(self, last_run_at: datetime) -> schedstate:
         now = self.now()
         due_at = self.timing.next_after(_utc(last_run_at))
         if now >= due_at:
-            return True, max((self.timing.next_after(now) - now).total_seconds(), 0.0)
-        return False, (due_at - now).total_seconds()
+            return schedstate(True, max((self.timing.next_after(now) - now).total_seconds(), 0.0))
+        return schedstate(False, (due_at - now).total_seconds())
 
     def __reduce__(self) -> Any:
         return self.__class__, (self.name, self.timing, self.missed)
 
-    def __eq__(self, other: Any) -> bool:
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, SlotSchedule):
             return (self.name, self.timing, self.missed) == (other.name, other.timing, other.missed)
         return NotImplemented
@@ -129,7 +129,7 @@ class Scheduler(PersistentScheduler):
             preflight()
         try:
             declared = beat_entries(schedules_for_app(self.app))
-        except Exception:  # noqa: BLE001 - the reconcile backbone must run whatever the agents do
+        except Exception:
             log.exception("beat: cannot load the scheduled batch agents; running the reconcile backbone only")
             declared = {}
         if declared:

@@ -81,7 +81,7 @@ class ProgressReporter:
         try:
             with self.runtime.store.read() as tx:
                 name = tx.thread_agent(row.parent_thread_id)
-            parent = self.runtime.registry.get(name) if name in self.runtime.registry else None
+            parent = self.runtime.registry.get(name) if name is not None and name in self.runtime.registry else None
             hook = getattr(parent, "on_progress", None)
             if callable(hook):
                 hook(row, progress)

@@ -50,8 +50,8 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
-from typing import Any, Literal
+from datetime import UTC, date, datetime, timedelta
+from typing import Any, Literal, Protocol, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celery.schedules import crontab
@@ -62,9 +62,34 @@ from .exceptions import ConfigError
 log = logging.getLogger("threads_celery.schedules")
 
 SCHEDULED_RUN_TASK = "threads.scheduled_run"
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 SLOT_FORMAT = "%Y%m%dT%H%M%SZ"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+
+
+class _ExpandedCrontab(Protocol):
+    """What celery's ``crontab`` sets at construction: each field as given and as expanded.
+
+    celery-types does not declare these instance attributes, so :func:`_expanded` states them
+    once, here, instead of silencing each read.
+    """
+
+    minute: set[int]
+    hour: set[int]
+    day_of_week: set[int]
+    day_of_month: set[int]
+    month_of_year: set[int]
+    _orig_minute: str
+    _orig_hour: str
+    _orig_day_of_week: str
+    _orig_day_of_month: str
+    _orig_month_of_year: str
+
+
+def _expanded(cron: crontab) -> _ExpandedCrontab:
+    return cast(_ExpandedCrontab, cron)
+
+
 # A crontab that matches once in 28 years (29 February on a Monday) is still found.
 _MAX_DAYS = 366 * 29
 
@@ -90,8 +115,8 @@ __all__ = [
 def _utc(at: datetime) -> datetime:
     """``at`` as an aware UTC datetime; a naive value is taken to be UTC (as Celery does)."""
     if at.tzinfo is None:
-        return at.replace(tzinfo=timezone.utc)
-    return at.astimezone(timezone.utc)
+        return at.replace(tzinfo=UTC)
+    return at.astimezone(UTC)
 
 
 def format_slot(slot: datetime) -> str:
@@ -148,7 +173,7 @@ class Timing:
         if self.interval is not None:
             return f"every {self.interval}"
         assert self.cron is not None
-        c = self.cron
+        c = _expanded(self.cron)
         return (
             f"crontab({c._orig_minute} {c._orig_hour} {c._orig_day_of_month} "
             f"{c._orig_month_of_year} {c._orig_day_of_week}) {self.tz}"
@@ -158,13 +183,13 @@ class Timing:
     # that does not exist on a daylight-saving day maps as zoneinfo maps it, fold=0).
     def _day_slots(self, day: date) -> list[datetime]:
         assert self.cron is not None
-        cron, zone = self.cron, self.zone
+        cron, zone = _expanded(self.cron), self.zone
         if day.month not in cron.month_of_year or day.day not in cron.day_of_month:
             return []
         if (day.weekday() + 1) % 7 not in cron.day_of_week:  # Celery: 0 is Sunday
             return []
         return sorted(
-            datetime(day.year, day.month, day.day, hour, minute, tzinfo=zone).astimezone(timezone.utc)
+            datetime(day.year, day.month, day.day, hour, minute, tzinfo=zone).astimezone(UTC)
             for hour in cron.hour
             for minute in cron.minute
         )
