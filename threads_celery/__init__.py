@@ -45,15 +45,45 @@ _EXPORTS = {
     "BrokerUnavailable": "exceptions",
 }
 
-__all__ = sorted(_EXPORTS)
+# Written out (not computed from _EXPORTS) so type checkers and linters can read it; a unit
+# test keeps the two in step.
+__all__ = [
+    "Agent",
+    "AgentToolFailure",
+    "AgentToolResult",
+    "BrokerUnavailable",
+    "ConfigError",
+    "Detached",
+    "Found",
+    "LookupUnknown",
+    "Message",
+    "NotFound",
+    "PayloadTooLarge",
+    "Permissions",
+    "Prompt",
+    "Reconcile",
+    "Run",
+    "RunHandle",
+    "RunNotFound",
+    "RunTimeout",
+    "Settings",
+    "StoreUnavailable",
+    "SubagentRelationship",
+    "Threads",
+    "ThreadsError",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolResult",
+    "UnknownAgent",
+    "Variable",
+    "agent_tool",
+    "tool",
+]
 
 if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports them lazily
     from .agent_tools import AgentToolFailure, AgentToolResult, Detached, agent_tool
     from .agents import Agent
-    from .permissions import Permissions
-    from .prompts import Prompt
-    from .subagents import SubagentRelationship
-    from .variables import Variable
     from .client import Threads
     from .context import ToolContext
     from .effects import Found, LookupUnknown, NotFound, Reconcile
@@ -67,9 +97,13 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
         ThreadsError,
         UnknownAgent,
     )
+    from .permissions import Permissions
+    from .prompts import Prompt
     from .records import Message, Run, RunHandle, ToolCall, ToolResult
     from .settings import Settings
+    from .subagents import SubagentRelationship
     from .tools import Tool, tool
+    from .variables import Variable
 
 
 def __getattr__(name: str) -> Any:
