@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import Annotated, Any
@@ -237,10 +238,8 @@ def events(
         view = RunView(thread_id=thread_id)
         view.last_event_seq = after
         out.print(view.render_header())
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             follow_thread(threads, thread_id, console=out, view=view, follow=follow, timeout=timeout)
-        except KeyboardInterrupt:
-            pass
         out.print(view.render_live())
         if not follow:
             out.print(Text(f"last event: {view.last_event_seq}", style="dim"))

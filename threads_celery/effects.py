@@ -32,6 +32,7 @@ parks the call instead of guessing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
@@ -439,10 +440,9 @@ class _LookupAttempt:
             self._cancelled = True
             loop, task = self._loop, self._task
         if loop is not None and task is not None:
-            try:
+            # RuntimeError: the loop already closed, so the coroutine has finished.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(task.cancel)
-            except RuntimeError:  # the loop already closed: the coroutine has finished
-                pass
 
 
 def _await(awaitable: Awaitable[object]) -> Coroutine[Any, Any, object]:

@@ -50,7 +50,7 @@ class Prompt(Agent):
         fields = input.model_fields
         if init_user_message_property is None and set(fields) == {"message"}:
             init_user_message_property = "message"
-        for prop, expected in ((init_user_message_property, "str"), (init_attachments_property, "list")):
+        for prop in (init_user_message_property, init_attachments_property):
             if prop is not None and prop not in fields:
                 raise ConfigError(f"prompt tool {self.name!r}: {prop!r} is not a field of {input.__name__}")
         options = PromptToolOptions(

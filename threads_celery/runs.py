@@ -10,7 +10,7 @@ caller publishes after commit.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .exceptions import ConfigError, FenceLost, ThreadNotFound
@@ -22,7 +22,7 @@ TOOL_TASK = "threads.tool"
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def new_id(prefix: str) -> str:

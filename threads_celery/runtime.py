@@ -21,11 +21,16 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, assert_never
 
-from . import batches, models, runs
+from . import batches, child_runs, models, runs
 from .agents import Agent, AgentRegistry
 from .context import ToolContext
-from . import child_runs
-from .decisions import Busy, Proceed, Skip, decide_call, decide_step  # re-exported: the step machine's decisions
+from .decisions import (  # re-exported: the step machine's decisions
+    Busy,
+    Proceed,
+    Skip,
+    decide_call,
+    decide_step,
+)
 from .effects import (
     NeedsLookup,
     Park,
@@ -38,13 +43,20 @@ from .leases import LeaseKeeper
 from .permissions import Allow as PermissionAllow
 from .permissions import Ask, Deny, decide_permission
 from .records import CallRow, OutboxEntry, Run
+from .redaction import (
+    describe_exception,
+    install_log_redaction,
+    redact_text,
+    redact_value,
+    redacting,
+    secrets_active,
+)
 from .settings import Settings
-from .streaming import ToolCallStarted, ToolCallStarts
-from .redaction import describe_exception, install_log_redaction, redact_text, redact_value, redacting, secrets_active
-from .variables import ThreadEnv, declared
 from .store import Store
 from .store.repository import args_digest
+from .streaming import ToolCallStarted, ToolCallStarts
 from .tools import Tool, ToolArgumentsError, ToolOutputError, render_result
+from .variables import ThreadEnv, declared
 
 log = logging.getLogger("threads_celery.runtime")
 
@@ -127,7 +139,7 @@ class Runtime:
                     agent.model, agent.system_prompt(), history, agent.runtime_tools, on_stream=starts.feed
                 )
             starts.finish()
-        except Exception as exc:  # the provider failed: retry with backoff, then fail the run
+        except Exception as exc:  # noqa: BLE001 - the provider failed: retry with backoff, then fail the run
             return self._step_failed(run, fence, step, attempt, exc)
         return self._commit_step(run, fence, step, agent, turn)
 
@@ -392,7 +404,7 @@ class Runtime:
                 content, is_error = render_result(redact_value(value, env.revealed)), False
             except ToolOutputError as exc:
                 content, is_error = str(exc), True
-            except Exception as exc:  # the tool failed: the model sees why and the run goes on
+            except Exception as exc:  # noqa: BLE001 - the tool failed: the model sees why and the run goes on
                 content, is_error = describe_exception(exc, env.revealed), True
             if env.revealed:
                 content = redact_text(content, env.revealed)

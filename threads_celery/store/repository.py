@@ -19,12 +19,11 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ..exceptions import StoreUnavailable
 from ..records import CallRow, OutboxEntry, Run, ToolResult
-from .engine import safe_url
 from . import statements
 from .agent_tool_queries import AgentToolQueries
+from .engine import safe_url
 from .message_queries import MessageQueries
 from .schema import agents, outbox, runs, threads, tool_calls, variables
-
 
 TOOL_TASK_NAME = "threads.tool"
 
