@@ -10,6 +10,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
+# bubblewrap isolates ctx.run_code (without it run_code refuses to run code).
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
+
 # The package first (its layer is reused while only the examples change).
 COPY pyproject.toml README.md ./
 COPY threads_celery ./threads_celery

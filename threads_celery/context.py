@@ -123,12 +123,17 @@ class ToolContext:
         timeout_s: float | None = None,
         memory_mb: int | None = None,
         stdin: str | bytes | None = None,
+        network: bool = False,
+        unsandboxed: bool = False,
     ) -> CodeResult:
-        """Run code in a fresh, limited subprocess (see :mod:`threads_celery.sandbox`).
+        """Run code in a fresh, limited bubblewrap sandbox (see :mod:`threads_celery.sandbox`).
 
         Never raises for what the code does: failures, timeouts and memory caps come back in the
         :class:`~threads_celery.sandbox.CodeResult`. Cancelling the run stops the code. Blocks:
-        from an async tool, ``await asyncio.to_thread(ctx.run_code, ...)``.
+        from an async tool, ``await asyncio.to_thread(ctx.run_code, ...)``. ``network=True``
+        gives the code the worker's network; ``unsandboxed=True`` runs it without the sandbox,
+        as the worker's user (trusted code only; the only way to run code where ``bwrap`` is
+        not installed).
         """
         from .sandbox import run_code
 
@@ -140,6 +145,8 @@ class ToolContext:
             stdin=stdin,
             cancel=lambda: self.cancelled,
             max_output_bytes=self._settings.code_max_output_bytes,
+            network=network,
+            unsandboxed=unsandboxed,
         )
 
     def run_agent_tool(

@@ -1,29 +1,30 @@
-"""Run model- or user-authored code in a separate, limited process: what ``ctx.run_code`` calls.
+"""Run model- or user-authored code in a sandbox: what ``ctx.run_code`` calls.
 
 Each call gets a fresh interpreter (Python with ``-I -S``: no site-packages, no ``PYTHON*``
-variables, no user site; or Node.js for JavaScript) in a temporary working directory of its own
-that is deleted afterwards, with:
+variables, no user site; or Node.js for JavaScript) in a bubblewrap sandbox (see
+:mod:`threads_celery.isolation`): new user, PID, network, IPC and mount namespaces, uid 65534
+with no capabilities, a read-only system with a writable scratch directory of its own (deleted
+afterwards), no view of the worker's processes, environment, files or sockets, and no network
+unless the call asks for it (``network=True``). On top of that:
 
-- an environment that holds nothing but ``PATH``, ``LANG``, and ``HOME``/``TMPDIR`` pointing at
-  that directory: no ``THREADS_*`` variable, database URL, key or token of the worker reaches it;
-- none of the worker's open file descriptors (``close_fds``), so no database connection, broker
-  socket or log file is inherited;
+- an environment that holds nothing but ``PATH``, ``LANG``, ``HOME`` and ``TMPDIR``;
+- none of the worker's open file descriptors (``close_fds``);
 - resource limits: address space (Python) or data segment plus V8 heap (Node.js, whose engine
   reserves far more address space than it uses), CPU seconds, open files, file size, core dumps,
-  and a process count on top of what the user already runs;
-- a session and process group of its own; at the wall-clock deadline, when the caller's
-  ``cancel()`` turns true, and after the process exits (to sweep up anything it left running)
-  the whole group is sent SIGKILL;
+  and a process count (inside the sandbox's user namespace the count covers this call only);
+- when the call ends, at the wall-clock deadline, or when the caller's ``cancel()`` turns true,
+  the sandbox is killed, and with its PID namespace every process the code started, however it
+  detached itself;
 - stdout and stderr captured up to a cap each, the rest drained and dropped with a note.
 
 Limits are set by a tiny launcher that applies them and then ``exec``\\s the interpreter, instead
 of a ``preexec_fn``: ``preexec_fn`` is unsafe in a process with threads (a Celery worker pool is
 one) and may deadlock the child before ``exec``.
 
-What this is not: a security boundary against a hostile program. The child runs as the worker's
-user, so it can read what that user can read on disk (and, on Linux, other processes of that
-user under ``/proc``) and open network connections. Run workers that execute untrusted code in a
-container or as a user of their own, without credentials on disk.
+Without ``bwrap`` installed, ``run_code`` refuses (a :class:`CodeResult` whose ``error`` says
+so). ``unsandboxed=True`` opts out of the sandbox: the code then runs as a limited subprocess of
+the worker's own user, which can read what that user can read and reach the network, and whose
+``setsid()`` children may outlive the call. Use it only for code you trust.
 
 User-code failures never raise: a syntax error, an exception, a timeout, a memory cap hit or a
 cancellation all come back as a :class:`CodeResult` the model can read.
@@ -49,6 +50,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
+
+from . import isolation
 
 log = logging.getLogger("threads_celery.sandbox")
 
@@ -124,11 +127,15 @@ def run_code(
     stdin: str | bytes | None = None,
     cancel: Callable[[], bool] | None = None,
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    network: bool = False,
+    unsandboxed: bool = False,
 ) -> CodeResult:
-    """Run ``code`` in a fresh, limited process and return what happened.
+    """Run ``code`` in a fresh, limited, sandboxed process and return what happened.
 
     ``language`` is ``"python"`` or ``"javascript"`` (Node.js, when installed). ``cancel`` is
-    polled while the code runs; when it returns true the process group is killed. Blocks the
+    polled while the code runs; when it returns true the sandbox is killed. ``network=True``
+    lets the code use the worker's network (loopback services included). ``unsandboxed=True``
+    runs it without bubblewrap, as the worker's user (see the module's docstring). Blocks the
     calling thread: from an async tool, use ``await asyncio.to_thread(run_code, ...)``.
     Raises only for a caller's mistake (a non-positive limit); never for what the code does.
     """
@@ -138,19 +145,37 @@ def run_code(
     if lang is None:
         supported = ", ".join(sorted(set(_ALIASES.values())))
         return _not_started(f"unsupported language {language!r}; supported: {supported}")
+    bwrap = None if unsandboxed else isolation.find_bwrap()
+    if bwrap is None and not unsandboxed:
+        return _not_started(isolation.BWRAP_MISSING)
+    identity = isolation.identity_for(os.geteuid()) if bwrap else isolation.Identity(None)
+    python, mounts = sys.executable, []
+    if bwrap:
+        found = isolation.python_for_sandbox(identity)
+        if found is None:
+            return _not_started("no Python interpreter the sandbox's user can read (install python3 under /usr)")
+        python, prefix = found
+        mounts.append(prefix)
     if lang == "javascript":
         node = shutil.which("node") or shutil.which("nodejs")
         if node is None:
             return _not_started(NODE_MISSING)
+        if bwrap:
+            node = os.path.realpath(node)
+            if identity.dropping and not isolation.reachable_by_others(node):
+                return _not_started(f"Node.js at {node} is not readable by the sandbox's user")
+            mounts.append(isolation.prefix_of(node))
         interpreter = [node, f"--max-old-space-size={max(16, memory_mb)}"]
     else:
-        interpreter = [sys.executable, "-I", "-S", "-B", "-X", "utf8"]
+        interpreter = [python, "-I", "-S", "-B", "-X", "utf8"]
 
-    argv = [sys.executable, "-I", "-S", "-c", _LAUNCHER]
+    argv = [python, "-I", "-S", "-c", _LAUNCHER]
     with contextlib.ExitStack() as cleanup:
         try:
             workdir = Path(tempfile.mkdtemp(prefix="threads-code-"))
             cleanup.callback(_remove_tree, workdir)
+            if identity.drop_to is not None:
+                os.chown(workdir, *identity.drop_to)
             entry = workdir / _ENTRY_FILES[lang]
             entry.write_text(code, encoding="utf-8")
             stdin_file: IO[bytes] | int = subprocess.DEVNULL
@@ -161,11 +186,16 @@ def run_code(
                 stdin_file.seek(0)
         except (OSError, UnicodeError) as exc:
             return _not_started(f"could not prepare the code to run: {exc}")
-        spec = {"limits": _limits(lang, timeout_s, memory_mb), "argv": [*interpreter, entry.name]}
+        spec = {"limits": _limits(lang, timeout_s, memory_mb, sandboxed=bwrap is not None), "argv": [*interpreter, entry.name]}
+        command = [*argv, json.dumps(spec)]
+        if bwrap is not None:
+            command = isolation.bwrap_argv(bwrap, scratch=workdir, command=command, network=network, extra_read_only=mounts)
         return _supervise(
-            [*argv, json.dumps(spec)],
-            workdir,
+            command,
+            workdir if bwrap is None else Path("/"),
+            _child_env(workdir) if bwrap is None else {"PATH": "/usr/bin:/bin"},
             stdin_file,
+            drop_to=identity.drop_to,
             timeout_s=timeout_s,
             cancel=cancel,
             max_output_bytes=max_output_bytes,
@@ -176,7 +206,7 @@ def _not_started(error: str) -> CodeResult:
     return CodeResult(ok=False, exit_code=None, stdout="", stderr="", error=error)
 
 
-def _limits(lang: Language, timeout_s: float, memory_mb: int) -> list[tuple[str, int, int]]:
+def _limits(lang: Language, timeout_s: float, memory_mb: int, *, sandboxed: bool = False) -> list[tuple[str, int, int]]:
     memory = memory_mb * 2**20
     cpu = math.ceil(timeout_s) + 1  # a backstop to the wall clock; SIGXCPU first, then SIGKILL
     limits = [
@@ -191,6 +221,11 @@ def _limits(lang: Language, timeout_s: float, memory_mb: int) -> list[tuple[str,
         # V8 reserves gigabytes of address space up front, so an address-space cap stops Node
         # before it starts; the data segment counts what it actually writes to.
         limits.append(("RLIMIT_DATA", memory, memory))
+    if sandboxed:
+        # In the sandbox's own user namespace the kernel counts this call's tasks only, and
+        # never as root (the sandbox's user is unprivileged outside too): a plain cap.
+        limits.append(("RLIMIT_NPROC", EXTRA_PROCESSES, EXTRA_PROCESSES))
+        return limits
     tasks = _tasks_of_this_user()
     if tasks is not None:
         # RLIMIT_NPROC counts every thread of the user, not of this process: cap what the code
@@ -252,9 +287,11 @@ class _Capped:
 
 def _supervise(
     argv: list[str],
-    workdir: Path,
+    cwd: Path,
+    env: dict[str, str],
     stdin: IO[bytes] | int,
     *,
+    drop_to: tuple[int, int] | None = None,
     timeout_s: float,
     cancel: Callable[[], bool] | None,
     max_output_bytes: int,
@@ -262,9 +299,12 @@ def _supervise(
     try:
         proc = subprocess.Popen(
             argv,
-            cwd=workdir,
-            env=_child_env(workdir),
+            cwd=cwd,
+            env=env,
             stdin=stdin,
+            # Dropped in the forked child before exec (no preexec_fn): a root worker starts the
+            # sandbox as the unprivileged user.
+            **({"user": drop_to[0], "group": drop_to[1], "extra_groups": []} if drop_to else {}),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             close_fds=True,

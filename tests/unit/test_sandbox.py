@@ -11,7 +11,7 @@ import itertools
 import json
 import os
 import shutil
-import stat
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -121,7 +121,7 @@ def test_the_code_sees_none_of_the_workers_environment(monkeypatch: pytest.Monke
     assert result.ok, result
     env = json.loads(result.stdout.splitlines()[0])
     assert not [name for name in env if name.startswith("THREADS_")]
-    assert set(env) <= {"PATH", "LANG", "HOME", "TMPDIR"}
+    assert set(env) <= {"PATH", "LANG", "HOME", "TMPDIR", "PWD"}  # bubblewrap sets PWD after its chdir
     assert "canary" not in result.stdout
 
 
@@ -133,11 +133,15 @@ def test_the_code_inherits_no_open_file_descriptor(tmp_path: Path) -> None:
     assert result.stdout == "closed\n"
 
 
-def test_the_code_runs_in_its_own_directory_which_is_removed() -> None:
+def test_the_code_runs_in_its_own_directory_which_is_removed(monkeypatch: pytest.MonkeyPatch) -> None:
+    removed: list[Path] = []
+    remove = sandbox._remove_tree
+    monkeypatch.setattr(sandbox, "_remove_tree", lambda path: (removed.append(path), remove(path)))
     code = "import os\nopen('left-behind.txt', 'w').write('x')\nos.mkdir('sub')\nos.chmod('sub', 0)\nprint(os.getcwd())"
     result = run_code(code)
     assert result.ok, result
-    workdir = Path(result.stdout.strip())
+    assert result.stdout.strip() == "/sandbox"  # the scratch directory, as the sandbox shows it
+    [workdir] = removed
     assert workdir != Path.cwd()
     assert workdir.name.startswith("threads-code-")
     assert not workdir.exists()
@@ -158,16 +162,34 @@ def _process_gone(pid: int) -> bool:
     return "State:\tZ" in status  # killed; waiting for a parent that may never reap it
 
 
+def _processes_with(marker: str) -> list[int]:
+    """Host pids of live processes whose command line holds ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes() and not _process_gone(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
-def test_processes_the_code_leaves_behind_are_killed() -> None:
-    code = "import subprocess\np = subprocess.Popen(['sleep', '60'])\nprint(p.pid)"
-    result = run_code(code, timeout_s=5.0)
+@pytest.mark.parametrize("unsandboxed", [False, True], ids=["sandboxed", "unsandboxed"])
+def test_processes_the_code_leaves_behind_are_killed(unsandboxed: bool) -> None:
+    marker = f"left-behind-{os.getpid()}-{next(_names)}"
+    code = (
+        f"import subprocess, time\np = subprocess.Popen(['{marker}', '60'], executable='/bin/sleep')\n"
+        "time.sleep(0.2)\nprint(p.poll())"
+    )
+    result = run_code(code, timeout_s=5.0, unsandboxed=unsandboxed)
     assert result.ok, result
-    pid = int(result.stdout)
+    assert result.stdout == "None\n"  # still running when the code ended
     deadline = time.monotonic() + 5.0
-    while not _process_gone(pid) and time.monotonic() < deadline:
+    while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert _process_gone(pid)
+    assert not _processes_with(marker)
 
 
 def test_limits_cap_memory_per_interpreter_and_processes_per_user(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,11 +243,16 @@ def test_javascript_without_node_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
     assert NODE_MISSING == "JavaScript needs Node.js, which is not installed"
 
 
-def test_javascript_is_handed_to_node_as_a_file_with_a_heap_cap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_javascript_is_handed_to_node_as_a_file_with_a_heap_cap(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     # A stand-in for node that shows how it was called, so this runs where node is absent too.
-    fake_node = tmp_path / "node"
+    # In a directory the sandbox's unprivileged user can reach (pytest's tmp_path is private to root).
+    fake_home = Path(tempfile.mkdtemp(prefix="threads-fake-node-"))
+    request.addfinalizer(lambda: shutil.rmtree(fake_home, ignore_errors=True))
+    fake_home.chmod(0o755)
+    (fake_home / "bin").mkdir(mode=0o755)
+    fake_node = fake_home / "bin" / "node"
     fake_node.write_text('#!/bin/sh\necho "args: $1 $2"\ncat "$2"\n')
-    fake_node.chmod(fake_node.stat().st_mode | stat.S_IXUSR)
+    fake_node.chmod(0o755)
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: str(fake_node) if name == "node" else None)
     result = run_code("console.log(1 + 1)", "js", memory_mb=96)
     assert result.ok, result
