@@ -64,7 +64,8 @@ class Agent:
         max_steps: int | None = None,
         deps: Any = None,
     ) -> None:
-        # Instance attributes shadow the class attributes, so subclasses may set either.
+        # Instance attributes shadow the class attributes, so subclasses may set either. ``name``
+        # is declared a ClassVar for subclasses, which mypy forbids setting on an instance.
         self.name = name if name is not None else (type(self).name or type(self).__name__)  # type: ignore[misc]
         if instructions is not None:
             self.instructions = instructions

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -88,24 +88,25 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class UsageError(ThreadsError):
     """The command was used wrongly."""
 
 
-def friendly_errors(command: F) -> F:
+def friendly_errors(command: Callable[P, R]) -> Callable[P, R]:
     """Turn the library's errors into one red line and exit code 2 (never a traceback)."""
 
     @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return command(*args, **kwargs)
         except ThreadsError as exc:
             fail(exc.message or type(exc).__name__)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:

@@ -26,7 +26,7 @@ from .exceptions import (
     ThreadNotFound,
     UnknownAgent,
 )
-from .interventions import PendingCall
+from .interventions import PendingCall, Resolution
 from .records import TERMINAL_STATUSES, Event, Message, OutboxEntry, Run, RunHandle
 from .settings import Settings
 from .store import Store
@@ -409,7 +409,7 @@ class Threads(AgentToolsMixin):
     def resolve(
         self,
         effect_key: str,
-        resolution: str,
+        resolution: Resolution,
         *,
         principal: str,
         result: Any = None,
@@ -417,7 +417,7 @@ class Threads(AgentToolsMixin):
         """Settle a parked call: ``assume_done`` (records ``result``) or ``assume_not_done`` (runs it again)."""
         with self.store.transaction() as tx:
             entries = interventions.resolve(
-                tx, effect_key, resolution, principal=principal, now=runs.utcnow(), result=result  # type: ignore[arg-type]
+                tx, effect_key, resolution, principal=principal, now=runs.utcnow(), result=result
             )
         self.publisher(entries)
 
