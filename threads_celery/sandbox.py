@@ -304,7 +304,10 @@ def _supervise(
             stdin=stdin,
             # Dropped in the forked child before exec (no preexec_fn): a root worker starts the
             # sandbox as the unprivileged user.
-            **({"user": drop_to[0], "group": drop_to[1], "extra_groups": []} if drop_to else {}),
+            # (None, Popen's default, changes nothing.)
+            user=drop_to[0] if drop_to else None,
+            group=drop_to[1] if drop_to else None,
+            extra_groups=[] if drop_to else None,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             close_fds=True,
