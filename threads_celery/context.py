@@ -108,11 +108,16 @@ class ToolContext:
 
     @property
     def files(self) -> ThreadFiles:
-        """This thread's attachments, ``<files_root>/<thread_id>/`` (created on first write)."""
-        if self._files is None:
-            from .files import ThreadFiles
+        """This thread's attachments, ``<files_root>/<thread_id>/`` (created on first write).
 
-            self._files = ThreadFiles(self._settings.files_root, self.thread_id)
+        Writes past the thread's quota (``THREADS_FILES_MAX_BYTES``, ``THREADS_FILES_MAX_COUNT``)
+        raise :class:`~threads_celery.exceptions.AttachmentQuotaError` and write nothing.
+        """
+        if self._files is None:
+            from .files import FilesQuota, ThreadFiles
+
+            quota = FilesQuota(self._settings.files_max_bytes or None, self._settings.files_max_count or None)
+            self._files = ThreadFiles(self._settings.files_root, self.thread_id, quota=quota)
         return self._files
 
     def run_code(

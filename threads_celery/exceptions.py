@@ -135,3 +135,14 @@ class AttachmentPathError(ThreadsError, ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.name, self.reason))
+
+
+class AttachmentQuotaError(ThreadsError, OSError):
+    """A write would take the thread's files past their size or file-count limit; nothing was written."""
+
+    def __init__(self, thread_id: str, reason: str) -> None:
+        self.thread_id, self.reason = thread_id, reason
+        super().__init__(f"thread {thread_id!r}: {reason}; nothing was written and its earlier files are intact")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.thread_id, self.reason))

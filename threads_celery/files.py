@@ -15,25 +15,60 @@ the child's attachment results on the way out); a reference is never handed acro
 
 Writes are atomic (a temporary file in the same folder, then a rename), so a worker that dies
 mid-write leaves the previous version or nothing, never half a file.
+
+A :class:`FilesQuota` caps a thread's total bytes and number of files (``ctx.files`` gets the
+one from the settings). A write that would pass either raises
+:class:`~threads_celery.exceptions.AttachmentQuotaError` before anything is written, so the
+earlier files stay as they were. The check and the write hold a lock on the area, so concurrent
+calls of one thread cannot both squeeze under the limit. Files put in the area by other means
+(through :meth:`ThreadFiles.path`) count from the next checked write on.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
+import fcntl
 import filecmp
 import hashlib
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .exceptions import AttachmentPathError
+from .exceptions import AttachmentPathError, AttachmentQuotaError
 
 _SAFE_AREA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _TEMP_PREFIX = ".threads-tmp-"
+_LOCK_NAME = _TEMP_PREFIX + "lock"  # hidden from list() and from the usage count by the prefix
+
+
+@dataclass(frozen=True, slots=True)
+class FilesQuota:
+    """Per-thread limits on attachments: total bytes and number of files (None: no limit)."""
+
+    max_bytes: int | None = None
+    max_files: int | None = None
+
+
+def quota_breach(quota: FilesQuota, *, used_bytes: int, files: int, replaced_bytes: int | None, new_bytes: int) -> str | None:
+    """Why writing ``new_bytes`` (over a file of ``replaced_bytes``, None if new) breaks ``quota``.
+
+    None when it fits. Pure: the caller measures the area.
+    """
+    after_bytes = used_bytes - (replaced_bytes or 0) + new_bytes
+    if quota.max_bytes is not None and after_bytes > quota.max_bytes:
+        return (
+            f"writing {new_bytes:,} bytes would bring its files to {after_bytes:,} bytes, "
+            f"over the limit of {quota.max_bytes:,} (THREADS_FILES_MAX_BYTES)"
+        )
+    if quota.max_files is not None and replaced_bytes is None and files + 1 > quota.max_files:
+        return f"it already holds {files:,} files, the limit (THREADS_FILES_MAX_COUNT)"
+    return None
 
 
 def area_name(thread_id: str) -> str:
@@ -70,10 +105,11 @@ def normalize_reference(name: str | os.PathLike[str]) -> str:
 class ThreadFiles:
     """The attachment area of one thread. Nothing is created on disk until the first write."""
 
-    def __init__(self, root: str | os.PathLike[str], thread_id: str) -> None:
+    def __init__(self, root: str | os.PathLike[str], thread_id: str, *, quota: FilesQuota | None = None) -> None:
         self.root = Path(os.path.abspath(root))
         self.thread_id = thread_id
         self.directory = self.root / area_name(thread_id)
+        self.quota = quota or FilesQuota()
 
     def __repr__(self) -> str:
         return f"ThreadFiles({str(self.root)!r}, {self.thread_id!r})"
@@ -124,8 +160,23 @@ class ThreadFiles:
         """Write a file (atomically, creating folders) and return its reference."""
         reference = normalize_reference(name)
         target = self.path(reference)
-        self._replace(target, lambda out: out.write(data))
+        with self._quota_checked(target, len(data)):
+            self._replace(target, lambda out: out.write(data))
         return reference
+
+    def usage(self) -> tuple[int, int]:
+        """(bytes, files) the area holds now (writes in progress not counted)."""
+        area = self._area()
+        total = count = 0
+        if area.is_dir():
+            for folder, _dirs, names in os.walk(area):
+                for filename in names:
+                    if filename.startswith(_TEMP_PREFIX):
+                        continue
+                    with contextlib.suppress(OSError):
+                        total += os.lstat(os.path.join(folder, filename)).st_size
+                        count += 1
+        return total, count
 
     def write_text(self, name: str | os.PathLike[str], text: str, *, encoding: str = "utf-8") -> str:
         return self.write_bytes(name, text.encode(encoding))
@@ -151,7 +202,7 @@ class ThreadFiles:
         reference = other._free_reference(wanted, source)
         target = other.path(reference)
         if not target.exists():
-            with source.open("rb") as src:
+            with source.open("rb") as src, other._quota_checked(target, os.fstat(src.fileno()).st_size):
                 other._replace(target, lambda out: shutil.copyfileobj(src, out))
         return reference
 
@@ -175,6 +226,26 @@ class ThreadFiles:
         # The path was resolved a moment ago; O_NOFOLLOW refuses a symlink swapped in since.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         return os.fdopen(fd, "rb")
+
+    @contextlib.contextmanager
+    def _quota_checked(self, target: Path, new_bytes: int) -> Iterator[None]:
+        """Hold the area's lock, refuse a write that breaks the quota, then let it happen."""
+        if self.quota.max_bytes is None and self.quota.max_files is None:
+            yield
+            return
+        area = self._area()
+        area.mkdir(parents=True, exist_ok=True)
+        fd = os.open(area / _LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            used, files = self.usage()
+            replaced = target.stat().st_size if target.is_file() else None
+            reason = quota_breach(self.quota, used_bytes=used, files=files, replaced_bytes=replaced, new_bytes=new_bytes)
+            if reason is not None:
+                raise AttachmentQuotaError(self.thread_id, reason)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def _replace(self, target: Path, write: Callable[[IO[bytes]], object]) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -61,6 +61,9 @@ class Settings:
     max_parallel_tool_calls: int = 8
     # Each thread's attachments live in <files_root>/<thread_id>/ (relative: to the worker's cwd).
     files_root: str = DEFAULT_FILES_ROOT
+    # ctx.files quotas per thread: total bytes and number of files (0: no limit).
+    files_max_bytes: int = 100 * 2**20
+    files_max_count: int = 1000
     # ctx.run_code defaults: wall-clock seconds, memory cap, bytes kept of stdout and of stderr.
     code_timeout_s: float = 10.0
     code_memory_mb: int = 256
@@ -75,6 +78,10 @@ class Settings:
             )
         if self.task_soft_time_limit_s >= self.task_time_limit_s:
             raise ConfigError("the soft time limit must be below the hard time limit")
+        for name in ("files_max_bytes", "files_max_count"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be a non-negative integer (0: no limit), not {value!r}")
         if isinstance(self.max_parallel_tool_calls, bool) or not isinstance(self.max_parallel_tool_calls, int) or self.max_parallel_tool_calls < 1:
             raise ConfigError(f"max_parallel_tool_calls must be a positive integer, not {self.max_parallel_tool_calls!r}")
 
@@ -103,6 +110,8 @@ class Settings:
             "reconcile_interval_s": _float(env, "THREADS_RECONCILE_INTERVAL_S", 5.0),
             "max_parallel_tool_calls": _int(env, "THREADS_MAX_PARALLEL_TOOL_CALLS", 8),
             "files_root": env.get("THREADS_FILES_ROOT") or DEFAULT_FILES_ROOT,
+            "files_max_bytes": _int(env, "THREADS_FILES_MAX_BYTES", 100 * 2**20),
+            "files_max_count": _int(env, "THREADS_FILES_MAX_COUNT", 1000),
             "code_timeout_s": _float(env, "THREADS_CODE_TIMEOUT_S", 10.0),
             "code_memory_mb": _int(env, "THREADS_CODE_MEMORY_MB", 256),
             "code_max_output_bytes": _int(env, "THREADS_CODE_MAX_OUTPUT_BYTES", 1_000_000),
