@@ -118,3 +118,15 @@ def test_ci_script_matches_readme_when_present() -> None:
     code = _code()
     for command in commands:
         assert command in code, f"README's test command {command!r} is not what .ci/run runs"
+
+
+def test_ci_script_lints_the_package_before_the_tests_and_fails_on_findings() -> None:
+    code = _code()
+    assert "LINT_PATHS=(threads_celery tasks beat)" in code
+    assert '-m ruff check "${LINT_PATHS[@]}"' in code
+    assert '-m mypy --strict "${LINT_PATHS[@]}"' in code
+    assert code.index("-m mypy --strict") < code.index(TEST_COMMAND), "lint runs before the tests"
+    lint = code[code.index('phase "lint"') : code.index('phase "browser"')]
+    assert "die " in lint, "a lint finding must fail the run"
+    # The formatter is configured but not enforced in CI (see pyproject's [tool.ruff.format]).
+    assert "ruff format" not in code
