@@ -24,12 +24,14 @@ After a gap (more than one slot passed since this Beat last published the schedu
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery.beat import PersistentScheduler
 from celery.schedules import BaseSchedule, schedstate
 
+from threads_celery.backbone import RECONCILE_TASK
 from threads_celery.schedules import (
     SCHEDULED_RUN_TASK,
     MissedPolicy,
@@ -139,6 +141,13 @@ class Scheduler(PersistentScheduler):
 
     def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
         schedule = entry.schedule
+        if entry.task == RECONCILE_TASK:
+            # The tick says when it was published, so a worker can tell that a later tick already
+            # covered one that waited in the queue (threads_celery.backbone.tick_is_covered).
+            if advance:
+                self.reserve(entry)
+            stamped = self.Entry(**dict(entry, kwargs={**(entry.kwargs or {}), "published_at": time.time()}))
+            return super().apply_async(stamped, producer, False, **kwargs)
         if entry.task != SCHEDULED_RUN_TASK or not isinstance(schedule, SlotSchedule):
             return super().apply_async(entry, producer, advance, **kwargs)
         last_published = _utc(entry.last_run_at) if entry.last_run_at else None

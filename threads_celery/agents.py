@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
+from .backbone import check_queue_name
 from .exceptions import ConfigError, UnknownAgent
 from .tools import Tool
 
@@ -50,6 +51,9 @@ class Agent:
     max_concurrent_agent_tools: int | None = None
     #: How long an awaited child may run before it is given up on and torn down (None: no limit).
     agent_tool_max_window_ms: float | None = None
+    #: The Celery queue of this agent's model steps (None: the default work queue, ``threads``).
+    #: Its tools take their own ``queue=``, if any; control tasks always keep ``threads.control``.
+    queue: str | None = None
 
     def __init__(
         self,
@@ -63,6 +67,7 @@ class Agent:
         permissions: Any = None,
         max_steps: int | None = None,
         deps: Any = None,
+        queue: str | None = None,
     ) -> None:
         # Instance attributes shadow the class attributes, so subclasses may set either. ``name``
         # is declared a ClassVar for subclasses, which mypy forbids setting on an instance.
@@ -80,6 +85,8 @@ class Agent:
             self.max_steps = max_steps
         if deps is not None:
             self.deps = deps
+        if queue is not None:
+            self.queue = queue
         self._validate()
         from .subagents import lifecycle_tools
 
@@ -95,6 +102,9 @@ class Agent:
             )
         if self.model is None:
             raise ConfigError(f"agent {self.name!r} needs a model (a model string or object)")
+        refused = check_queue_name(f"agent {self.name!r}", self.queue)
+        if refused is not None:
+            raise ConfigError(refused)
         from .subagents import SubagentRelationship
 
         for relationship in self.subagents:
@@ -171,6 +181,7 @@ class Agent:
         return {
             "name": self.name,
             "model": self.model_identity(),
+            "queue": self.queue,
             "tools": [
                 {"name": t.name, "effect": t.effect, "ends_turn": t.ends_turn, "queue": t.queue}
                 for t in self.tools

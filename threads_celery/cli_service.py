@@ -58,7 +58,12 @@ def worker(
     pool: Annotated[Pool, typer.Option("--pool", "-P", help="Celery execution pool.")] = Pool.prefork,
     queues: Annotated[
         str | None,
-        typer.Option("--queues", "-Q", help="Comma-separated queues to consume [default: threads]. Include 'threads' unless another worker serves it."),
+        typer.Option(
+            "--queues",
+            "-Q",
+            help="Comma-separated queues to consume [default: threads]. Include 'threads' unless another worker serves it; "
+            "'threads.control' (the backbone) is always added.",
+        ),
     ] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
 ) -> None:

@@ -40,14 +40,26 @@ def effect_key_for(run_id: str, step: int, index: int) -> str:
     return f"{run_id}:{step}:{index}"
 
 
-def step_entry(run: Run | str, step: int, agent: str) -> OutboxEntry:
+def step_entry(run: Run | str, step: int, agent: str, queue: str | None = None) -> OutboxEntry:
+    """The outbox entry of a model step, on the agent's own queue if it names one."""
     run_id = run if isinstance(run, str) else run.id
     return OutboxEntry(
         key=step_key(run_id, step),
         task=STEP_TASK,
         args=(run_id, step),
+        queue=queue,
         argsrepr=f"({agent!r} step {step}, run {run_id})",
     )
+
+
+def agent_queue(tx: Tx, agent: str) -> str | None:
+    """The queue an agent's steps take, as its workers recorded it (None: the default queue).
+
+    Read from the store, not from the process's agents: a web app may start a run by name
+    without importing the agent.
+    """
+    queue = (tx.agent_description(agent) or {}).get("queue")
+    return queue if isinstance(queue, str) else None
 
 
 def tool_entry(effect_key: str, tool: str, queue: str | None) -> OutboxEntry:
@@ -125,7 +137,7 @@ def activate(tx: Tx, run: Run, now: datetime) -> OutboxEntry:
         meta=meta or None,
         key=key,
     )
-    entry = step_entry(run, 0, run.agent)
+    entry = step_entry(run, 0, run.agent, agent_queue(tx, run.agent))
     tx.insert_outbox(entry, now)
     return entry
 
@@ -260,7 +272,7 @@ def record_call_result(
         entries = finish(tx, run, fence=moved, status="completed", now=now, output=_last_assistant_text(tx, run))
         return f"ended the turn{f' (skipped {skipped})' if skipped else ''}", entries
     if call.is_last_in_step:
-        entry = step_entry(run, run.step, run.agent)
+        entry = step_entry(run, run.step, run.agent, agent_queue(tx, run.agent))
     elif call.next_call is not None:
         entry = tool_entry(*call.next_call)
     else:

@@ -485,7 +485,11 @@ class Runtime:
         """
         from .records import ToolResult
 
-        entry = runs.step_entry(run, run.step, run.agent) if call.next_call is None else runs.tool_entry(*call.next_call)
+        entry = (
+            runs.step_entry(run, run.step, run.agent, self._step_queue(run.agent))
+            if call.next_call is None
+            else runs.tool_entry(*call.next_call)
+        )
         with self.store.autocommit() as tx:
             moved = tx.commit_call_result_in_one(
                 run_id=run.id,
@@ -551,6 +555,10 @@ class Runtime:
                 child_signal(tx, agent_tool_run_id, now)
             return True
 
+    def _step_queue(self, agent_name: str) -> str | None:
+        """The queue of the agent's steps (None: the default work queue)."""
+        return self.registry.get(agent_name).queue if agent_name in self.registry else None
+
     def _is_cancelled(self, run_id: str) -> bool:
         with self.store.read() as tx:
             run = tx.get_run(run_id)
@@ -574,7 +582,7 @@ class Runtime:
                 entry = (
                     runs.tool_entry(call.effect_key, call.tool, call.queue)
                     if call is not None
-                    else runs.step_entry(run, run.step, run.agent)
+                    else runs.step_entry(run, run.step, run.agent, self._step_queue(run.agent))
                 )
                 tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None)
                 tx.insert_outbox(entry, now)

@@ -19,6 +19,7 @@ from typing import Any, Literal, get_args
 import pydantic_core
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from .backbone import check_queue_name
 from .effects import EFFECTS, Effect, Reconcile
 from .exceptions import ConfigError
 
@@ -191,8 +192,9 @@ def tool(
         )
     if progress_argument is not None:
         _check_progress_argument(name, input, progress_argument)
-    if queue is not None and (not isinstance(queue, str) or not queue):
-        raise ConfigError(f"tool {name!r}: queue must be a non-empty string")
+    refused = check_queue_name(f"tool {name!r}", queue)
+    if refused is not None:
+        raise ConfigError(refused)
     if not isinstance(concurrent, bool):
         raise ConfigError(f"tool {name!r}: concurrent must be True or False, not {concurrent!r}")
     if concurrent and effect != "read_only":

@@ -10,15 +10,27 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
+from kombu import Queue
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .agents import AgentRegistry
+from .backbone import (
+    CONTROL_TASKS,
+    DELIVER_TASK,
+    RECONCILE_TASK,
+    SCHEDULED_RUN_TASK,
+    WORK_QUEUE,
+    control_queue_for,
+    queue_for,
+    tick_is_covered,
+)
 from .exceptions import BrokerUnavailable, FenceLost, StoreUnavailable
 from .preflight import Ready, check_database, check_models, exit_on_failure, require_database_url
 from .records import OutboxEntry
@@ -31,14 +43,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("threads_celery.worker")
 
-RECONCILE_TASK = "threads.reconcile"
-DELIVER_TASK = "threads.deliver"
-SCHEDULED_RUN_TASK = "threads.scheduled_run"
 EMBEDDED_BROKER = "memory://"
 
 
 def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
-    """Celery settings for at-least-once, JSON-only delivery of id-only task messages."""
+    """Celery settings for at-least-once, JSON-only delivery of id-only task messages.
+
+    Two queues: work (``threads``: model steps and tool calls, unless an agent or tool names
+    its own) and control (``threads.control``: reconcile ticks, finish deliveries, scheduled-run
+    starts), so that the backbone never waits behind a backlog of work.
+    """
+    work_queue = WORK_QUEUE
+    if broker_url.startswith("memory://"):
+        # The memory transport's queues are shared by the whole process: queues of our own keep
+        # two embedded runtimes (or a stopping one) from taking each other's tasks.
+        work_queue = f"threads-embedded-{uuid.uuid4().hex[:12]}"
     config: dict[str, Any] = {
         "broker_url": broker_url,
         "broker_connection_retry_on_startup": True,
@@ -56,7 +75,11 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "task_track_started": False,
         "worker_send_task_events": True,
         "task_send_sent_event": True,
-        "task_default_queue": "threads",
+        "task_default_queue": work_queue,
+        # A worker started without -Q consumes both; one started with -Q gets the control queue
+        # added (see consume_control_queue).
+        "task_queues": (Queue(work_queue), Queue(control_queue_for(work_queue))),
+        "task_routes": {task: {"queue": control_queue_for(work_queue)} for task in sorted(CONTROL_TASKS)},
         "worker_hijack_root_logger": False,
         # Beat's scheduler adds the scheduled batch agents (SCHEDULES in THREADS_AGENTS modules)
         # and publishes each with its slot: see beat/schedule.py and threads_celery.schedules.
@@ -65,16 +88,15 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
             "threads-reconcile": {
                 "task": RECONCILE_TASK,
                 "schedule": timedelta(seconds=settings.reconcile_interval_s),
-                "options": {"expires": settings.reconcile_interval_s * 2},
+                # No ``expires``: a tick late behind anything still runs, unless a tick that started
+                # after it was published covered it (see threads_celery.backbone.tick_is_covered).
+                "options": {"queue": control_queue_for(work_queue)},
             }
         },
     }
     if broker_url.startswith("memory://"):
         # The memory transport polls; a short interval keeps each hop near a few milliseconds.
         config["broker_transport_options"] = {"polling_interval": 0.005}
-        # Its queues are shared by the whole process: a queue of our own keeps two embedded
-        # runtimes (or a stopping one) from taking each other's tasks.
-        config["task_default_queue"] = f"threads-embedded-{uuid.uuid4().hex[:12]}"
         config["task_send_sent_event"] = False
         config["worker_send_task_events"] = False
     config.update(settings.extra_celery)
@@ -90,8 +112,9 @@ class Publisher:
 
     def __init__(self, app: Celery, *, single_queue: str | None = None) -> None:
         self.app = app
-        # The embedded worker consumes one queue: every task goes there, whatever its routing.
+        # The embedded worker consumes one work queue: all work goes there, whatever its routing.
         self.single_queue = single_queue
+        self.control_queue = control_queue_for(app.conf.task_default_queue or WORK_QUEUE)
 
     def __call__(self, entries: Sequence[OutboxEntry]) -> None:
         for entry in entries:
@@ -102,7 +125,7 @@ class Publisher:
 
     def send(self, entry: OutboxEntry) -> None:
         options: dict[str, Any] = {"task_id": entry.key, "argsrepr": entry.argsrepr or entry.key}
-        queue = self.single_queue or entry.queue
+        queue = queue_for(entry.task, entry.queue, work_queue=self.single_queue, control_queue=self.control_queue)
         if queue:
             options["queue"] = queue
         self.app.send_task(
@@ -155,6 +178,8 @@ class RuntimeHolder:
         self.single_queue: str | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        #: When this process last started a reconcile tick (time.time()); see tick_is_covered.
+        self.last_tick_started_at: float | None = None
         from .schedules import ScheduleRegistry
 
         self.schedules = ScheduleRegistry()
@@ -252,9 +277,16 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         return _run(self, lambda: runtime.deliver(run_id, status))
 
     @app.task(name=RECONCILE_TASK, bind=True, shared=False, acks_late=False)
-    def reconcile(self: Task[Any, Any]) -> str:
-        """Beat's backbone tick: re-dispatch runs whose worker died, republish lost outbox rows."""
+    def reconcile(self: Task[Any, Any], published_at: float | None = None) -> str:
+        """Beat's backbone tick: re-dispatch runs whose worker died, republish lost outbox rows.
+
+        ``published_at`` (Beat's clock) lets a tick that waited in the queue see that a later
+        tick already swept everything it would; it is then skipped, never discarded unseen.
+        """
+        if tick_is_covered(published_at, holder.last_tick_started_at):
+            return "covered by a later tick"
         runtime = holder.get()
+        holder.last_tick_started_at = time.time()
         return _run(self, lambda: str(runtime.reconcile_tick()))
 
     @app.task(name=SCHEDULED_RUN_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
@@ -281,6 +313,17 @@ def preflight(app: ThreadsCelery, *, service: str) -> Ready:
     return Ready(revision=revision, agents=tuple(agent.name for agent in runtime.registry))
 
 
+def consume_control_queue(app: Celery) -> None:
+    """Make a worker consume the control queue besides the queues it was given (``-Q``).
+
+    A worker started with ``-Q email`` for slow tools still takes reconcile ticks and finish
+    deliveries, so recovery never depends on one particular worker being alive.
+    """
+    control = control_queue_for(app.conf.task_default_queue or WORK_QUEUE)
+    if control not in app.amqp.queues.consume_from:
+        app.amqp.queues.select_add(Queue(control))
+
+
 def app_from_environment() -> ThreadsCelery:
     """The worker app for ``celery -A tasks``: settings and agents from ``THREADS_*`` variables.
 
@@ -295,7 +338,11 @@ def app_from_environment() -> ThreadsCelery:
     registry = AgentRegistry()
     app = create_app(settings, registry)
 
-    from celery.signals import worker_init
+    from celery.signals import celeryd_after_setup, worker_init
+
+    @celeryd_after_setup.connect(weak=False)
+    def _consume_control(sender: str, instance: Any, **_: Any) -> None:
+        consume_control_queue(instance.app)
 
     @worker_init.connect(weak=False)
     def _check_worker(sender: Any = None, **_: Any) -> None:

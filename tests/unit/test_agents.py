@@ -109,6 +109,7 @@ def test_describe_holds_no_code() -> None:
     assert description == {
         "name": "weather",
         "model": make().model_identity(),
+        "queue": None,
         "tools": [{"name": "get_weather", "effect": "read_only", "ends_turn": False, "queue": None}],
         "variables": {},
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -319,13 +320,24 @@ def test_the_scheduler_publishes_the_slot_and_applies_the_missed_policy(
         scheduler.close()
 
 
-def test_the_scheduler_leaves_other_entries_to_celery(beat_app: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    recorder = Recorder()
-    monkeypatch.setattr(beat_app.tasks["threads.reconcile"], "apply_async", recorder)
+def test_the_scheduler_stamps_each_reconcile_tick_with_its_publish_time(
+    beat_app: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[tuple[Any, Any, dict[str, Any]]] = []
+    monkeypatch.setattr(
+        beat_app.tasks["threads.reconcile"], "apply_async", lambda args=None, kwargs=None, **options: sent.append((args, kwargs, options))
+    )
     scheduler = Scheduler(beat_app, schedule_filename=str(tmp_path / "beat"))
     try:
+        before = time.time()
         scheduler.apply_async(scheduler.schedule["threads-reconcile"], advance=False)
-        assert [args for args, _ in recorder.sent] == [()]
+        scheduler.apply_async(scheduler.schedule["threads-reconcile"], advance=False)
+        after = time.time()
+        assert [tuple(args) for args, _, _ in sent] == [(), ()]
+        stamps = [kwargs["published_at"] for _, kwargs, _ in sent]
+        assert before <= stamps[0] <= stamps[1] <= after
+        control = beat_app.conf.task_default_queue + ".control"
+        assert all(options["queue"] == control and "expires" not in options for _, _, options in sent)
     finally:
         scheduler.close()
 

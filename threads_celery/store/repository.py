@@ -128,14 +128,15 @@ class Tx(MessageQueries, AgentToolQueries):
     # -- agents ------------------------------------------------------------------------------
 
     def upsert_agent(self, name: str, config_hash: str, description: dict[str, Any], now: datetime) -> None:
-        row = self.conn.execute(select(agents.c.config_hash).where(agents.c.name == name)).first()
+        row = self.conn.execute(select(agents.c.config_hash, agents.c.description).where(agents.c.name == name)).first()
         if row is None:
             self.conn.execute(
                 insert(agents).values(
                     name=name, config_hash=config_hash, description=description, updated_at=now
                 )
             )
-        elif row.config_hash != config_hash:
+        elif row.config_hash != config_hash or row.description != description:
+            # The description also holds what the hash leaves out on purpose (the agent's queue).
             self.conn.execute(
                 update(agents)
                 .where(agents.c.name == name)

@@ -1,0 +1,176 @@
+"""The backbone's own queue: routing of control and work tasks, queue names, tick coverage.
+
+Pure functions first, then the Celery configuration and the publisher that apply them (no broker:
+the publisher's ``send_task`` is recorded). The proof on a real worker with a backlog is
+``tests/integration/test_control_queue.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from threads_celery import Agent, ConfigError, tool
+from threads_celery.agents import AgentRegistry
+from threads_celery.backbone import (
+    CONTROL_QUEUE,
+    CONTROL_TASKS,
+    DELIVER_TASK,
+    RECONCILE_TASK,
+    SCHEDULED_RUN_TASK,
+    WORK_QUEUE,
+    check_queue_name,
+    queue_for,
+    tick_is_covered,
+)
+from threads_celery.records import OutboxEntry
+from threads_celery.runs import STEP_TASK, TOOL_TASK
+from threads_celery.settings import Settings
+from threads_celery.testing import ScriptedModel
+from threads_celery.worker import Publisher, consume_control_queue, create_app
+
+
+class Empty(BaseModel):
+    pass
+
+
+def test_control_tasks_take_the_control_queue_whatever_was_asked() -> None:
+    assert CONTROL_QUEUE == "threads.control"
+    for task in (RECONCILE_TASK, DELIVER_TASK, SCHEDULED_RUN_TASK):
+        assert task in CONTROL_TASKS
+        assert queue_for(task, None, work_queue=None, control_queue=CONTROL_QUEUE) == CONTROL_QUEUE
+        assert queue_for(task, "email", work_queue=None, control_queue=CONTROL_QUEUE) == CONTROL_QUEUE
+        assert queue_for(task, None, work_queue="solo", control_queue="solo.control") == "solo.control"
+
+
+def test_work_takes_its_own_queue_or_the_default() -> None:
+    assert queue_for(TOOL_TASK, "email", work_queue=None, control_queue=CONTROL_QUEUE) == "email"
+    assert queue_for(STEP_TASK, None, work_queue=None, control_queue=CONTROL_QUEUE) is None
+    # The embedded worker consumes one work queue: work goes there whatever it asked for.
+    assert queue_for(TOOL_TASK, "email", work_queue="solo", control_queue="solo.control") == "solo"
+
+
+@pytest.mark.parametrize(
+    ("queue", "refused"),
+    [(None, None), ("email", None), ("", "non-empty"), ("  ", "non-empty"), (3, "non-empty"),
+     ("threads.control", "reserved"), ("mine.control", "reserved")],
+)  # fmt: skip
+def test_queue_names(queue: object, refused: str | None) -> None:
+    reason = check_queue_name("tool 'x'", queue)
+    assert (reason is None) if refused is None else (reason is not None and refused in reason)
+
+
+def test_a_tick_is_skipped_only_when_a_later_tick_started() -> None:
+    assert tick_is_covered(100.0, 100.5)  # a tick started after this one was published
+    assert tick_is_covered(100.0, 100.0)
+    assert not tick_is_covered(100.0, 99.9)  # the last tick started before: this one runs
+    assert not tick_is_covered(None, 100.0)  # no publish time: always runs
+    assert not tick_is_covered(100.0, None)  # no tick yet in this process
+
+
+def test_agents_and_tools_name_their_queue_but_never_a_control_queue() -> None:
+    slow = tool(name="slow", description="d", input=Empty, execute=lambda i, c: "ok", effect="read_only", queue="slow")
+    agent = Agent(name="routed", instructions="i", model=ScriptedModel([]), tools=[slow], queue="agents")
+    assert agent.queue == "agents" and slow.queue == "slow"
+    assert agent.describe()["queue"] == "agents"
+    assert Agent(name="plain", instructions="i", model=ScriptedModel([])).queue is None
+    with pytest.raises(ConfigError, match="reserved"):
+        Agent(name="bad", instructions="i", model=ScriptedModel([]), queue="threads.control")
+    with pytest.raises(ConfigError, match="reserved"):
+        tool(name="bad", description="d", input=Empty, execute=lambda i, c: "ok", queue="threads.control")
+
+    class Subclassed(Agent):
+        name = "subclassed"
+        instructions = "i"
+        model = ScriptedModel([])
+        queue = "batch"
+
+    assert Subclassed().queue == "batch"
+
+
+def test_the_queue_is_not_part_of_the_thread_pin() -> None:
+    a = Agent(name="same", instructions="i", model=ScriptedModel([]))
+    b = Agent(name="same", instructions="i", model=ScriptedModel([]), queue="elsewhere")
+    assert a.config_hash() == b.config_hash()  # moving an agent to another queue keeps its threads
+
+
+def _app() -> Any:
+    return create_app(Settings(), AgentRegistry(), broker_url="redis://127.0.0.1:1/0")
+
+
+def test_the_celery_configuration_declares_both_queues_and_routes_control() -> None:
+    app = _app()
+    assert app.conf.task_default_queue == WORK_QUEUE
+    assert [q.name for q in app.conf.task_queues] == [WORK_QUEUE, CONTROL_QUEUE]
+    for task in CONTROL_TASKS:
+        assert app.amqp.router.route({}, task)["queue"].name == CONTROL_QUEUE
+    assert app.amqp.router.route({}, STEP_TASK)["queue"].name == WORK_QUEUE
+    tick = app.conf.beat_schedule["threads-reconcile"]
+    assert tick["options"] == {"queue": CONTROL_QUEUE}  # no expires: a late tick is never dropped unseen
+
+
+def test_a_worker_given_other_queues_still_consumes_the_control_queue() -> None:
+    app = _app()
+    app.amqp.queues.select("email")
+    assert list(app.amqp.queues.consume_from) == ["email"]
+    consume_control_queue(app)
+    consume_control_queue(app)  # idempotent
+    assert sorted(app.amqp.queues.consume_from) == ["email", CONTROL_QUEUE]
+
+
+def test_the_publisher_keeps_control_on_its_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = _app()
+    sent: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(app, "send_task", lambda name, **options: sent.append((name, options)))
+    publisher = Publisher(app)
+    publisher([
+        OutboxEntry(key="deliver:r:completed", task=DELIVER_TASK, args=("r", "completed"), queue="email"),
+        OutboxEntry(key="r:0:0", task=TOOL_TASK, args=("r:0:0",), queue="email"),
+        OutboxEntry(key="step:r:1", task=STEP_TASK, args=("r", 1)),
+    ])  # fmt: skip
+    assert [(name, options.get("queue")) for name, options in sent] == [
+        (DELIVER_TASK, CONTROL_QUEUE), (TOOL_TASK, "email"), (STEP_TASK, None)
+    ]  # fmt: skip
+
+
+def test_the_embedded_app_has_a_control_queue_of_its_own() -> None:
+    app = create_app(Settings(), AgentRegistry(), broker_url="memory://")
+    other = create_app(Settings(), AgentRegistry(), broker_url="memory://")
+    work = app.conf.task_default_queue
+    assert work.startswith("threads-embedded-") and work != other.conf.task_default_queue
+    assert [q.name for q in app.conf.task_queues] == [work, work + ".control"]
+    assert Publisher(app, single_queue=work).control_queue == work + ".control"
+
+
+def test_an_agents_steps_carry_its_queue_and_the_embedded_worker_still_runs_them() -> None:
+    from threads_celery import Threads
+    from threads_celery import runs as run_records
+    from threads_celery.testing import say
+
+    routed = Agent(name="routed", instructions="i", model=ScriptedModel([say("done"), say("again")]), queue="agents")
+    with Threads.embedded(reconcile_interval=None) as threads:
+        threads.register(routed)
+        # A web app that starts a run by name reads the queue the agent's workers recorded.
+        with threads.store.transaction() as tx:
+            _, entries = run_records.submit_run(
+                tx, agent="routed", config_hash=routed.config_hash(), message="hi", now=run_records.utcnow()
+            )
+        assert [(e.task, e.queue) for e in entries] == [(STEP_TASK, "agents")]
+        threads.publisher(entries)
+        # The embedded worker consumes one work queue, so the routed run still completes there.
+        handle = threads.start(routed, "hello")
+        assert threads.wait(handle.run_id, timeout=30).status == "completed"
+
+
+def test_moving_an_agent_to_another_queue_is_recorded_for_its_next_runs() -> None:
+    from threads_celery import Threads
+    from threads_celery import runs as run_records
+
+    with Threads.embedded(reconcile_interval=None) as threads:
+        threads.register(Agent(name="mover", instructions="i", model=ScriptedModel([])))
+        threads.registry = AgentRegistry()  # a new deployment of the same agent, now routed
+        threads.register(Agent(name="mover", instructions="i", model=ScriptedModel([]), queue="batch"))
+        with threads.store.read() as tx:
+            assert run_records.agent_queue(tx, "mover") == "batch"

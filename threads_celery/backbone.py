@@ -1,0 +1,89 @@
+"""The reconcile backbone's routing and pacing: pure functions, no Celery, no I/O.
+
+Work (model steps, tool calls) and control (reconcile ticks, finish deliveries, scheduled-run
+starts) travel on different queues. Work may pile up by the thousand; control must not wait
+behind it, or recovery slows to the speed of the backlog. Every worker consumes the control
+queue besides its work queues (see :func:`threads_celery.worker.consume_control_queue`), and a
+deployment may add a small worker that consumes only the control queue.
+
+A tick is never thrown away because it is late (an ``expires`` on the tick discarded every tick
+behind a backlog). Instead a tick is skipped only when another tick *started after it was
+published*, in the same worker process: that later tick did all the work the skipped one would
+have done. After an outage, when ticks pile up in the control queue, the pile costs one real
+tick per worker process and a cheap skip for each of the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+WORK_QUEUE: Final = "threads"
+"""The queue of model steps and tool calls that name no queue of their own."""
+
+CONTROL_SUFFIX: Final = ".control"
+CONTROL_QUEUE: Final = WORK_QUEUE + CONTROL_SUFFIX
+"""The queue of the backbone's tasks: ``threads.control``."""
+
+RECONCILE_TASK: Final = "threads.reconcile"
+DELIVER_TASK: Final = "threads.deliver"
+SCHEDULED_RUN_TASK: Final = "threads.scheduled_run"
+
+CONTROL_TASKS: Final = frozenset({RECONCILE_TASK, DELIVER_TASK, SCHEDULED_RUN_TASK})
+"""Tasks that keep the control queue whatever an agent or tool asks for."""
+
+__all__ = [
+    "CONTROL_QUEUE",
+    "CONTROL_TASKS",
+    "DELIVER_TASK",
+    "RECONCILE_TASK",
+    "SCHEDULED_RUN_TASK",
+    "WORK_QUEUE",
+    "check_queue_name",
+    "control_queue_for",
+    "queue_for",
+    "tick_is_covered",
+]
+
+
+def control_queue_for(work_queue: str) -> str:
+    """The control queue paired with ``work_queue`` (``threads`` -> ``threads.control``)."""
+    return work_queue + CONTROL_SUFFIX
+
+
+def queue_for(task: str, requested: str | None, *, work_queue: str | None, control_queue: str) -> str | None:
+    """The queue a task message goes to.
+
+    Control tasks always take ``control_queue``. Work takes ``work_queue`` when it is set (the
+    embedded worker consumes one work queue of its own, whatever the routing), else the queue
+    the agent or tool asked for, else None (Celery's default queue).
+    """
+    if task in CONTROL_TASKS:
+        return control_queue
+    return work_queue or requested
+
+
+def check_queue_name(owner: str, queue: object) -> str | None:
+    """Validate an agent's or tool's ``queue=``; the reason it is refused, or None when it is fine.
+
+    A queue must be a non-empty string and must not be a control queue: control tasks keep
+    theirs, so slow work routed there would delay recovery again.
+    """
+    if queue is None:
+        return None
+    if not isinstance(queue, str) or not queue.strip():
+        return f"{owner}: queue must be a non-empty string"
+    if queue.endswith(CONTROL_SUFFIX):
+        return f"{owner}: queue {queue!r} is reserved for the backbone's control tasks (names ending in {CONTROL_SUFFIX!r})"
+    return None
+
+
+def tick_is_covered(published_at: float | None, last_tick_started_at: float | None) -> bool:
+    """Whether a tick published at ``published_at`` may be skipped.
+
+    It may when a tick started at or after that moment (in this process), because that tick
+    swept everything the late one would sweep. A tick that does not say when it was published
+    (an older Beat, a manual ``send_task``) always runs.
+    """
+    if published_at is None or last_tick_started_at is None:
+        return False
+    return last_tick_started_at >= published_at
