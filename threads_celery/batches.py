@@ -182,7 +182,7 @@ def _record(tx: Tx, run: Run, call: CallRow, group: list[CallRow], now: datetime
     if tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None) is None:
         raise FenceLost(run.id, run.fence)
     if end >= call.calls_in_step:
-        following = runs.step_entry(run, run.step, run.agent)
+        following = runs.step_entry(run, run.step, run.agent, runs.agent_queue(tx, run.agent))
     else:
         following = _entry(tx.get_next_call(run.id, call.step, end))
     tx.insert_outbox(following, now)
