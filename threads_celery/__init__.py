@@ -26,6 +26,13 @@ _EXPORTS = {
     "AgentToolFailure": "agent_tools",
     "AgentToolResult": "agent_tools",
     "Permissions": "permissions",
+    "Allow": "hooks",
+    "Deny": "hooks",
+    "Modify": "hooks",
+    "HookCall": "hooks",
+    "HookContext": "hooks",
+    "HookResult": "hooks",
+    "Stop": "hooks",
     "Variable": "variables",
     "Prompt": "prompts",
     "SubagentRelationship": "subagents",
@@ -51,12 +58,18 @@ __all__ = [
     "Agent",
     "AgentToolFailure",
     "AgentToolResult",
+    "Allow",
     "BrokerUnavailable",
     "ConfigError",
+    "Deny",
     "Detached",
     "Found",
+    "HookCall",
+    "HookContext",
+    "HookResult",
     "LookupUnknown",
     "Message",
+    "Modify",
     "NotFound",
     "PayloadTooLarge",
     "Permissions",
@@ -67,6 +80,7 @@ __all__ = [
     "RunNotFound",
     "RunTimeout",
     "Settings",
+    "Stop",
     "StoreUnavailable",
     "SubagentRelationship",
     "Threads",
@@ -97,6 +111,7 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
         ThreadsError,
         UnknownAgent,
     )
+    from .hooks import Allow, Deny, HookCall, HookContext, HookResult, Modify, Stop
     from .permissions import Permissions
     from .prompts import Prompt
     from .records import Message, Run, RunHandle, ToolCall, ToolResult

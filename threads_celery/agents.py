@@ -54,6 +54,10 @@ class Agent:
     #: The Celery queue of this agent's model steps (None: the default work queue, ``threads``).
     #: Its tools take their own ``queue=``, if any; control tasks always keep ``threads.control``.
     queue: str | None = None
+    #: Objects whose hook methods run after the agent's own (see :mod:`threads_celery.hooks`).
+    hooks: Sequence[Any] = ()
+    #: How long one hook call may take before it is cut off and treated by its kind.
+    hook_timeout_s: float = 5.0
 
     def __init__(
         self,
@@ -68,6 +72,8 @@ class Agent:
         max_steps: int | None = None,
         deps: Any = None,
         queue: str | None = None,
+        hooks: Sequence[Any] | None = None,
+        hook_timeout_s: float | None = None,
     ) -> None:
         # Instance attributes shadow the class attributes, so subclasses may set either. ``name``
         # is declared a ClassVar for subclasses, which mypy forbids setting on an instance.
@@ -87,6 +93,9 @@ class Agent:
             self.deps = deps
         if queue is not None:
             self.queue = queue
+        self.hooks = tuple(hooks if hooks is not None else type(self).hooks)
+        if hook_timeout_s is not None:
+            self.hook_timeout_s = hook_timeout_s
         self._validate()
         from .subagents import lifecycle_tools
 
@@ -133,6 +142,44 @@ class Agent:
         self.declared_variables(tree=True)  # two different declarations of a name: ConfigError
         if not isinstance(self.max_steps, int) or self.max_steps < 1:
             raise ConfigError(f"agent {self.name!r}: max_steps must be a positive integer")
+        self._validate_hooks()
+
+    def _validate_hooks(self) -> None:
+        from .hooks import HOOK_POINTS
+
+        timeout = self.hook_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise ConfigError(f"agent {self.name!r}: hook_timeout_s must be a positive number of seconds, not {timeout!r}")
+        for extra in self.hooks:
+            if not any(callable(getattr(extra, point, None)) for point in HOOK_POINTS):
+                raise ConfigError(
+                    f"agent {self.name!r}: hooks entry {extra!r} defines none of the hook methods "
+                    f"({', '.join(HOOK_POINTS)})"
+                )
+
+    # -- hook points (override in a subclass; see threads_celery.hooks) ---------------------
+    # The runtime calls only the ones a subclass overrides: an agent without hooks pays nothing.
+
+    def before_tool(self, call: Any, ctx: Any) -> Any:
+        """Deciding: return ``Allow()``, ``Deny(reason)`` or ``Modify(args)`` for a tool call."""
+        return None
+
+    def before_subagent(self, call: Any, ctx: Any) -> Any:
+        """Deciding: as ``before_tool``, for a call that starts a child run (agent tool, subagent)."""
+        return None
+
+    def before_step(self, ctx: Any) -> str | None:
+        """Context: text to add to this model step's instructions (a failure stops the step)."""
+        return None
+
+    def after_tool(self, call: Any, result: Any, ctx: Any) -> None:
+        """Observing: a call's result, once it is recorded."""
+
+    def after_subagent(self, run: Any, result: Any) -> None:
+        """Observing: a child run's result, as it is delivered to this agent."""
+
+    def on_stop(self, stop: Any, ctx: Any) -> None:
+        """Observing: the run ended (``stop.status``, ``stop.output``, ``stop.error``)."""
 
     def tool_named(self, name: str) -> Tool | None:
         """The tool of that name, or None."""

@@ -165,6 +165,9 @@ def _fire_hooks(runtime: Runtime, parent: Any, row: AgentToolRun, result: AgentT
         hook = getattr(parent, "on_agent_tool_finish", None)
         if callable(hook):
             hook(row, result)
+        from .hooks import observe
+
+        observe(parent, "after_subagent", (row, result))
     if not row.detached:
         return entries
     if row.on_finish:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, assert_never
 
-from . import batches, child_runs, models, runs
+from . import batches, child_runs, hooks, models, runs
 from .agents import Agent, AgentRegistry
 from .context import ToolContext
 from .decisions import (  # re-exported: the step machine's decisions
@@ -132,11 +132,14 @@ class Runtime:
         if step >= agent.max_steps:
             self._finish(run, fence, "error", error=f"the run reached its limit of {agent.max_steps} model steps")
             return "error: step limit"
+        instructions = hooks.step_instructions(self, run, fence, step, agent)
+        if instructions is None:
+            return "error: a before_step hook failed"
         starts = ToolCallStarts(agent.runtime_tools, lambda started: self._tool_call_started(run, step, agent, started))
         try:
             with self.keeper.hold(lambda: self._extend_run_lease(run.id, fence, lease), lease.total_seconds() / 3):
                 turn = models.request_turn(
-                    agent.model, agent.system_prompt(), history, agent.runtime_tools, on_stream=starts.feed
+                    agent.model, instructions, history, agent.runtime_tools, on_stream=starts.feed
                 )
             starts.finish()
         except Exception as exc:  # noqa: BLE001 - the provider failed: retry with backoff, then fail the run
@@ -245,6 +248,8 @@ class Runtime:
                 )
                 outcome = "completed"
         self.publish(entries)
+        if outcome == "completed":
+            hooks.observe_stop(agent, run, step, hooks.Stop("completed", output=turn.text))
         return outcome
 
     @staticmethod
@@ -274,6 +279,8 @@ class Runtime:
         with self.store.transaction() as tx:
             entries = runs.finish(tx, run, fence=fence, status=status, now=self.clock(), output=output, error=error)
         self.publish(entries)
+        if run.agent in self.registry:
+            hooks.observe_stop(self.registry.get(run.agent), run, run.step, hooks.Stop(status, output, error))
 
     def _extend_run_lease(self, run_id: str, fence: int, lease: timedelta) -> bool:
         with self.store.transaction() as tx:
@@ -326,6 +333,10 @@ class Runtime:
             parsed = tool.parse_arguments(call.args)
         except ToolArgumentsError as exc:
             return self._commit_call(run, run.fence, call, tool, str(exc), is_error=True)
+        gated = hooks.gate_call(self, run, call, agent, tool, parsed)
+        if isinstance(gated, str):
+            return gated
+        call, parsed = gated.call, gated.parsed
         if tool.subagent_op is not None:
             from .subagents import subagent_call
 
@@ -410,7 +421,11 @@ class Runtime:
                 content = redact_text(content, env.revealed)
             # Still holding the lease: a store outage here must not lose a result that exists
             # only in this process (dropping it turns a blip into a rerun or a park).
-            return self._commit_executed(run, fence, call, tool, content, is_error=is_error, own_outbox=read_only)
+            outcome = self._commit_executed(run, fence, call, tool, content, is_error=is_error, own_outbox=read_only)
+        hooks.observe_result(agent, gated, content, is_error)
+        if outcome.startswith("ended the turn"):
+            hooks.observe_stop(agent, run, call.step, hooks.Stop("completed"))
+        return outcome
 
     def _commit_executed(
         self, run: Run, fence: int, call: CallRow, tool: Tool | None, content: str, *, is_error: bool, own_outbox: bool
