@@ -118,14 +118,20 @@ def open_group(runtime: Runtime, call: CallRow) -> None:
         group = [c for c in tx.calls_in_step(call.run_id, call.step) if c.batch == call.batch]
         end = call.index + len(group)
         for member in group:
-            if member.index in first_wave(call.index, end, limit) and member.status == "pending" and member.index != call.index:
+            if (
+                member.index in first_wave(call.index, end, limit)
+                and member.status == "pending"
+                and member.index != call.index
+            ):
                 entry = _entry(member)
                 tx.insert_outbox(entry, now)
                 entries.append(entry)
     runtime.publish(entries)
 
 
-def record_concurrent_result(runtime: Runtime, run: Run, call: CallRow, content: str, *, is_error: bool) -> str:
+def record_concurrent_result(
+    runtime: Runtime, run: Run, call: CallRow, content: str, *, is_error: bool
+) -> str:
     """Record one concurrent call's result, show what is ready in call order, and move on."""
     now = runtime.clock()
     limit = runtime.settings.max_parallel_tool_calls
@@ -136,7 +142,9 @@ def record_concurrent_result(runtime: Runtime, run: Run, call: CallRow, content:
             return "skipped: no such call"
         if loaded[0].status != "pending":
             return "skipped: recorded by another delivery"
-        tx.settle_call(call.effect_key, status="finished", result=content, is_error=is_error, now=now)
+        tx.settle_call(
+            call.effect_key, status="finished", result=content, is_error=is_error, now=now
+        )
         tx.delete_outbox(call.effect_key)
         if current.status != "running" or current.step != call.step + 1:
             # Cancelled (or moved on): the result is kept on the call, and the calls that would
@@ -150,7 +158,9 @@ def record_concurrent_result(runtime: Runtime, run: Run, call: CallRow, content:
     return "error" if is_error else "completed"
 
 
-def _record(tx: Tx, run: Run, call: CallRow, group: list[CallRow], now: datetime, limit: int) -> list[OutboxEntry]:
+def _record(
+    tx: Tx, run: Run, call: CallRow, group: list[CallRow], now: datetime, limit: int
+) -> list[OutboxEntry]:
     assert call.batch is not None
     start, end = call.batch, call.batch + len(group)
     entries: list[OutboxEntry] = []
@@ -170,16 +180,26 @@ def _record(tx: Tx, run: Run, call: CallRow, group: list[CallRow], now: datetime
             role="tool",
             text=content,
             now=now,
-            tool_result=ToolResult(call_id=shown.call_id, name=shown.tool, content=content, is_error=shown.is_error),
+            tool_result=ToolResult(
+                call_id=shown.call_id, name=shown.tool, content=content, is_error=shown.is_error
+            ),
         )
         if run.agent_tool_run_id is not None:
             from .agent_tools import child_signal
 
-            chunk = {"role": "tool", "name": shown.tool, "text": content, "is_error": shown.is_error}
+            chunk = {
+                "role": "tool",
+                "name": shown.tool,
+                "text": content,
+                "is_error": shown.is_error,
+            }
             child_signal(tx, run.agent_tool_run_id, now, chunk=chunk)
     if not complete:
         return entries
-    if tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None) is None:
+    if (
+        tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None)
+        is None
+    ):
         raise FenceLost(run.id, run.fence)
     if end >= call.calls_in_step:
         following = runs.step_entry(run, run.step, run.agent, runs.agent_queue(tx, run.agent))
@@ -208,5 +228,7 @@ def _skip_slot_chain(tx: Tx, call: CallRow, now: datetime, limit: int) -> None:
     for index in slot_chain(call.index, end, limit):
         later = group[index]
         if later.status == "pending":
-            tx.settle_call(later.effect_key, status="skipped", result=SKIPPED, is_error=True, now=now)
+            tx.settle_call(
+                later.effect_key, status="skipped", result=SKIPPED, is_error=True, now=now
+            )
             tx.delete_outbox(later.effect_key)

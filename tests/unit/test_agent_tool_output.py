@@ -42,12 +42,23 @@ def test_a_fitting_json_text_is_validated_and_dumped() -> None:
 
 def test_a_fitting_mapping_is_validated() -> None:
     definition = agent_tool(_child("x"), "Report.", output=Report)
-    assert check_child_output(definition, "reporter", {"title": "t", "rows": 1}) == ({"title": "t", "rows": 1}, None)
+    assert check_child_output(definition, "reporter", {"title": "t", "rows": 1}) == (
+        {"title": "t", "rows": 1},
+        None,
+    )
 
 
 @pytest.mark.parametrize(
     "bad",
-    ["plain prose, not JSON", '{"title": "t"}', '{"title": "t", "rows": "many"}', "[1, 2]", "", {"rows": 1}, None],
+    [
+        "plain prose, not JSON",
+        '{"title": "t"}',
+        '{"title": "t", "rows": "many"}',
+        "[1, 2]",
+        "",
+        {"rows": 1},
+        None,
+    ],
 )
 def test_output_that_fails_the_schema_is_an_error_naming_the_schema(bad: Any) -> None:
     definition = agent_tool(_child("x"), "Report.", output=Report)
@@ -62,7 +73,7 @@ def test_without_a_schema_the_output_passes_untouched() -> None:
 
 
 def test_an_output_pydantic_cannot_validate_is_a_config_error_naming_the_tool() -> None:
-    with pytest.raises(ConfigError, match="'report'.*output"):
+    with pytest.raises(ConfigError, match=r"'report'.*output"):
         agent_tool(_child("x"), "Report.", name="report", output=object())
 
 
@@ -95,7 +106,9 @@ def test_a_child_whose_final_text_fits_returns_the_validated_output(threads: Thr
     assert (row.status, row.output) == ("completed", {"title": "weekly", "rows": 4})
 
 
-def test_a_child_whose_final_text_fails_the_schema_reaches_the_parent_as_a_structured_error(threads: Threads) -> None:
+def test_a_child_whose_final_text_fails_the_schema_reaches_the_parent_as_a_structured_error(
+    threads: Threads,
+) -> None:
     result, row = _run_parent(threads, _child("I could not find any rows, sorry."))
     envelope = json.loads(result.content)
     assert result.is_error is True
@@ -113,7 +126,11 @@ class BadExtractor(Agent):
 
 
 def test_structured_output_of_get_agent_tool_output_is_checked_too(threads: Threads) -> None:
-    child = BadExtractor(name=unique("bad_extractor"), instructions="", model=ScriptedModel([say('{"title": "t", "rows": 1}')]))
+    child = BadExtractor(
+        name=unique("bad_extractor"),
+        instructions="",
+        model=ScriptedModel([say('{"title": "t", "rows": 1}')]),
+    )
     result, row = _run_parent(threads, child)
     envelope = json.loads(result.content)
     assert result.is_error is True and envelope["status"] == "error"

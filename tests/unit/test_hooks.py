@@ -71,7 +71,9 @@ def test_an_empty_deny_reason_still_says_why() -> None:
     assert combine(ARGS, [Deny("")]).reason == "denied by a hook"
 
 
-@pytest.mark.parametrize("value", [True, "allow", {"city": "Rome"}, 0, Modify(["not", "a", "mapping"])])  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    "value", [True, "allow", {"city": "Rome"}, 0, Modify(["not", "a", "mapping"])]
+)  # type: ignore[arg-type]
 def test_anything_but_allow_deny_modify_or_none_is_a_failure(value: Any) -> None:
     assert isinstance(check_answer("before_tool", value), Failed)
 
@@ -132,13 +134,18 @@ def test_only_overridden_hook_methods_and_hook_objects_run_in_order() -> None:
     assert implementers(plain, "before_tool") == []
     extra = Extra()
     agent = Own(name=unique("own"), instructions="", model=ScriptedModel([say("x")]), hooks=[extra])
-    assert [getattr(f, "__self__", None) for f in implementers(agent, "before_tool")] == [agent, extra]
+    assert [getattr(f, "__self__", None) for f in implementers(agent, "before_tool")] == [
+        agent,
+        extra,
+    ]
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "5", True])
 def test_a_hook_time_limit_that_is_not_a_positive_number_is_a_config_error(bad: Any) -> None:
     with pytest.raises(ConfigError, match="hook_timeout_s"):
-        Agent(name=unique("a"), instructions="", model=ScriptedModel([say("x")]), hook_timeout_s=bad)
+        Agent(
+            name=unique("a"), instructions="", model=ScriptedModel([say("x")]), hook_timeout_s=bad
+        )
 
 
 def test_a_hooks_entry_with_no_hook_method_is_a_config_error() -> None:
@@ -160,7 +167,13 @@ class Weather:
 
     def __init__(self, effect: str = "read_only") -> None:
         self.ran: list[str] = []
-        self.tool = tool(name="get_weather", description="Weather.", input=CityIn, effect=effect, execute=self.execute)
+        self.tool = tool(
+            name="get_weather",
+            description="Weather.",
+            input=CityIn,
+            effect=effect,
+            execute=self.execute,
+        )
 
     def execute(self, inp: CityIn, ctx: Any) -> str:
         self.ran.append(inp.city)
@@ -173,7 +186,14 @@ class HookedAgent(Agent):
     answer: Any = None
     seen: list[Any]
 
-    def __init__(self, weather: Weather, *, answer: Any = None, script: list[Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        weather: Weather,
+        *,
+        answer: Any = None,
+        script: list[Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.answer = answer
         self.seen = []
         super().__init__(
@@ -187,7 +207,11 @@ class HookedAgent(Agent):
     def before_tool(self, call: HookCall, ctx: HookContext) -> Any:
         self.seen.append(("before_tool", call.name, dict(call.args), ctx.run_id))
         answer = self.answer
-        return answer() if callable(answer) and not isinstance(answer, (Allow, Deny, Modify)) else answer
+        return (
+            answer()
+            if callable(answer) and not isinstance(answer, (Allow, Deny, Modify))
+            else answer
+        )
 
 
 def _run(threads: Threads, agent: Agent) -> tuple[Any, list[Any]]:
@@ -201,12 +225,17 @@ def _call_row(threads: Threads, run_id: str) -> Any:
         return tx.calls_in_step(run_id, 0)[0]
 
 
-def test_a_denied_call_never_runs_and_the_model_sees_denied_with_the_reason(threads: Threads) -> None:
+def test_a_denied_call_never_runs_and_the_model_sees_denied_with_the_reason(
+    threads: Threads,
+) -> None:
     weather = Weather()
     agent = HookedAgent(weather, answer=Deny("weather is off limits"))
     run, [result] = _run(threads, agent)
     assert run.status == "completed"
-    assert (result.tool_result.content, result.tool_result.is_error) == ("denied: weather is off limits", True)
+    assert (result.tool_result.content, result.tool_result.is_error) == (
+        "denied: weather is off limits",
+        True,
+    )
     assert weather.ran == []
     assert agent.seen == [("before_tool", "get_weather", {"city": "Paris"}, run.id)]
 
@@ -214,22 +243,38 @@ def test_a_denied_call_never_runs_and_the_model_sees_denied_with_the_reason(thre
 def test_an_allowed_call_runs_as_asked(threads: Threads) -> None:
     weather = Weather()
     run, [result] = _run(threads, HookedAgent(weather, answer=Allow()))
-    assert (run.status, result.tool_result.content, weather.ran) == ("completed", "sunny in Paris", ["Paris"])
+    assert (run.status, result.tool_result.content, weather.ran) == (
+        "completed",
+        "sunny in Paris",
+        ["Paris"],
+    )
 
 
 def test_changed_arguments_are_validated_again_recorded_and_used(threads: Threads) -> None:
     weather = Weather()
     run, [result] = _run(threads, HookedAgent(weather, answer=Modify({"city": "Rome"})))
-    assert (run.status, result.tool_result.content, weather.ran) == ("completed", "sunny in Rome", ["Rome"])
+    assert (run.status, result.tool_result.content, weather.ran) == (
+        "completed",
+        "sunny in Rome",
+        ["Rome"],
+    )
     row = _call_row(threads, run.id)
-    assert (json.loads(row.args), json.loads(row.original_args)) == ({"city": "Rome"}, {"city": "Paris"})
+    assert (json.loads(row.args), json.loads(row.original_args)) == (
+        {"city": "Rome"},
+        {"city": "Paris"},
+    )
 
 
-def test_changed_arguments_that_fail_validation_are_the_calls_error_and_it_never_runs(threads: Threads) -> None:
+def test_changed_arguments_that_fail_validation_are_the_calls_error_and_it_never_runs(
+    threads: Threads,
+) -> None:
     weather = Weather()
     run, [result] = _run(threads, HookedAgent(weather, answer=Modify({"town": "Rome"})))
     assert run.status == "completed" and result.tool_result.is_error
-    assert "before_tool hook changed the arguments to ones that fail validation" in result.tool_result.content
+    assert (
+        "before_tool hook changed the arguments to ones that fail validation"
+        in result.tool_result.content
+    )
     assert weather.ran == []
 
 
@@ -281,7 +326,7 @@ def test_several_deciding_hooks_the_first_deny_stops_the_chain(threads: Threads)
     first, second = Counter(Deny("first says no")), Counter(Allow())
     agent = HookedAgent(weather, answer=Modify({"city": "Rome"}), hooks=[first, second])
     run, [result] = _run(threads, agent)
-    assert result.tool_result.content == "denied: first says no"
+    assert run.status == "completed" and result.tool_result.content == "denied: first says no"
     assert (first.calls, second.calls, weather.ran) == (1, 0, [])
 
 
@@ -294,7 +339,10 @@ def test_a_later_hook_sees_the_arguments_an_earlier_one_changed(threads: Threads
             seen.append(dict(call.args))
             return Allow()
 
-    run, [result] = _run(threads, HookedAgent(weather, answer=Modify({"city": "Rome"}), hooks=[Looker()]))
+    run, [result] = _run(
+        threads, HookedAgent(weather, answer=Modify({"city": "Rome"}), hooks=[Looker()])
+    )
+    assert run.status == "completed" and result.tool_result.content == "sunny in Rome"
     assert seen == [{"city": "Rome"}] and weather.ran == ["Rome"]
 
 
@@ -313,13 +361,22 @@ class ContextAgent(Agent):
         self.prompts: list[str] = []
         self.stops: list[Stop] = []
         self.results: list[tuple[str, HookResult]] = []
-        super().__init__(name=unique("ctx"), instructions="Base rules.", model=ScriptedModel([self._answer]), **kwargs)
+        super().__init__(
+            name=unique("ctx"),
+            instructions="Base rules.",
+            model=ScriptedModel([self._answer]),
+            **kwargs,
+        )
 
     def _answer(self, messages: list[Any]) -> str:
         from pydantic_ai.messages import ModelRequest, SystemPromptPart
 
         self.prompts.extend(
-            p.content for m in messages if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, SystemPromptPart)
+            p.content
+            for m in messages
+            if isinstance(m, ModelRequest)
+            for p in m.parts
+            if isinstance(p, SystemPromptPart)
         )
         return "answered"
 
@@ -342,10 +399,16 @@ def test_a_context_hook_adds_to_the_steps_instructions(threads: Threads) -> None
     [(_raise, "RuntimeError: policy service down"), (lambda: 42, "not int")],
     ids=["raises", "bad-return"],
 )
-def test_a_failing_context_hook_stops_the_step_and_the_run_says_why(threads: Threads, context: Any, reason: str) -> None:
+def test_a_failing_context_hook_stops_the_step_and_the_run_says_why(
+    threads: Threads, context: Any, reason: str
+) -> None:
     agent = ContextAgent(context)
     run, _ = _run(threads, agent)
-    assert run.status == "error" and "hook before_step failed" in (run.error or "") and reason in (run.error or "")
+    assert (
+        run.status == "error"
+        and "hook before_step failed" in (run.error or "")
+        and reason in (run.error or "")
+    )
     assert agent.prompts == []  # the model was never asked
 
 
@@ -396,14 +459,19 @@ def test_after_tool_sees_the_recorded_result(threads: Threads) -> None:
     assert observer.observed == [("get_weather", HookResult("sunny in Oslo", False))]
 
 
-def test_a_failing_observing_hook_is_logged_and_ignored(threads: Threads, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_observing_hook_is_logged_and_ignored(
+    threads: Threads, caplog: pytest.LogCaptureFixture
+) -> None:
     weather = Weather()
     observer = Observer(weather, fail=True)
     with caplog.at_level("WARNING", logger="threads_celery.hooks"):
         run, [result] = _run(threads, observer)
         eventually(lambda: "observer broke again" in caplog.text, what="the on_stop failure logged")
     assert run.status == "completed" and result.tool_result.content == "sunny in Oslo"
-    assert "observing hook after_tool failed and was ignored: RuntimeError: observer broke" in caplog.text
+    assert (
+        "observing hook after_tool failed and was ignored: RuntimeError: observer broke"
+        in caplog.text
+    )
 
 
 class Gatekeeper(Agent):

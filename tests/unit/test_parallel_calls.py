@@ -19,7 +19,14 @@ from pydantic import BaseModel
 
 from tests.support.agent_tool_agents import eventually, unique
 from threads_celery import Agent, ConfigError, Settings, Threads, tool
-from threads_celery.batches import first_wave, group_end, plan_groups, ready_to_show, slot_chain, slot_successor
+from threads_celery.batches import (
+    first_wave,
+    group_end,
+    plan_groups,
+    ready_to_show,
+    slot_chain,
+    slot_successor,
+)
 from threads_celery.testing import ScriptedModel, calls, say
 
 WAIT_S = 30.0
@@ -41,7 +48,9 @@ WAIT_S = 30.0
         ([False, True], (None, None)),
     ],
 )
-def test_only_runs_of_two_or_more_consecutive_concurrent_calls_form_a_group(flags: list[bool], plan: tuple[int | None, ...]) -> None:
+def test_only_runs_of_two_or_more_consecutive_concurrent_calls_form_a_group(
+    flags: list[bool], plan: tuple[int | None, ...]
+) -> None:
     assert plan_groups(flags) == plan
 
 
@@ -65,7 +74,9 @@ def test_group_end_first_wave_and_slot_successor() -> None:
         (["finished", "skipped", "finished"], [0, 2], True),
     ],
 )
-def test_results_are_shown_in_call_order_only(statuses: list[str], shown: list[int], complete: bool) -> None:
+def test_results_are_shown_in_call_order_only(
+    statuses: list[str], shown: list[int], complete: bool
+) -> None:
     assert ready_to_show(statuses) == (shown, complete)
 
 
@@ -81,7 +92,9 @@ def _noop(inp: Any, ctx: Any) -> str:
 
 
 @pytest.mark.parametrize("effect", ["unguarded", "idempotent", "reconcilable"])
-def test_concurrent_on_a_tool_that_is_not_read_only_is_a_config_error_naming_it(effect: str) -> None:
+def test_concurrent_on_a_tool_that_is_not_read_only_is_a_config_error_naming_it(
+    effect: str,
+) -> None:
     extra: dict[str, Any] = {}
     if effect == "idempotent":
         extra["dedup_window_ms"] = 1000
@@ -89,18 +102,43 @@ def test_concurrent_on_a_tool_that_is_not_read_only_is_a_config_error_naming_it(
         from threads_celery import NotFound, Reconcile
 
         extra["reconcile"] = Reconcile(finality="final", lookup=lambda key: NotFound())
-    with pytest.raises(ConfigError, match="'charge'.*concurrent=True is only for effect='read_only'"):
-        tool(name="charge", description="d", input=NumIn, execute=_noop, effect=effect, concurrent=True, **extra)
+    with pytest.raises(
+        ConfigError, match=r"'charge'.*concurrent=True is only for effect='read_only'"
+    ):
+        tool(
+            name="charge",
+            description="d",
+            input=NumIn,
+            execute=_noop,
+            effect=effect,
+            concurrent=True,
+            **extra,
+        )
 
 
 def test_concurrent_with_ends_turn_is_a_config_error_naming_the_tool() -> None:
-    with pytest.raises(ConfigError, match="'finish'.*ends_turn"):
-        tool(name="finish", description="d", input=NumIn, execute=_noop, effect="read_only", ends_turn=True, concurrent=True)
+    with pytest.raises(ConfigError, match=r"'finish'.*ends_turn"):
+        tool(
+            name="finish",
+            description="d",
+            input=NumIn,
+            execute=_noop,
+            effect="read_only",
+            ends_turn=True,
+            concurrent=True,
+        )
 
 
 def test_concurrent_must_be_a_bool() -> None:
-    with pytest.raises(ConfigError, match="'look'.*True or False"):
-        tool(name="look", description="d", input=NumIn, execute=_noop, effect="read_only", concurrent="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"'look'.*True or False"):
+        tool(
+            name="look",
+            description="d",
+            input=NumIn,
+            execute=_noop,
+            effect="read_only",
+            concurrent="yes",
+        )  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2.5])
@@ -110,7 +148,9 @@ def test_the_in_flight_limit_must_be_a_positive_integer(bad: Any) -> None:
 
 
 def test_the_in_flight_limit_comes_from_the_environment() -> None:
-    assert Settings.from_env(env={"THREADS_MAX_PARALLEL_TOOL_CALLS": "3"}).max_parallel_tool_calls == 3
+    assert (
+        Settings.from_env(env={"THREADS_MAX_PARALLEL_TOOL_CALLS": "3"}).max_parallel_tool_calls == 3
+    )
     assert Settings.from_env(env={}).max_parallel_tool_calls == 8
 
 
@@ -125,7 +165,10 @@ def threads() -> Iterator[Threads]:
 
 def _agent(tools: list[Any], args: list[tuple[str, dict[str, Any]]]) -> Agent:
     return Agent(
-        name=unique("parallel"), instructions="", model=ScriptedModel([calls(*args), say("all done")]), tools=tools
+        name=unique("parallel"),
+        instructions="",
+        model=ScriptedModel([calls(*args), say("all done")]),
+        tools=tools,
     )
 
 
@@ -147,7 +190,14 @@ def test_a_group_overlaps_and_its_results_are_shown_and_emitted_in_call_order_wh
         finished[inp.n].set()
         return f"result {inp.n}"
 
-    probe_tool = tool(name="probe", description="d", input=NumIn, execute=probe, effect="read_only", concurrent=True)
+    probe_tool = tool(
+        name="probe",
+        description="d",
+        input=NumIn,
+        execute=probe,
+        effect="read_only",
+        concurrent=True,
+    )
     agent = _agent([probe_tool], [("probe", {"n": n}) for n in range(4)])
     handle = threads.start(agent, "go")
     run = threads.wait(handle.run_id, WAIT_S)
@@ -180,11 +230,21 @@ def test_a_call_in_order_keeps_its_place_between_two_groups(threads: Threads) ->
             log.append(("end", inp.n))
         return str(inp.n)
 
-    concurrent = tool(name="look", description="d", input=NumIn, execute=step, effect="read_only", concurrent=True)
-    in_order = tool(name="look_alone", description="d", input=NumIn, execute=step, effect="read_only")
+    concurrent = tool(
+        name="look", description="d", input=NumIn, execute=step, effect="read_only", concurrent=True
+    )
+    in_order = tool(
+        name="look_alone", description="d", input=NumIn, execute=step, effect="read_only"
+    )
     agent = _agent(
         [concurrent, in_order],
-        [("look", {"n": 0}), ("look", {"n": 1}), ("look_alone", {"n": 2}), ("look", {"n": 3}), ("look", {"n": 4})],
+        [
+            ("look", {"n": 0}),
+            ("look", {"n": 1}),
+            ("look_alone", {"n": 2}),
+            ("look", {"n": 3}),
+            ("look", {"n": 4}),
+        ],
     )
     handle = threads.start(agent, "go")
     assert threads.wait(handle.run_id, WAIT_S).status == "completed"
@@ -192,7 +252,13 @@ def test_a_call_in_order_keeps_its_place_between_two_groups(threads: Threads) ->
     position = {event: i for i, event in enumerate(log)}
     assert position[("start", 2)] > max(position[("end", 0)], position[("end", 1)])
     assert min(position[("start", 3)], position[("start", 4)]) > position[("end", 2)]
-    assert [r.content for r in _tool_results(threads, handle.thread_id)] == ["0", "1", "2", "3", "4"]
+    assert [r.content for r in _tool_results(threads, handle.thread_id)] == [
+        "0",
+        "1",
+        "2",
+        "3",
+        "4",
+    ]
 
 
 def test_a_call_that_raises_does_not_disturb_its_siblings(threads: Threads) -> None:
@@ -201,7 +267,14 @@ def test_a_call_that_raises_does_not_disturb_its_siblings(threads: Threads) -> N
             raise RuntimeError("the index is down")
         return f"fine {inp.n}"
 
-    fragile = tool(name="fragile", description="d", input=NumIn, execute=maybe_fail, effect="read_only", concurrent=True)
+    fragile = tool(
+        name="fragile",
+        description="d",
+        input=NumIn,
+        execute=maybe_fail,
+        effect="read_only",
+        concurrent=True,
+    )
     agent = _agent([fragile], [("fragile", {"n": n}) for n in range(3)])
     handle = threads.start(agent, "go")
     assert threads.wait(handle.run_id, WAIT_S).status == "completed"
@@ -213,12 +286,24 @@ def test_a_call_that_raises_does_not_disturb_its_siblings(threads: Threads) -> N
 
 
 def test_bad_arguments_in_one_call_of_a_group_are_its_own_error(threads: Threads) -> None:
-    fine = tool(name="fine", description="d", input=NumIn, execute=lambda inp, ctx: f"n={inp.n}", effect="read_only", concurrent=True)
-    agent = _agent([fine], [("fine", {"n": 1}), ("fine", {"n": "not a number"}), ("fine", {"n": 3})])
+    fine = tool(
+        name="fine",
+        description="d",
+        input=NumIn,
+        execute=lambda inp, ctx: f"n={inp.n}",
+        effect="read_only",
+        concurrent=True,
+    )
+    agent = _agent(
+        [fine], [("fine", {"n": 1}), ("fine", {"n": "not a number"}), ("fine", {"n": 3})]
+    )
     handle = threads.start(agent, "go")
     assert threads.wait(handle.run_id, WAIT_S).status == "completed"
     results = _tool_results(threads, handle.thread_id)
-    assert [(r.content, r.is_error) for r in (results[0], results[2])] == [("n=1", False), ("n=3", False)]
+    assert [(r.content, r.is_error) for r in (results[0], results[2])] == [
+        ("n=1", False),
+        ("n=3", False),
+    ]
     assert results[1].is_error and "invalid arguments" in results[1].content
 
 
@@ -246,12 +331,23 @@ def test_at_most_the_limit_run_at_once_and_every_call_runs() -> None:
             ran.append(inp.n)
         return str(inp.n)
 
-    counted_tool = tool(name="counted", description="d", input=NumIn, execute=counted, effect="read_only", concurrent=True)
-    with Threads.embedded(settings=Settings(model_retries=0, max_parallel_tool_calls=2), concurrency=5) as runtime:
+    counted_tool = tool(
+        name="counted",
+        description="d",
+        input=NumIn,
+        execute=counted,
+        effect="read_only",
+        concurrent=True,
+    )
+    with Threads.embedded(
+        settings=Settings(model_retries=0, max_parallel_tool_calls=2), concurrency=5
+    ) as runtime:
         agent = _agent([counted_tool], [("counted", {"n": n}) for n in range(6)])
         handle = runtime.start(agent, "go")
         assert runtime.wait(handle.run_id, WAIT_S).status == "completed"
-        assert [r.content for r in _tool_results(runtime, handle.thread_id)] == [str(n) for n in range(6)]
+        assert [r.content for r in _tool_results(runtime, handle.thread_id)] == [
+            str(n) for n in range(6)
+        ]
     assert peak == 2
     assert sorted(ran) == list(range(6))
 
@@ -268,8 +364,12 @@ def test_a_cancel_lets_running_calls_finish_and_skips_the_rest() -> None:
             raise TimeoutError("the test never opened the gate")
         return f"kept {inp.n}"
 
-    held_tool = tool(name="held", description="d", input=NumIn, execute=held, effect="read_only", concurrent=True)
-    with Threads.embedded(settings=Settings(model_retries=0, max_parallel_tool_calls=2), concurrency=5) as runtime:
+    held_tool = tool(
+        name="held", description="d", input=NumIn, execute=held, effect="read_only", concurrent=True
+    )
+    with Threads.embedded(
+        settings=Settings(model_retries=0, max_parallel_tool_calls=2), concurrency=5
+    ) as runtime:
         agent = _agent([held_tool], [("held", {"n": n}) for n in range(5)])
         handle = runtime.start(agent, "go")
         entered.wait()
@@ -284,5 +384,8 @@ def test_a_cancel_lets_running_calls_finish_and_skips_the_rest() -> None:
         run = runtime.get_run(handle.run_id)
     assert run.status == "aborted"
     assert sorted(ran) == [0, 1]
-    assert [(c.status, c.result) for c in group[:2]] == [("finished", "kept 0"), ("finished", "kept 1")]
+    assert [(c.status, c.result) for c in group[:2]] == [
+        ("finished", "kept 0"),
+        ("finished", "kept 1"),
+    ]
     assert all(c.status == "skipped" for c in group[2:]), [c.status for c in group]
