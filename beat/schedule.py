@@ -28,8 +28,10 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery.beat import PersistentScheduler
+from celery import Celery
+from celery.beat import PersistentScheduler, ScheduleEntry
 from celery.schedules import BaseSchedule, schedstate
+from kombu import Producer
 
 from threads_celery.backbone import RECONCILE_TASK
 from threads_celery.schedules import (
@@ -104,7 +106,13 @@ def beat_entries(schedules: ScheduleRegistry) -> dict[str, dict[str, Any]]:
     return {f"{ENTRY_PREFIX}{s.name}": beat_entry(s) for s in schedules if s.enabled}
 
 
-def schedules_for_app(app: Any) -> ScheduleRegistry:
+def _fields(entry: ScheduleEntry, **changes: Any) -> dict[str, Any]:
+    """The entry's fields with ``changes`` applied: what ``dict(entry, ...)`` gives (an entry
+    iterates over ``vars(entry).items()``), spelled so that type checkers can follow it."""
+    return {**vars(entry), **changes}
+
+
+def schedules_for_app(app: Celery) -> ScheduleRegistry:
     """The schedules declared in the agent modules the app's settings name (``THREADS_AGENTS``)."""
     holder = getattr(app, "threads_runtime", None)
     registry = getattr(holder, "schedules", None)
@@ -139,14 +147,16 @@ class Scheduler(PersistentScheduler):
             log.info("beat: scheduled batch agents: %s", ", ".join(sorted(declared)))
         super().setup_schedule()
 
-    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
+    def apply_async(
+        self, entry: ScheduleEntry, producer: Producer | None = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
         schedule = entry.schedule
         if entry.task == RECONCILE_TASK:
             # The tick says when it was published, so a worker can tell that a later tick already
             # covered one that waited in the queue (threads_celery.backbone.tick_is_covered).
             if advance:
                 self.reserve(entry)
-            stamped = self.Entry(**dict(entry, kwargs={**(entry.kwargs or {}), "published_at": time.time()}))
+            stamped = self.Entry(**_fields(entry, kwargs={**(entry.kwargs or {}), "published_at": time.time()}))
             return super().apply_async(stamped, producer, False, **kwargs)
         if entry.task != SCHEDULED_RUN_TASK or not isinstance(schedule, SlotSchedule):
             return super().apply_async(entry, producer, advance, **kwargs)
@@ -165,5 +175,5 @@ class Scheduler(PersistentScheduler):
             "schedule %s: publishing slot %s%s", schedule.name, slot.isoformat(), " (after a gap: missed='run_once')" if gap else ""
         )
         options = {**(entry.options or {}), "task_id": f"sched:{schedule.name}:{format_slot(slot)}"}
-        publish = self.Entry(**dict(entry, args=(schedule.name, slot.isoformat()), options=options))
+        publish = self.Entry(**_fields(entry, args=(schedule.name, slot.isoformat()), options=options))
         return super().apply_async(publish, producer, False, **kwargs)

@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
 from .backbone import check_queue_name
@@ -282,7 +282,7 @@ class AgentRegistry:
     def __contains__(self, name: object) -> bool:
         return name in self._agents
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Agent]:
         return iter(list(self._agents.values()))
 
     def load(self, specs: str | Iterable[str]) -> list[Agent]:

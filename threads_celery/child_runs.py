@@ -19,6 +19,7 @@ from .records import CallRow, Run
 from .tools import Tool
 
 if TYPE_CHECKING:
+    from .agent_tools import Detached, DetachedHandle
     from .runtime import Runtime
 
 
@@ -101,8 +102,16 @@ def dispatch_child(
 
 
 def start_detached_child(
-    self: Runtime, run: Run, call: CallRow, child: Any, input_value: Any, *, detached: Any, run_id: str, display_name: str | None
-) -> Any:
+    self: Runtime,
+    run: Run,
+    call: CallRow,
+    child: type[Agent] | Agent | str,
+    input_value: Any,
+    *,
+    detached: bool | Detached,
+    run_id: str,
+    display_name: str | None,
+) -> DetachedHandle:
     """``ctx.run_agent_tool(...)``: start a detached child for the thread of the calling tool."""
     from . import agent_tools
     from .exceptions import ConfigError

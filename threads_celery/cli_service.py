@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -27,6 +27,8 @@ from .exceptions import ConfigError, StoreUnavailable
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
+
+    from .worker import ThreadsCelery
 
 db_app = typer.Typer(
     help="Database migrations.\n\n\b\n  threads-celery db upgrade --database-url postgresql://app@db/threads\n  threads-celery db current",
@@ -98,7 +100,7 @@ def worker(
     celery_app.worker_main(argv)
 
 
-def _preflight(celery_app: Any, service: str) -> None:
+def _preflight(celery_app: ThreadsCelery, service: str) -> None:
     """Fail now, with one clear line, if the ledger is not ready or an agent cannot run here."""
     from .worker import preflight
 

@@ -29,7 +29,7 @@ from .exceptions import (
 from .interventions import PendingCall, Resolution
 from .records import TERMINAL_STATUSES, Event, Message, OutboxEntry, Run, RunHandle
 from .settings import Settings
-from .store import Store
+from .store import Store, Tx
 from .store.engine import safe_url
 from .variables import SecretBox
 from .worker import EMBEDDED_BROKER, Publisher, create_app, open_store
@@ -258,7 +258,7 @@ class Threads(AgentToolsMixin):
 
     # -- variables -------------------------------------------------------------------------
 
-    def _seal_env(self, tx: Any, agent: str, env: dict[str, str]) -> dict[str, tuple[str, str]]:
+    def _seal_env(self, tx: Tx, agent: str, env: dict[str, str]) -> dict[str, tuple[str, str]]:
         """Values by declared type (from the agent tree's declarations); secrets encrypted."""
         if not env:
             return {}

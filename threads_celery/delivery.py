@@ -21,7 +21,9 @@ from .records import OutboxEntry
 from .tools import Tool, render_result
 
 if TYPE_CHECKING:
+    from .agents import Agent, AgentRegistry
     from .runtime import Runtime
+    from .store import Tx
 
 log = logging.getLogger("threads_celery.agent_tools")
 
@@ -153,13 +155,13 @@ def _with_result(row: AgentToolRun, result: AgentToolResult | AgentToolFailure) 
     return row
 
 
-def _parent_agent(runtime: Runtime, row: AgentToolRun) -> Any:
+def _parent_agent(runtime: Runtime, row: AgentToolRun) -> Agent | None:
     with runtime.store.read() as tx:
         name = tx.thread_agent(row.parent_thread_id)
     return runtime.registry.get(name) if name is not None and name in runtime.registry else None
 
 
-def _fire_hooks(runtime: Runtime, parent: Any, row: AgentToolRun, result: AgentToolResult | AgentToolFailure) -> list[OutboxEntry]:
+def _fire_hooks(runtime: Runtime, parent: Agent | None, row: AgentToolRun, result: AgentToolResult | AgentToolFailure) -> list[OutboxEntry]:
     entries: list[OutboxEntry] = []
     if parent is not None:
         hook = getattr(parent, "on_agent_tool_finish", None)
@@ -234,11 +236,11 @@ def _with_returned_attachments(value: Any, files_root: str, row: AgentToolRun, p
 
 
 def _settle_parent_call(
-    tx: Any,
+    tx: Tx,
     row: AgentToolRun,
     result: AgentToolResult | AgentToolFailure,
     now: datetime,
-    registry: Any = None,
+    registry: AgentRegistry | None = None,
     files_root: str | None = None,
 ) -> list[OutboxEntry]:
     """For an awaited run started by a model call: the child's result becomes the call's result.
@@ -363,7 +365,7 @@ INSPECT_TIMEOUT_S = 2.0
 RECOVERY_DEADLINE_S = 5.0
 
 
-def _inspect_child(tx: Any, row: AgentToolRun, *, started: float) -> str:
+def _inspect_child(tx: Tx, row: AgentToolRun, *, started: float) -> str:
     """What the silent child's own record says: ended, silent, gone, failed, slow or late.
 
     A missing record is "gone" only when the row says there was one; an inspection that raises
@@ -384,7 +386,7 @@ def _inspect_child(tx: Any, row: AgentToolRun, *, started: float) -> str:
     return "ended" if child.is_terminal else "silent"
 
 
-def _tear_down(tx: Any, row: AgentToolRun, now: datetime, reason: str) -> bool:
+def _tear_down(tx: Tx, row: AgentToolRun, now: datetime, reason: str) -> bool:
     """Cancel the child run without delivering 'aborted' (the caller seals the outcome)."""
     if row.child_run_id is None:
         return True

@@ -10,9 +10,12 @@ empty user and password. ``threads-celery flower`` is the launcher we ship and d
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 #: Flower options read from the environment that would open its API to anonymous callers.
 _OPENING_VARIABLES = ("FLOWER_UNAUTHENTICATED_API", "FLOWER_BASIC_AUTH", "FLOWER_AUTH")
@@ -81,7 +84,7 @@ def flower_argv(credentials: FlowerCredentials, *, address: str, port: int, extr
     return ["flower", f"--address={address}", f"--port={port}", *extra, f"--basic-auth={credentials.basic_auth_option()}"]
 
 
-def start_flower(celery_app: Any, environ: Mapping[str, str], *, address: str, port: int) -> None:
+def start_flower(celery_app: Celery, environ: Mapping[str, str], *, address: str, port: int) -> None:
     """Start Flower on ``celery_app`` behind basic authentication; refuse empty credentials.
 
     The credentials travel in-process (``celery_app.start(argv)``), so they never show in the

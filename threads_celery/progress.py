@@ -19,7 +19,11 @@ from . import runs
 from .agent_tools import AgentToolRun, child_signal
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
+    from .records import OutboxEntry
     from .runtime import Runtime
+    from .store import Tx
 
 log = logging.getLogger("threads_celery.progress")
 
@@ -89,7 +93,9 @@ class ProgressReporter:
             log.warning("on_progress for %s failed: %s: %s", row.run_id, type(exc).__name__, exc)
 
 
-def _surface_milestone(runtime: Runtime, tx: Any, row: AgentToolRun, name: str, sequence: int, data: Any, now: Any) -> list[Any]:
+def _surface_milestone(
+    runtime: Runtime, tx: Tx, row: AgentToolRun, name: str, sequence: int, data: Any, now: datetime
+) -> list[OutboxEntry]:
     """Narrate or react to a milestone in the parent thread, at most once per (run, name)."""
     options = row.on_milestones or {}
     if not row.detached or name not in options.get("names", ()):

@@ -48,16 +48,20 @@ import importlib
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celery.schedules import crontab
 
 from .agents import Agent
 from .exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+    from .store import Tx
 
 log = logging.getLogger("threads_celery.schedules")
 
@@ -340,7 +344,7 @@ class ScheduleRegistry:
     def get(self, name: str) -> Schedule | None:
         return self._schedules.get(name)
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Schedule]:
         return iter(list(self._schedules.values()))
 
     def __len__(self) -> int:
@@ -369,7 +373,7 @@ class ScheduleRegistry:
 # -- starting a slot's run (the worker side) --------------------------------------------------
 
 
-def start_scheduled_run(runtime: Any, schedules: ScheduleRegistry, name: str, slot_iso: str | None) -> str:
+def start_scheduled_run(runtime: Runtime, schedules: ScheduleRegistry, name: str, slot_iso: str | None) -> str:
     """Start the run of one slot of schedule ``name``, unless it exists. Returns what happened.
 
     ``runtime`` is the worker's :class:`~threads_celery.runtime.Runtime` (its store, agent
@@ -404,10 +408,11 @@ def start_scheduled_run(runtime: Any, schedules: ScheduleRegistry, name: str, sl
                     if tx.agent_hash(agent_name) != config_hash:
                         tx.upsert_agent(agent_name, config_hash, agent.describe(), now)
                 else:
-                    config_hash = tx.agent_hash(agent_name)
-                    if config_hash is None:
+                    stored_hash = tx.agent_hash(agent_name)
+                    if stored_hash is None:
                         log.error("schedule %r: agent %r is not registered anywhere", name, agent_name)
                         return f"unknown agent {agent_name}"
+                    config_hash = stored_hash
                 run, entries = runs.submit_run(
                     tx,
                     agent=agent_name,
@@ -428,7 +433,7 @@ def start_scheduled_run(runtime: Any, schedules: ScheduleRegistry, name: str, sl
     raise RuntimeError(f"schedule {name}: could not start or find run {run_id}")
 
 
-def _thread_for(tx: Any, schedule: Schedule, slot: datetime, agent_name: str, config_hash: str) -> str:
+def _thread_for(tx: Tx, schedule: Schedule, slot: datetime, agent_name: str, config_hash: str) -> str:
     thread_id = schedule.thread_id(slot)
     if schedule.thread != "accumulate":
         return thread_id
