@@ -46,9 +46,13 @@ class Pool(str, Enum):
 # -- worker and beat ---------------------------------------------------------------------------
 
 
-@app.command()
+PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command(context_settings=PASS_THROUGH)
 @friendly_errors
 def worker(
+    ctx: typer.Context,
     agents: Annotated[
         str | None,
         typer.Option(
@@ -73,12 +77,13 @@ def worker(
 
     Needs THREADS_DATABASE_URL and THREADS_BROKER_URL. Load every agent a run can reach,
     including child agents that tools start in the background (a bare module loads all of its
-    agents).
+    agents). Every other `celery worker` option is passed through as is (--autoscale, -n,
+    --max-tasks-per-child, -O, --without-gossip, ...; see `celery worker --help`).
 
     \b
       threads-celery worker --agents myapp.agents --concurrency 4
       threads-celery worker --agents examples/demo.py:agent --pool threads -Q threads,email
-      threads-celery worker --agents examples/research.py
+      threads-celery worker --agents myapp.agents --autoscale 8,2 -n slow@%h -Q slow-tools
     """
     require_services()
     if agents:
@@ -97,7 +102,7 @@ def worker(
         argv.append(f"--concurrency={concurrency}")
     if queues:
         argv.append(f"--queues={queues}")
-    celery_app.worker_main(argv)
+    celery_app.worker_main([*argv, *ctx.args])
 
 
 def _preflight(celery_app: ThreadsCelery, service: str) -> None:
@@ -108,9 +113,10 @@ def _preflight(celery_app: ThreadsCelery, service: str) -> None:
     err.print(f"agents: {', '.join(ready.agents) or 'none'}", style="dim")
 
 
-@app.command()
+@app.command(context_settings=PASS_THROUGH)
 @friendly_errors
 def beat(
+    ctx: typer.Context,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
     schedule: Annotated[
         Path | None,
@@ -120,6 +126,7 @@ def beat(
     """Run Celery beat: the reconcile backbone.
 
     It ticks every THREADS_RECONCILE_INTERVAL_S seconds (default 5). Run exactly one beat per deployment (a second one is safe, just wasteful).
+    Every other `celery beat` option is passed through as is (--max-interval, --pidfile, ...).
 
     \b
       threads-celery beat
@@ -134,7 +141,7 @@ def beat(
         user = getattr(os, "getuid", lambda: "user")()
         schedule = Path(tempfile.gettempdir()) / f"threads-celery-{user}" / "beat-schedule"
     schedule.parent.mkdir(parents=True, exist_ok=True)
-    celery_app.start(["beat", f"--loglevel={loglevel.upper()}", f"--schedule={schedule}"])
+    celery_app.start(["beat", f"--loglevel={loglevel.upper()}", f"--schedule={schedule}", *ctx.args])
 
 
 # -- flower ------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .celery_settings import user_celery_settings
 from .exceptions import ConfigError
 
 DEFAULT_BROKER_VISIBILITY_TIMEOUT_S = 3600
@@ -115,6 +116,8 @@ class Settings:
             "code_timeout_s": _float(env, "THREADS_CODE_TIMEOUT_S", 10.0),
             "code_memory_mb": _int(env, "THREADS_CODE_MEMORY_MB", 256),
             "code_max_output_bytes": _int(env, "THREADS_CODE_MAX_OUTPUT_BYTES", 1_000_000),
+            # THREADS_CELERY_CONFIG (a module or object) and THREADS_CELERY_<SETTING> variables.
+            "extra_celery": user_celery_settings(env),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -31,6 +31,7 @@ from .backbone import (
     queue_for,
     tick_is_covered,
 )
+from .celery_settings import merge_celery_settings
 from .exceptions import BrokerUnavailable, FenceLost, StoreUnavailable
 from .preflight import Ready, check_database, check_models, exit_on_failure, require_database_url
 from .records import OutboxEntry
@@ -99,8 +100,7 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         config["broker_transport_options"] = {"polling_interval": 0.005}
         config["task_send_sent_event"] = False
         config["worker_send_task_events"] = False
-    config.update(settings.extra_celery)
-    return config
+    return merge_celery_settings(config, settings.extra_celery)
 
 
 class Publisher:
