@@ -3,6 +3,7 @@ configuration (module and THREADS_CELERY_* variables) reaches the real worker.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -73,13 +74,9 @@ def test_autoscale_node_name_and_user_config_reach_the_worker(
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=20)
         app.close()
