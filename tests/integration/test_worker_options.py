@@ -66,7 +66,11 @@ def test_autoscale_node_name_and_user_config_reach_the_worker(
             q["name"]
             for q in (app.control.inspect([name], timeout=2.0).active_queues() or {})[name]
         }
-        assert queues == {"threads", "slow-tools"}
+        assert queues == {
+            "threads",
+            "slow-tools",
+            "threads.control",
+        }  # -Q, plus the backbone's queue
         conf = (app.control.inspect([name], timeout=2.0).conf() or {})[name]
         assert conf["worker_prefetch_multiplier"] == 3  # from THREADS_CELERY_CONFIG
         assert conf["worker_max_tasks_per_child"] == 50

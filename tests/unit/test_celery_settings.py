@@ -114,7 +114,10 @@ def test_variables_are_converted_to_the_settings_type() -> None:
             {"THREADS_CELERY_WORKER_PREFETCH_MULTIPLYER": "4"},
             "did you mean 'worker_prefetch_multiplier'",
         ),
-        ({"THREADS_CELERY_WORKER_PREFETCH_MULTIPLIER": "many"}, "worker_prefetch_multiplier takes an int value"),
+        (
+            {"THREADS_CELERY_WORKER_PREFETCH_MULTIPLIER": "many"},
+            "worker_prefetch_multiplier takes an int value",
+        ),
         ({"THREADS_CELERY_WORKER_SEND_TASK_EVENTS": "maybe"}, "expected true or false"),
         ({"THREADS_CELERY_BROKER_TRANSPORT_OPTIONS": "[1]"}, "expected a JSON object"),
         ({"THREADS_CELERY_TASK_SERIALIZER": "pickle"}, "must stay 'json'"),
