@@ -41,8 +41,12 @@ def test_control_tasks_take_the_control_queue_whatever_was_asked() -> None:
     for task in (RECONCILE_TASK, DELIVER_TASK, SCHEDULED_RUN_TASK):
         assert task in CONTROL_TASKS
         assert queue_for(task, None, work_queue=None, control_queue=CONTROL_QUEUE) == CONTROL_QUEUE
-        assert queue_for(task, "email", work_queue=None, control_queue=CONTROL_QUEUE) == CONTROL_QUEUE
-        assert queue_for(task, None, work_queue="solo", control_queue="solo.control") == "solo.control"
+        assert (
+            queue_for(task, "email", work_queue=None, control_queue=CONTROL_QUEUE) == CONTROL_QUEUE
+        )
+        assert (
+            queue_for(task, None, work_queue="solo", control_queue="solo.control") == "solo.control"
+        )
 
 
 def test_work_takes_its_own_queue_or_the_default() -> None:
@@ -71,15 +75,30 @@ def test_a_tick_is_skipped_only_when_a_later_tick_started() -> None:
 
 
 def test_agents_and_tools_name_their_queue_but_never_a_control_queue() -> None:
-    slow = tool(name="slow", description="d", input=Empty, execute=lambda i, c: "ok", effect="read_only", queue="slow")
-    agent = Agent(name="routed", instructions="i", model=ScriptedModel([]), tools=[slow], queue="agents")
+    slow = tool(
+        name="slow",
+        description="d",
+        input=Empty,
+        execute=lambda i, c: "ok",
+        effect="read_only",
+        queue="slow",
+    )
+    agent = Agent(
+        name="routed", instructions="i", model=ScriptedModel([]), tools=[slow], queue="agents"
+    )
     assert agent.queue == "agents" and slow.queue == "slow"
     assert agent.describe()["queue"] == "agents"
     assert Agent(name="plain", instructions="i", model=ScriptedModel([])).queue is None
     with pytest.raises(ConfigError, match="reserved"):
         Agent(name="bad", instructions="i", model=ScriptedModel([]), queue="threads.control")
     with pytest.raises(ConfigError, match="reserved"):
-        tool(name="bad", description="d", input=Empty, execute=lambda i, c: "ok", queue="threads.control")
+        tool(
+            name="bad",
+            description="d",
+            input=Empty,
+            execute=lambda i, c: "ok",
+            queue="threads.control",
+        )
 
     class Subclassed(Agent):
         name = "subclassed"
@@ -108,7 +127,9 @@ def test_the_celery_configuration_declares_both_queues_and_routes_control() -> N
         assert app.amqp.router.route({}, task)["queue"].name == CONTROL_QUEUE
     assert app.amqp.router.route({}, STEP_TASK)["queue"].name == WORK_QUEUE
     tick = app.conf.beat_schedule["threads-reconcile"]
-    assert tick["options"] == {"queue": CONTROL_QUEUE}  # no expires: a late tick is never dropped unseen
+    assert tick["options"] == {
+        "queue": CONTROL_QUEUE
+    }  # no expires: a late tick is never dropped unseen
 
 
 def test_a_worker_given_other_queues_still_consumes_the_control_queue() -> None:
@@ -149,13 +170,22 @@ def test_an_agents_steps_carry_its_queue_and_the_embedded_worker_still_runs_them
     from threads_celery import runs as run_records
     from threads_celery.testing import say
 
-    routed = Agent(name="routed", instructions="i", model=ScriptedModel([say("done"), say("again")]), queue="agents")
+    routed = Agent(
+        name="routed",
+        instructions="i",
+        model=ScriptedModel([say("done"), say("again")]),
+        queue="agents",
+    )
     with Threads.embedded(reconcile_interval=None) as threads:
         threads.register(routed)
         # A web app that starts a run by name reads the queue the agent's workers recorded.
         with threads.store.transaction() as tx:
             _, entries = run_records.submit_run(
-                tx, agent="routed", config_hash=routed.config_hash(), message="hi", now=run_records.utcnow()
+                tx,
+                agent="routed",
+                config_hash=routed.config_hash(),
+                message="hi",
+                now=run_records.utcnow(),
             )
         assert [(e.task, e.queue) for e in entries] == [(STEP_TASK, "agents")]
         threads.publisher(entries)
@@ -171,6 +201,8 @@ def test_moving_an_agent_to_another_queue_is_recorded_for_its_next_runs() -> Non
     with Threads.embedded(reconcile_interval=None) as threads:
         threads.register(Agent(name="mover", instructions="i", model=ScriptedModel([])))
         threads.registry = AgentRegistry()  # a new deployment of the same agent, now routed
-        threads.register(Agent(name="mover", instructions="i", model=ScriptedModel([]), queue="batch"))
+        threads.register(
+            Agent(name="mover", instructions="i", model=ScriptedModel([]), queue="batch")
+        )
         with threads.store.read() as tx:
             assert run_records.agent_queue(tx, "mover") == "batch"

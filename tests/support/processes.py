@@ -1,0 +1,605 @@
+"""The processes tests start: workers, Beat, services of their own, any other command.
+
+Every process runs in its own session (process group), logs to its own file, and is SIGKILLed as
+a group when the test that started it is done (and, whatever happened, when the interpreter
+exits). Tests that kill, freeze or restart something only ever do it to processes started here:
+
+- :class:`WorkerProcess`: ``celery -A tasks worker`` (or ``threads-celery worker``);
+- :class:`BeatProcess`: ``celery -A tasks beat`` (or ``threads-celery beat``);
+- :class:`PrivatePostgres` and :class:`PrivateRedis`: a PostgreSQL cluster (``initdb``) and a
+  ``redis-server`` of the test's own, on free loopback ports, in a temporary directory, that a test
+  may stop and start again without touching the machine's services;
+- :class:`ManagedProcess`: anything else (the HTTP API, Flower, a web app).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Self
+
+from tests.support.waiting import Deadline
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PG_BIN = Path(os.environ.get("THREADS_TEST_PG_BIN", "/usr/local/bin"))
+#: The ``threads-celery`` command of this interpreter's environment.
+THREADS_CELERY = str(Path(sys.executable).with_name("threads-celery"))
+
+__all__ = [
+    "REPO_ROOT",
+    "THREADS_CELERY",
+    "BeatProcess",
+    "ManagedProcess",
+    "PrivatePostgres",
+    "PrivateRedis",
+    "WorkerProcess",
+    "free_port",
+    "kill_all",
+    "started_processes",
+    "subprocess_env",
+]
+
+_STARTED: list[ManagedProcess] = []
+
+
+def started_processes() -> list[ManagedProcess]:
+    """Every process started through this module in this interpreter, oldest first."""
+    return list(_STARTED)
+
+
+def kill_all() -> None:
+    """SIGKILL every process group started here (a last resort at exit)."""
+    for process in _STARTED:
+        with contextlib.suppress(Exception):  # best effort at interpreter exit
+            process.kill()
+
+
+atexit.register(kill_all)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def subprocess_env(
+    extra: Mapping[str, str] | None = None,
+    *,
+    drop_prefixes: Sequence[str] = ("THREADS_", "CELERY_"),
+) -> dict[str, str]:
+    """This process's environment without its ``THREADS_*``/``CELERY_*`` settings, plus ``extra``.
+
+    The repository is on ``PYTHONPATH`` (so ``-A tasks`` and test agent modules import) and output
+    is unbuffered (so logs are complete when a process is killed).
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(tuple(drop_prefixes))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+class ManagedProcess:
+    """A subprocess in its own process group, logging to its own file."""
+
+    kind = "process"
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        log_path: Path,
+        cwd: Path = REPO_ROOT,
+        user: str | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.env = dict(env) if env is not None else subprocess_env()
+        self.log_path = log_path
+        self.cwd = cwd
+        self.user = user
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stopped = False
+
+    def start(self) -> ManagedProcess:
+        """Start the process (appending to its log); returns self."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        as_user: dict[str, object] = {}
+        if self.user is not None:
+            entry = pwd.getpwnam(self.user)
+            as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(  # type: ignore[call-overload]
+                self.argv,
+                cwd=self.cwd,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: kill() takes the children too
+                **as_user,
+            )
+        self.stopped = False
+        if self not in _STARTED:
+            _STARTED.append(self)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self.name} was never started"
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 80) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def wait_for_log(
+        self, pattern: str, *, timeout: float = 60.0, what: str | None = None
+    ) -> re.Match[str]:
+        """Poll the log until ``pattern`` (a regex) matches; AssertionError after ``timeout`` or
+        when the process exits first."""
+        regex = re.compile(pattern)
+        deadline = Deadline(timeout)
+        while True:
+            found = regex.search(self.log_text())
+            if found:
+                return found
+            if not self.alive():
+                raise AssertionError(
+                    f"{self.name} exited before {what or pattern!r}:\n{self.log_tail()}"
+                )
+            if deadline.passed():
+                raise AssertionError(
+                    f"{self.name}: {what or pattern!r} did not appear in its log within {timeout:g} s\n"
+                    f"--- last lines of {self.log_path} ---\n{self.log_tail()}"
+                )
+            time.sleep(0.05)
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the whole process group (a no-op once it is gone)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (the process and every child) and reap it."""
+        if self.proc is None:
+            return
+        self.signal_group(signal.SIGKILL)
+        self.stopped = False
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a zombie we cannot reap
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """SIGSTOP the whole group: it stays alive but runs nothing (its lease keeper neither)."""
+        self.signal_group(signal.SIGSTOP)
+        self.stopped = True
+
+    def cont(self) -> None:
+        """SIGCONT the whole group."""
+        self.signal_group(signal.SIGCONT)
+        self.stopped = False
+
+    def terminate(self, timeout: float = 15.0) -> None:
+        """SIGTERM (a warm shutdown for Celery), then SIGKILL the group if it lingers."""
+        if self.proc is None:
+            return
+        if self.stopped:
+            self.cont()
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=timeout)
+        self.kill()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+    def __repr__(self) -> str:
+        state = "alive" if self.alive() else "dead"
+        return f"<{self.kind} {self.name} pid={self.proc.pid if self.proc else None} {state}>"
+
+
+class WorkerProcess(ManagedProcess):
+    """A Celery worker running the threads tasks: ``celery -A tasks worker`` by default, or
+    ``threads-celery worker`` with ``cli=True``."""
+
+    kind = "worker"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        env: Mapping[str, str],
+        log_path: Path,
+        concurrency: int = 2,
+        pool: str = "prefork",
+        queues: Iterable[str] | None = None,
+        cli: bool = False,
+        extra_args: Sequence[str] = (),
+        cwd: Path = REPO_ROOT,
+    ) -> None:
+        if cli:
+            argv = [THREADS_CELERY, "worker"]
+        else:
+            argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-n", f"{name}@%h",
+                    "--without-mingle", "--without-gossip"]  # fmt: skip
+        argv += ["--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO"]
+        if queues is not None:
+            argv += ["-Q", ",".join(queues)]
+        argv += list(extra_args)
+        super().__init__(name, argv, env=env, log_path=log_path, cwd=cwd)
+        self.cli = cli
+
+    def wait_ready(self, timeout: float = 60.0) -> WorkerProcess:
+        """Wait until the worker logs that it is ready (and still runs)."""
+        pattern = r"\S+@\S+ ready\." if self.cli else rf"{re.escape(self.name)}@\S+ ready\."
+        self.wait_for_log(pattern, timeout=timeout, what="worker ready")
+        return self
+
+    def child_pids(self) -> list[int]:
+        """The prefork pool's processes (children of the worker's main process)."""
+        if not self.alive():
+            return []
+        pids: set[int] = set()
+        try:
+            for children in Path(f"/proc/{self.pid}/task").glob("*/children"):
+                pids.update(int(p) for p in children.read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+        if not pids:  # kernels without /proc/<pid>/task/<tid>/children
+            out = subprocess.run(
+                ["ps", "-o", "pid=", "--ppid", str(self.pid)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            pids.update(int(p) for p in out.stdout.split())
+        return sorted(pids)
+
+    def owns(self, pid: int) -> bool:
+        """Whether ``pid`` is one of this worker's pool processes."""
+        return pid in self.child_pids()
+
+    def kill_child(self, pid: int | None = None) -> int:
+        """SIGKILL one pool process (``pid`` must be one of ours); returns the pid killed."""
+        children = self.child_pids()
+        if pid is None:
+            if not children:
+                raise AssertionError(f"worker {self.name} has no pool process to kill")
+            pid = children[0]
+        elif pid not in children:
+            raise AssertionError(
+                f"pid {pid} is not a pool process of worker {self.name} ({children})"
+            )
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+
+class BeatProcess(ManagedProcess):
+    """Celery Beat publishing the reconcile backbone every ``THREADS_RECONCILE_INTERVAL_S``:
+    ``celery -A tasks beat`` by default, ``threads-celery beat`` with ``cli=True``."""
+
+    kind = "beat"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        env: Mapping[str, str],
+        log_path: Path,
+        schedule_path: Path,
+        cli: bool = False,
+        cwd: Path = REPO_ROOT,
+    ) -> None:
+        if cli:
+            argv = [THREADS_CELERY, "beat", "--schedule", str(schedule_path), "--loglevel", "INFO"]
+        else:
+            argv = [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tasks",
+                "beat",
+                "-s",
+                str(schedule_path),
+                "--loglevel",
+                "INFO",
+            ]
+        super().__init__(name, argv, env=env, log_path=log_path, cwd=cwd)
+
+    def wait_ready(self, timeout: float = 60.0) -> BeatProcess:
+        self.wait_for_log(r"beat: Starting", timeout=timeout, what="beat start-up")
+        return self
+
+    def ticks_sent(self) -> int:
+        """How many reconcile ticks this Beat logged as sent."""
+        return len(re.findall(r"Sending due task threads-reconcile", self.log_text()))
+
+
+# -- services of the test's own ------------------------------------------------------------------
+
+
+def _service_dir(prefix: str, owner: str | None) -> Path:
+    # Under /tmp, not pytest's 0700 base directory: PostgreSQL runs as another user when we are
+    # root (initdb refuses root) and must reach its data directory.
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    if owner is not None:
+        entry = pwd.getpwnam(owner)
+        os.chown(directory, entry.pw_uid, entry.pw_gid)
+    return directory
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of the test's own: ``initdb`` in a temporary directory, ``postgres``
+    on a free loopback port, trust authentication for user ``postgres``.
+
+    ``stop()`` shuts it down (``fast``, or ``immediate``: a crash, recovered from WAL on the next
+    start) and ``start()`` brings it back on the same port and data. Nothing here touches the
+    machine's PostgreSQL.
+    """
+
+    def __init__(self, *, port: int | None = None, log_dir: Path | None = None) -> None:
+        self.port = port or free_port()
+        self.user = "postgres" if os.geteuid() == 0 else None  # initdb refuses to run as root
+        self.directory = _service_dir("threads-test-pg-", self.user)
+        self.data = self.directory / "data"
+        self.log_path = (log_dir or self.directory) / f"postgres-{self.port}.log"
+        self.process: ManagedProcess | None = None
+
+    @staticmethod
+    def available() -> str | None:
+        """None when initdb and postgres can be run here, else why not."""
+        for tool in ("initdb", "postgres"):
+            if not (PG_BIN / tool).exists():
+                return f"{PG_BIN / tool} not found (set THREADS_TEST_PG_BIN)"
+        if os.geteuid() == 0:
+            try:
+                pwd.getpwnam("postgres")
+            except KeyError:
+                return "running as root and there is no 'postgres' user to run initdb as"
+        return None
+
+    def init(self) -> PrivatePostgres:
+        """Create the cluster (initdb), then start it."""
+        as_user: dict[str, object] = {}
+        if self.user is not None:
+            entry = pwd.getpwnam(self.user)
+            as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+        result = subprocess.run(  # type: ignore[call-overload]
+            [
+                str(PG_BIN / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=self.directory,
+            **as_user,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"initdb failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+            )
+        return self.start()
+
+    def start(self, timeout: float = 60.0) -> PrivatePostgres:
+        """Start the server and wait until it accepts connections."""
+        argv = [
+            str(PG_BIN / "postgres"), "-D", str(self.data), "-p", str(self.port), "-k", str(self.directory),
+            "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off",
+            "-c", "max_connections=200", "-c", "shared_buffers=32MB",
+        ]  # fmt: skip
+        self.process = ManagedProcess(f"postgres:{self.port}", argv, env=dict(os.environ), log_path=self.log_path,
+                                      cwd=self.directory, user=self.user)  # fmt: skip
+        self.process.start()
+        deadline = Deadline(timeout)
+        while not self.accepts_connections():
+            if not self.process.alive():
+                raise RuntimeError(
+                    f"postgres on port {self.port} exited:\n{self.process.log_tail()}"
+                )
+            deadline.check(f"postgres on port {self.port} accepting connections")
+            time.sleep(0.1)
+        return self
+
+    def accepts_connections(self) -> bool:
+        import psycopg
+
+        try:
+            with psycopg.connect(
+                host="127.0.0.1",
+                port=self.port,
+                user="postgres",
+                dbname="postgres",
+                connect_timeout=2,
+            ) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False
+
+    def stop(self, mode: str = "fast", timeout: float = 30.0) -> None:
+        """Shut down: ``fast`` (SIGINT: roll back, disconnect, checkpoint) or ``immediate``
+        (SIGQUIT: no checkpoint, crash recovery on the next start)."""
+        if self.process is None or not self.process.alive():
+            return
+        sig = {"fast": signal.SIGINT, "immediate": signal.SIGQUIT, "smart": signal.SIGTERM}[mode]
+        assert self.process.proc is not None
+        self.process.proc.send_signal(sig)
+        try:
+            self.process.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+    def restart(self, mode: str = "fast") -> None:
+        self.stop(mode)
+        self.start()
+
+    def url(self, database: str = "postgres") -> str:
+        """SQLAlchemy URL of ``database`` on this server."""
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> str:
+        """Create ``name`` (from template0) and return its URL."""
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True
+        ) as conn:
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name))
+            )
+        return self.url(name)
+
+    def destroy(self) -> None:
+        """Stop the server for good and remove its directory."""
+        if self.process is not None:
+            self.process.kill()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.init()
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+
+class PrivateRedis:
+    """A ``redis-server`` of the test's own on a free loopback port, in a temporary directory.
+
+    ``persistent=False`` (the default) keeps nothing on disk, so a restart empties every queue:
+    what survives must come back through the ledger's outbox. ``stop()`` is ``SHUTDOWN NOSAVE``
+    (or SIGKILL with ``kill=True``); ``start()`` brings it back on the same port.
+    """
+
+    def __init__(
+        self, *, port: int | None = None, persistent: bool = False, log_dir: Path | None = None
+    ) -> None:
+        self.port = port or free_port()
+        self.persistent = persistent
+        self.directory = _service_dir("threads-test-redis-", None)
+        self.log_path = (log_dir or self.directory) / f"redis-{self.port}.log"
+        self.process: ManagedProcess | None = None
+
+    @staticmethod
+    def available() -> str | None:
+        """None when redis-server can be run here, else why not."""
+        return None if shutil.which("redis-server") else "redis-server is not on PATH"
+
+    def start(self, timeout: float = 30.0) -> PrivateRedis:
+        """Start the server and wait until it answers PING."""
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always"]
+            if self.persistent
+            else ["--appendonly", "no"]
+        )
+        argv = [
+            str(shutil.which("redis-server")), "--port", str(self.port), "--bind", "127.0.0.1",
+            "--dir", str(self.directory), "--save", "", *persistence, "--daemonize", "no",
+        ]  # fmt: skip
+        self.process = ManagedProcess(f"redis:{self.port}", argv, env=dict(os.environ), log_path=self.log_path,
+                                      cwd=self.directory)  # fmt: skip
+        self.process.start()
+        deadline = Deadline(timeout)
+        while not self.answers():
+            if not self.process.alive():
+                raise RuntimeError(
+                    f"redis-server on port {self.port} exited:\n{self.process.log_tail()}"
+                )
+            deadline.check(f"redis-server on port {self.port} answering PING")
+            time.sleep(0.05)
+        return self
+
+    def answers(self) -> bool:
+        import redis
+
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, socket_timeout=1, socket_connect_timeout=1
+        )
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    def stop(self, *, kill: bool = False, timeout: float = 30.0) -> None:
+        """``SHUTDOWN NOSAVE`` (or SIGKILL), then wait for the process to exit."""
+        if self.process is None or not self.process.alive():
+            return
+        if kill:
+            self.process.kill()
+            return
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
+        try:
+            client.shutdown(nosave=True)
+        except redis.RedisError:
+            pass  # the connection drops as the server exits
+        finally:
+            client.close()
+        assert self.process.proc is not None
+        try:
+            self.process.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def destroy(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
