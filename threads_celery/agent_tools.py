@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypedDict
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
@@ -119,6 +119,13 @@ class DetachedHandle:
     error: str | None = None
 
 
+class MilestoneOptions(TypedDict):
+    """How a detached run's milestones surface in the parent thread, as stored with the run."""
+
+    names: list[str]
+    mode: Literal["narrate", "react"]
+
+
 @dataclass(frozen=True, slots=True)
 class Milestone:
     sequence: int
@@ -154,8 +161,8 @@ class AgentToolRun:
     detached: bool = False
     event_delivery: str = "all"
     on_finish: str | None = None
-    notify: Any = None
-    on_milestones: Any = None
+    notify: Mapping[str, str] | None = None
+    on_milestones: MilestoneOptions | None = None
     max_budget_ms: int | None = None
     no_progress_budget_ms: int | None = None
     delivered: tuple[str, ...] = ()
@@ -374,7 +381,7 @@ def dispatch(
     return row, entries, True
 
 
-def _milestone_options(value: Any) -> dict[str, Any] | None:
+def _milestone_options(value: Any) -> MilestoneOptions | None:
     if value is None:
         return None
     if isinstance(value, Mapping):

@@ -61,6 +61,9 @@ def dispatch_child(
             if refs:
                 text = input_value if isinstance(input_value, str) else json.dumps(input_value)
                 input_value = f"{text}\n\nAttachments: {', '.join(refs)}"
+    child = child or tool.child_agent
+    # The runtime sends only agent tools (child_agent set) and subagent creates (child given) here.
+    assert child is not None, f"tool {tool.name!r} starts no child agent"
     with self.store.transaction() as tx:
         if tx.advance_run(run.id, fence=run.fence, now=now, status="waiting", lease_owner=None, lease_expires_at=None) is None:
             raise FenceLost(run.id, run.fence)
@@ -70,7 +73,7 @@ def dispatch_child(
             tx,
             run_id=run_id,
             parent_thread_id=run.thread_id,
-            child=child or tool.child_agent,
+            child=child,
             input_value=input_value,
             child_thread_id=child_thread_id,
             now=now,

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from .settings import Settings
 
 if TYPE_CHECKING:
+    from .agent_tools import Detached, DetachedHandle
+    from .agents import Agent
     from .files import ThreadFiles
     from .sandbox import CodeResult
 
@@ -40,7 +42,7 @@ class ToolContext:
         env: Callable[[str], str | None] | None = None,
         report: Callable[..., str] | None = None,
         settings: Settings | None = None,
-        start_child: Callable[..., Any] | None = None,
+        start_child: Callable[..., DetachedHandle] | None = None,
     ) -> None:
         self.effect_key = effect_key
         self.run_id = run_id
@@ -156,13 +158,13 @@ class ToolContext:
 
     def run_agent_tool(
         self,
-        child: Any,
+        child: type[Agent] | Agent | str,
         input: Any = None,
         *,
-        detached: Any = True,
+        detached: bool | Detached = True,
         run_id: str | None = None,
         display_name: str | None = None,
-    ) -> Any:
+    ) -> DetachedHandle:
         """Start a child agent run in the background for this thread; returns its handle at once.
 
         ``child`` is an Agent (instance, class or registered name); ``detached`` is ``True`` or a

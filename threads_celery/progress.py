@@ -97,8 +97,8 @@ def _surface_milestone(
     runtime: Runtime, tx: Tx, row: AgentToolRun, name: str, sequence: int, data: Any, now: datetime
 ) -> list[OutboxEntry]:
     """Narrate or react to a milestone in the parent thread, at most once per (run, name)."""
-    options = row.on_milestones or {}
-    if not row.detached or name not in options.get("names", ()):
+    options = row.on_milestones
+    if not row.detached or options is None or name not in options.get("names", ()):
         return []
     thread = tx.get_thread(row.parent_thread_id)
     if thread is None:

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import pydantic_core
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -22,6 +22,11 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from .backbone import check_queue_name
 from .effects import EFFECTS, Effect, Reconcile
 from .exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from .agents import Agent
+    from .prompts import PromptToolOptions
+    from .variables import Variable
 
 TOOL_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 RESERVED_TOOL_NAMES = frozenset({"subagents", "subagent_create", "subagent_message"})
@@ -44,14 +49,14 @@ class Tool:
     dedup_window_ms: int | None = None
     reconcile: Reconcile | None = None
     progress_argument: str | None = None
-    variables: tuple[Any, ...] = ()
+    variables: tuple[Variable, ...] = ()
     queue: str | None = None
     _output_adapter: TypeAdapter[Any] | None = field(default=None, repr=False, compare=False)
     #: Set for agent tools (see :func:`threads_celery.agent_tools.agent_tool`): the child agent.
-    child_agent: Any = field(default=None, repr=False, compare=False)
+    child_agent: Agent | None = field(default=None, repr=False, compare=False)
     display_name: str | None = None
     #: Set for prompt tools (see :mod:`threads_celery.prompts`): how the return is shaped.
-    prompt_options: Any = None
+    prompt_options: PromptToolOptions | None = None
     #: Set for the injected subagent lifecycle tools: "list", "create" or "message".
     subagent_op: str | None = None
     #: May run at the same time as the neighbouring concurrent calls of one model reply.
