@@ -1,7 +1,7 @@
 """The HTTP API's request and response bodies, as Pydantic models.
 
 Requests reject unknown keys (``extra="forbid"``) and strings that the ledger cannot hold (a NUL
-character, which PostgreSQL refuses in text). Responses are the public shape of the frozen
+character or an unpaired surrogate; see :mod:`threads_celery.store.storable`). Responses are the public shape of the frozen
 records in :mod:`threads_celery.records`; internal fields (fences, lease owners) stay inside.
 """
 
@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 
 from .interventions import PendingCall
 from .records import Event, Message, Run, RunStatus
+from .store.storable import unstorable_reason
 
 #: Ids a client may choose for a thread or a run: short, printable, URL-safe.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
@@ -23,8 +24,9 @@ EFFECT_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,254}$"
 
 
 def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("must not contain a NUL character")
+    reason = unstorable_reason(value)
+    if reason is not None:
+        raise ValueError(reason)
     return value
 
 
@@ -60,7 +62,7 @@ class _Request(BaseModel):
 class StartRun(_Request):
     """Start a run of ``agent`` on ``message``: on a new thread, or on ``thread_id``."""
 
-    agent: Annotated[str, Field(min_length=1, max_length=128, description="A registered agent's name.")]
+    agent: Annotated[str, Field(min_length=1, max_length=128, description="A registered agent's name."), AfterValidator(_no_nul)]
     message: Annotated[Text, Field(description="The user message.")]
     thread_id: Annotated[
         str | None, Field(pattern=ID_PATTERN, description="Continue this thread (or start one with this id).")

@@ -12,7 +12,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .agents import Agent
-from .exceptions import FenceLost
+from .exceptions import AttachmentPathError, FenceLost
+from .redaction import describe_exception
 from .files import ThreadFiles, copy_into_child
 from .observability import emit
 from .records import CallRow, Run
@@ -53,11 +54,16 @@ def dispatch_child(
             # place (and the copies, same content, to the same references).
             child_thread_id = "thread_" + hashlib.sha256(run_id.encode()).hexdigest()[:32]
             names = arguments.get(options.init_attachments_property) or []
-            refs = copy_into_child(
-                ThreadFiles(self.settings.files_root, run.thread_id),
-                ThreadFiles(self.settings.files_root, child_thread_id),
-                [str(n) for n in names],
-            )
+            try:
+                refs = copy_into_child(
+                    ThreadFiles(self.settings.files_root, run.thread_id),
+                    ThreadFiles(self.settings.files_root, child_thread_id),
+                    [str(n) for n in (names if isinstance(names, list) else [names])],
+                )
+            except (OSError, AttachmentPathError) as exc:
+                # A name the parent does not have is the model's mistake to fix, not a crash.
+                content = f"cannot hand the attachments to {tool.name}: {describe_exception(exc, ())}"
+                return self._commit_call(run, run.fence, call, tool, content, is_error=True)
             if refs:
                 text = input_value if isinstance(input_value, str) else json.dumps(input_value)
                 input_value = f"{text}\n\nAttachments: {', '.join(refs)}"

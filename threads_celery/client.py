@@ -32,6 +32,7 @@ from .settings import Settings
 from .store import Store, Tx
 from .store.engine import safe_url
 from .variables import SecretBox
+from .store.storable import unstorable_reason
 from .worker import EMBEDDED_BROKER, Publisher, create_app, open_store
 
 if TYPE_CHECKING:
@@ -218,6 +219,9 @@ class Threads(AgentToolsMixin):
         """
         if not isinstance(message, str):
             raise TypeError(f"message must be a str, not {type(message).__name__}")
+        unstorable = unstorable_reason(message)
+        if unstorable is not None:
+            raise ValueError(f"message {unstorable}")
         size = len(message.encode())
         if size > self.settings.max_message_bytes:
             raise PayloadTooLarge(size, self.settings.max_message_bytes)

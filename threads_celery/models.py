@@ -42,6 +42,24 @@ class ModelTurn:
     usage: dict[str, int] = field(default_factory=dict)
 
 
+#: The ledger keeps a call's name and id in columns of this many characters (on both stores).
+MAX_CALL_NAME = 255
+
+
+def bounded_turn(turn: ModelTurn) -> ModelTurn:
+    """``turn`` with call names and ids cut to what the ledger holds.
+
+    No tool has a name that long (:func:`threads_celery.tools.tool` allows 64 characters), so a
+    cut name is still an unknown tool, which the model is told about like any other.
+    """
+    if all(len(c.name) <= MAX_CALL_NAME and len(c.call_id) <= MAX_CALL_NAME for c in turn.calls):
+        return turn
+    calls = tuple(
+        RequestedCall(call_id=c.call_id[:MAX_CALL_NAME], name=c.name[:MAX_CALL_NAME], args=c.args) for c in turn.calls
+    )
+    return ModelTurn(text=turn.text, calls=calls, model_name=turn.model_name, usage=turn.usage)
+
+
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
     """A piece of the model's stream, as it arrives.

@@ -212,6 +212,7 @@ def cancel(tx: Tx, run_id: str, *, now: datetime, reason: str = "cancelled") -> 
         lease_owner=None,
         lease_expires_at=None,
     )
+    _settle_waiting_calls(tx, run, reason, now)
     entries: list[OutboxEntry] = []
     if thread.active_run_id == run.id:
         entries = release_thread(tx, run, now)
@@ -222,6 +223,38 @@ def cancel(tx: Tx, run_id: str, *, now: datetime, reason: str = "cancelled") -> 
     ended = tx.get_run(run_id)
     assert ended is not None
     return ended, entries
+
+
+#: The calls a cancel settles: each waits (for a person, or for its turn); none is running.
+WAITING_CALL_STATUSES = ("pending", "awaiting_approval", "awaiting_variable", "parked")
+
+
+def _settle_waiting_calls(tx: Tx, run: Run, reason: str, now: datetime) -> None:
+    """Settle a cancelled run's waiting calls: they leave ``parked()``, and the thread keeps a
+    result for every call (a later run's model sees why), each announced on the event stream."""
+    from .records import ToolResult
+
+    if run.step == 0:
+        return
+    for call in tx.calls_in_step(run.id, run.step - 1):
+        if call.status not in WAITING_CALL_STATUSES:
+            continue
+        if call.status == "parked":
+            status, text = "error", f"not settled: the run was cancelled ({reason}); the call was interrupted and may have taken effect"
+        else:
+            status, text = "skipped", f"not run: the run was cancelled ({reason})"
+        tx.settle_call(call.effect_key, status=status, result=text, is_error=True, now=now)
+        tx.insert_message(
+            thread_id=run.thread_id,
+            run_id=run.id,
+            role="tool",
+            text=text,
+            now=now,
+            tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=text, is_error=True),
+        )
+        tx.delete_outbox(call.effect_key)
+        payload = {"run_id": run.id, "effect_key": call.effect_key, "name": call.tool, "was": call.status, "status": status, "reason": text}
+        tx.append_event(run.thread_id, run.id, "tool_call_cancelled", payload, now)
 
 
 def record_call_result(

@@ -62,6 +62,9 @@ log = logging.getLogger("threads_celery.runtime")
 
 Publish = Callable[[Sequence[OutboxEntry]], None]
 
+#: What the model is shown when the store refused a tool's result.
+UNSTORED_RESULT = "the tool ran, but its result could not be stored"
+
 
 class RetryLater(Exception):
     """Not now: another worker holds the run, or a transient failure. Try again in ``countdown``."""
@@ -144,7 +147,12 @@ class Runtime:
             starts.finish()
         except Exception as exc:  # noqa: BLE001 - the provider failed: retry with backoff, then fail the run
             return self._step_failed(run, fence, step, attempt, exc)
-        return self._commit_step(run, fence, step, agent, turn)
+        try:
+            return self._commit_step(run, fence, step, agent, models.bounded_turn(turn))
+        except (FenceLost, StoreUnavailable):
+            raise
+        except Exception as exc:  # what the model sent could not be stored: ask again, then end the run
+            return self._step_failed(run, fence, step, attempt, exc)
 
     def _tool_call_started(self, run: Run, step: int, agent: Agent, started: ToolCallStarted) -> None:
         """Record ``tool_call_started`` in the thread's log and call the agent's hook (best effort)."""
@@ -260,7 +268,7 @@ class Runtime:
         return isinstance(decide_permission(tool.name, tool.effect, agent.permissions), PermissionAllow)
 
     def _step_failed(self, run: Run, fence: int, step: int, attempt: int, exc: Exception) -> str:
-        reason = f"{type(exc).__name__}: {exc}"
+        reason = describe_exception(exc, ())
         status = getattr(exc, "status_code", None)
         # A request the provider refuses as such (bad model name, bad key, bad request) fails the
         # same way every time; timeouts, rate limits and server errors are worth another try.
@@ -446,6 +454,13 @@ class Runtime:
                 log.warning("call %s: cannot commit its result yet, retrying in %.1f s: %s", call.effect_key, delay, exc)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+            except FenceLost:
+                raise
+            except Exception as exc:  # the store refused this result: the model is told so, once
+                if is_error and content.startswith(UNSTORED_RESULT):
+                    raise
+                log.warning("call %s: its result could not be stored: %s", call.effect_key, describe_exception(exc, ()))
+                content, is_error = f"{UNSTORED_RESULT} ({describe_exception(exc, ())})", True
 
     def _dispatch_child(self, *args: Any, **kwargs: Any) -> str:
         """An agent-tool call: start (or re-attach to) the child (see :mod:`.child_runs`)."""

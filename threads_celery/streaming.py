@@ -22,6 +22,8 @@ from .tools import Tool
 class ToolCallStarted:
     """A tool call the model has begun: what ``tool_call_started`` carries."""
 
+    #: The call's position among the calls of this reply (text parts are not counted), which is
+    #: the index in its effect key.
     index: int
     call_id: str
     name: str
@@ -35,11 +37,15 @@ class ToolCallStarts:
         self._tools = {t.name: t for t in tools}
         self._emit = emit
         self._calls: dict[int, tuple[str, str]] = {}
+        # Stream part index -> position among the reply's calls: a text part before the calls
+        # takes a part index, never a call's place.
+        self._positions: dict[int, int] = {}
         self._args: dict[int, str] = {}
         self._started: set[int] = set()
 
     def feed(self, event: StreamEvent) -> None:
         if event.kind == "call":
+            self._positions.setdefault(event.index, len(self._positions))
             self._calls[event.index] = (event.name, event.call_id)
             self._args.setdefault(event.index, "")
             if self._argument_of(event.name) is None:
@@ -71,4 +77,4 @@ class ToolCallStarts:
     def _start(self, index: int, progress: str | None) -> None:
         self._started.add(index)
         name, call_id = self._calls[index]
-        self._emit(ToolCallStarted(index=index, call_id=call_id, name=name, progress=progress))
+        self._emit(ToolCallStarted(index=self._positions[index], call_id=call_id, name=name, progress=progress))

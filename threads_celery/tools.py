@@ -22,6 +22,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from .backbone import check_queue_name
 from .effects import EFFECTS, Effect, Reconcile
 from .exceptions import ConfigError
+from .redaction import describe_exception
 
 if TYPE_CHECKING:
     from .agents import Agent
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from .variables import Variable
 
 TOOL_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+#: Providers accept function names of up to 64 characters (OpenAI's limit, the strictest).
+MAX_TOOL_NAME = 64
 RESERVED_TOOL_NAMES = frozenset({"subagents", "subagent_create", "subagent_message"})
 
 Runs = Literal["host"]
@@ -100,6 +103,8 @@ class Tool:
                     f"the arguments are not valid JSON ({exc.msg} at position {exc.pos}); "
                     "send one JSON object"
                 ) from None
+            except RecursionError:
+                raise ToolArgumentsError(TOO_DEEP) from None
         else:
             data = raw
         if not isinstance(data, dict):
@@ -110,6 +115,10 @@ class Tool:
             return self.input.model_validate(data)
         except ValidationError as exc:
             raise ToolArgumentsError(describe_validation_error(exc)) from None
+        except RecursionError:
+            raise ToolArgumentsError(TOO_DEEP) from None
+        except Exception as exc:  # a validator of the user's input model raised something else
+            raise ToolArgumentsError(f"invalid arguments: {describe_exception(exc, ())}") from None
 
     def check_output(self, value: Any) -> Any:
         """Validate ``value`` against the ``output`` model, if any. Raises ToolOutputError."""
@@ -122,6 +131,9 @@ class Tool:
                 f"tool {self.name!r} returned a result that fails its output schema: "
                 f"{describe_validation_error(exc)}"
             ) from None
+
+
+TOO_DEEP = "the arguments are nested too deeply to read; send a flatter JSON object"
 
 
 class ToolArgumentsError(ValueError):
@@ -157,10 +169,10 @@ def tool(
     :mod:`threads_celery.effects`. ``concurrent=True`` (read_only tools only, never with
     ``ends_turn``) lets the calls of one model reply run at the same time.
     """
-    if not isinstance(name, str) or not TOOL_NAME.match(name):
+    if not isinstance(name, str) or not TOOL_NAME.match(name) or len(name) > MAX_TOOL_NAME:
         raise ConfigError(
             f"tool name {name!r} is invalid: use lowercase letters, digits and underscores, "
-            "starting with a letter"
+            f"starting with a letter, at most {MAX_TOOL_NAME} characters"
         )
     if name in RESERVED_TOOL_NAMES:
         raise ConfigError(
@@ -262,8 +274,12 @@ def render_result(value: Any) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, BaseModel):
-        return value.model_dump_json()
-    return pydantic_core.to_json(value).decode()
+        value = value.model_dump(mode="json")
+    from .store.storable import storable
+
+    # JSON text is UTF-8: a lone surrogate in a string cannot be encoded, so it is replaced
+    # first, by the ledger's own rule (see threads_celery.store.storable).
+    return pydantic_core.to_json(storable(value)).decode()
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -241,7 +241,7 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
     """Register ``threads.step``, ``threads.tool`` and ``threads.reconcile`` on ``app``."""
 
     # The bound tasks' ``self`` is the Task the decorator builds; its call signature is Any there.
-    def _run(task: Task[Any, Any], work: Callable[[], str]) -> str:
+    def _run(task: Task[Any, Any], work: Callable[[], str], poison_key: str | None = None) -> str:
         # Imported here, not above: a web app builds this app too, and must not load the runtime
         # (and with it the model layer) just to publish tasks.
         from .runtime import RetryLater
@@ -257,18 +257,29 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
             countdown = min(2 ** task.request.retries, 30)
             log.warning("%s: store unavailable, retrying in %ss: %s", task.name, countdown, exc)
             raise task.retry(countdown=countdown, max_retries=None, exc=None) from None
+        except Exception as exc:
+            if poison_key is None:
+                raise
+            # A step or tool task that fails unforeseen: bounded tries, then the run ends.
+            from .failures import GiveUp, apply_task_failure
+
+            failures = (task.request.retries or 0) + 1
+            decision = apply_task_failure(holder.get(), task.name, poison_key, failures, exc)
+            if isinstance(decision, GiveUp):
+                return f"gave up: {decision.reason}"
+            raise task.retry(countdown=decision.countdown, max_retries=None, exc=None) from None
 
     @app.task(name=STEP_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
     def step(self: Task[Any, Any], run_id: str, n: int) -> str:
         """Run one model step of a run."""
         runtime = holder.get()
-        return _run(self, lambda: runtime.run_step(run_id, n, attempt=self.request.retries or 0))
+        return _run(self, lambda: runtime.run_step(run_id, n, attempt=self.request.retries or 0), run_id)
 
     @app.task(name=TOOL_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
     def tool(self: Task[Any, Any], effect_key: str) -> str:
         """Run one tool call, by effect key."""
         runtime = holder.get()
-        return _run(self, lambda: runtime.run_tool(effect_key))
+        return _run(self, lambda: runtime.run_tool(effect_key), effect_key)
 
     @app.task(name=DELIVER_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
     def deliver(self: Task[Any, Any], run_id: str, status: str) -> str:

@@ -2,7 +2,8 @@
 
 PostgreSQL goes through psycopg 3. SQLite (the embedded default) runs in WAL mode with a busy
 timeout, and every transaction begins IMMEDIATE so that two writer threads queue on the lock
-instead of failing on a read-to-write upgrade.
+instead of failing on a read-to-write upgrade. On both, text the ledger cannot hold (NUL,
+unpaired surrogates) is replaced at this boundary (see :mod:`.storable`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sqlalchemy.engine import URL, Engine, create_engine, make_url
 from sqlalchemy.exc import ArgumentError
 
 from ..exceptions import ConfigError
+from . import storable
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -65,16 +67,25 @@ def create_store_engine(url: URL, **overrides: Any) -> Engine:
         "pool_size": 5,
         "max_overflow": 10,
         "connect_args": {"connect_timeout": 5},
+        "json_serializer": storable.dumps,
+        # Parameters are conversation text and tool arguments: never in logs or error messages.
+        "hide_parameters": True,
     }
     options.update(overrides)
-    return create_engine(url, **options)
+    engine = create_engine(url, **options)
+    storable.install(engine)
+    return engine
 
 
 def _sqlite_engine(url: URL, **overrides: Any) -> Engine:
     database = url.database or ""
     if database and database != ":memory:" and not database.startswith("file:"):
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    options: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
+    options: dict[str, Any] = {
+        "connect_args": {"check_same_thread": False, "timeout": 30},
+        "json_serializer": storable.dumps,
+        "hide_parameters": True,
+    }
     if database in ("", ":memory:"):
         # One shared connection, or every thread would see its own empty database.
         from sqlalchemy.pool import StaticPool
@@ -82,6 +93,7 @@ def _sqlite_engine(url: URL, **overrides: Any) -> Engine:
         options["poolclass"] = StaticPool
     options.update(overrides)
     engine = create_engine(url, **options)
+    storable.install(engine)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -112,8 +112,10 @@ def _first_line(exc: BaseException) -> str:
 
 
 def args_digest(args: str) -> str:
-    """The hash an approval binds to: the exact argument text."""
-    return hashlib.sha256(args.encode()).hexdigest()
+    """The hash an approval binds to: the exact argument text, as the ledger holds it."""
+    from .storable import storable_text
+
+    return hashlib.sha256(storable_text(args).encode()).hexdigest()
 
 
 class Tx(MessageQueries, AgentToolQueries):
@@ -325,7 +327,7 @@ class Tx(MessageQueries, AgentToolQueries):
         now: datetime,
     ) -> int | None:
         """PostgreSQL: the result commit of a tool call as one statement; the new fence or None."""
-        import json
+        from .storable import dumps
 
         parts = {"tool_result": tool_result.to_json()}
         params = {
@@ -337,12 +339,12 @@ class Tx(MessageQueries, AgentToolQueries):
             "is_error": is_error,
             "effect_key": call.effect_key,
             "thread_id": thread_id,
-            "parts": json.dumps(parts),
-            "payload": json.dumps({"role": "tool", "text": content, **parts}),
+            "parts": dumps(parts),
+            "payload": dumps({"role": "tool", "text": content, **parts}),
             "own_outbox": own_outbox,
             "next_key": next_entry.key,
             "next_task": next_entry.task,
-            "next_args": json.dumps(list(next_entry.args)),
+            "next_args": dumps(list(next_entry.args)),
             "next_queue": next_entry.queue,
             "next_argsrepr": next_entry.argsrepr,
             "next_due": now + self._outbox_grace(next_entry.task),
