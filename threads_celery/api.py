@@ -50,6 +50,7 @@ from . import __version__
 from .api_models import (
     EFFECT_KEY_PATTERN,
     ID_PATTERN,
+    MAX_SEQ,
     Approve,
     Decision,
     Deny,
@@ -419,7 +420,7 @@ def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIR
         return RunOut.of(threads.cancel(run_id, reason="cancelled through the HTTP API"))
 
     @router.get("/threads/{thread_id}/messages", response_model=list[MessageOut], tags=["threads"], responses=not_found)
-    def thread_messages(thread_id: ThreadId, after: Annotated[int, Query(ge=-1)] = -1) -> list[MessageOut]:
+    def thread_messages(thread_id: ThreadId, after: Annotated[int, Query(ge=-1, le=MAX_SEQ)] = -1) -> list[MessageOut]:
         """The thread's messages in order, those with ``seq`` greater than ``after``."""
         _last_event_seq(threads, thread_id)  # 404 for a thread that does not exist
         return [MessageOut.of(m) for m in threads.messages(thread_id, after=after)]
@@ -439,7 +440,7 @@ def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIR
     )
     async def thread_events(
         thread_id: ThreadId,
-        after: Annotated[int | None, Query(ge=0, description="Resume after this seq (Last-Event-ID wins).")] = None,
+        after: Annotated[int | None, Query(ge=0, le=MAX_SEQ, description="Resume after this seq (Last-Event-ID wins).")] = None,
         last_event_id: Annotated[str | None, Header(description="The id of the last frame seen.")] = None,
     ) -> StreamingResponse:
         """Server-Sent Events: the thread's event log after the cursor, then tailed live.
@@ -504,7 +505,9 @@ def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIR
 def _parse_cursor(last_event_id: str | None, after: int | None) -> int:
     if last_event_id is not None and last_event_id.strip():
         raw = last_event_id.strip()
-        if not raw.isdigit():
+        # ASCII digits only (str.isdigit also takes other scripts' digits), and no more than a
+        # sequence number can be: int() of thousands of digits is refused by Python itself.
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(MAX_SEQ)) or int(raw) > MAX_SEQ:
             raise ApiError(400, "invalid_cursor", "Last-Event-ID must be the id (a sequence number) of a frame you received")
         return int(raw)
     return after or 0

@@ -7,20 +7,22 @@ Drill-in is gated by the parent's registry: a run id that the parent thread neve
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from .api_models import EFFECT_KEY_PATTERN, ID_PATTERN, ErrorOut
+from .api_models import EFFECT_KEY_PATTERN, ID_PATTERN, MAX_SEQ, ErrorOut
 
 if TYPE_CHECKING:
     from .agent_tools import AgentToolRun
     from .client import Threads
 
 AgentToolRunId = Annotated[str, Path(pattern=EFFECT_KEY_PATTERN, description="An agent-tool run id.")]
+#: The statuses an agent-tool run can have (``threads_celery.agent_tools.AGENT_TOOL_STATUSES``).
+AgentToolStatus = Literal["starting", "running", "completed", "error", "aborted", "interrupted"]
 ThreadId = Annotated[str, Path(pattern=ID_PATTERN, description="A thread id.")]
 
 
@@ -106,7 +108,9 @@ def add_agent_tool_routes(
         return row
 
     @router.get("/threads/{thread_id}/agent-tool-runs", response_model=list[AgentToolRunOut], tags=["agent tools"], responses=not_found)
-    def list_agent_tool_runs(thread_id: ThreadId, status: Annotated[list[str] | None, Query()] = None) -> list[AgentToolRunOut]:
+    def list_agent_tool_runs(
+        thread_id: ThreadId, status: Annotated[list[AgentToolStatus] | None, Query()] = None
+    ) -> list[AgentToolRunOut]:
         """The thread's retained agent-tool runs, oldest first, with progress and milestones."""
         last_event_seq(threads, thread_id)  # 404 for a thread that does not exist
         rows = threads.agent_tool_runs(thread_id, status=status)
@@ -115,8 +119,10 @@ def add_agent_tool_routes(
     @router.delete("/threads/{thread_id}/agent-tool-runs", response_model=Cleared, tags=["agent tools"], responses=not_found)
     def clear_agent_tool_runs(
         thread_id: ThreadId,
-        status: Annotated[list[str] | None, Query()] = None,
-        older_than: Annotated[datetime | None, Query(description="Only runs started before this instant.")] = None,
+        status: Annotated[list[AgentToolStatus] | None, Query()] = None,
+        older_than: Annotated[
+            AwareDatetime | None, Query(description="Only runs started before this instant (with its UTC offset).")
+        ] = None,
     ) -> Cleared:
         """Delete retained runs and their child threads; running ones are cancelled first."""
         last_event_seq(threads, thread_id)
@@ -131,7 +137,7 @@ def add_agent_tool_routes(
     async def drill_in(
         thread_id: ThreadId,
         run_id: AgentToolRunId,
-        after: Annotated[int | None, Query(ge=0)] = None,
+        after: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
         last_event_id: Annotated[str | None, Header()] = None,
     ) -> StreamingResponse:
         """The child's own event stream, only for a run the parent's registry holds."""

@@ -21,6 +21,8 @@ from .store.storable import unstorable_reason
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
 #: Effect keys are ``<run id>:<step>:<index>``; a little more room for ids of child runs.
 EFFECT_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,254}$"
+#: The largest message or event sequence number the ledger holds (a 32-bit column).
+MAX_SEQ = 2**31 - 1
 
 
 def _no_nul(value: str) -> str:

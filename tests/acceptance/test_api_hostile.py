@@ -1,0 +1,175 @@
+"""Hostile HTTP input answers 4xx, and what the API says is true, on SQLite and PostgreSQL.
+
+A web app's view of the API (FastAPI's TestClient) over a runtime with a real in-process Celery
+worker, once over a SQLite file and once over a fresh PostgreSQL database.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import BaseModel
+
+from threads_celery import Agent, Settings, Threads, tool
+from threads_celery.api import create_api
+from threads_celery.embedded import EmbeddedWorker
+from threads_celery.testing import Reply, ScriptedModel, say
+
+TOKEN = "hostile-test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+DEADLINE_S = 30.0
+
+
+class EmailIn(BaseModel):
+    to: str
+
+
+def _send(inp: EmailIn, ctx: Any) -> str:
+    return f"sent to {inp.to}"
+
+
+send_email = tool(name="send_email", description="Send an email.", input=EmailIn, execute=_send)
+# The model writes text before its call: the text is part 0 of the stream, the call part 1.
+chatty_mailer = Agent(
+    name="chatty_mailer",
+    instructions="Send what you are asked to.",
+    model=ScriptedModel([Reply(text="Sure, sending it now.", calls=(("send_email", '{"to": "ann@example.com"}'),)), say("Sent.")]),
+    tools=[send_email],
+)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def threads(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Threads]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('api') / 'ledger.db'}"
+    else:
+        url = request.getfixturevalue("pg_url_module")
+    runtime = Threads(database_url=url, broker_url="memory://", settings=Settings(), migrate=True)
+    runtime.register(chatty_mailer)
+    worker = EmbeddedWorker(runtime.app, concurrency=2, reconcile_interval=0.5)
+    worker.start()
+    try:
+        yield runtime
+    finally:
+        worker.stop(wait=True)
+        runtime.close()
+
+
+@pytest.fixture(scope="module")
+def client(threads: Threads) -> Iterator[TestClient]:
+    app = create_api(threads, tokens={TOKEN}, keepalive_s=0.2, poll_interval_s=0.02)
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def start(client: TestClient, agent: str = "chatty_mailer", message: str = "mail ann") -> dict[str, Any]:
+    response = client.post("/v1/runs", json={"agent": agent, "message": message}, headers=AUTH)
+    assert response.status_code == 202, response.text
+    return response.json()
+
+
+def read_events(client: TestClient, thread_id: str, until: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """The thread's SSE frames (type and payload) until one satisfies ``until``."""
+    frames: list[dict[str, Any]] = []
+    deadline = time.monotonic() + DEADLINE_S
+    with client.stream("GET", f"/v1/threads/{thread_id}/events", headers=AUTH) as stream:
+        assert stream.status_code == 200
+        fields: dict[str, str] = {}
+        for line in stream.iter_lines():
+            assert time.monotonic() < deadline, f"the stream stalled after {frames}"
+            if line.startswith(":"):
+                continue
+            if line:
+                name, _, value = line.partition(":")
+                fields[name] = value.removeprefix(" ")
+                continue
+            if "data" in fields:
+                data = json.loads(fields["data"])
+                frame = {"type": fields["event"], "payload": data["payload"]}
+                frames.append(frame)
+                if until(frame):
+                    return frames
+            fields = {}
+    raise AssertionError("the stream ended")
+
+
+def run_status(*statuses: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda f: f["type"] == "run" and f["payload"].get("status") in statuses
+
+
+def assert_4xx(response: Any) -> None:
+    assert 400 <= response.status_code < 500, (response.status_code, response.text)
+    assert "error" in response.json()
+
+
+# -- no 500 for any input ----------------------------------------------------------------------
+
+
+def test_each_measured_hostile_input_is_a_4xx(client: TestClient, threads: Threads) -> None:
+    started = start(client)
+    assert threads.wait(started["run_id"], DEADLINE_S).status == "awaiting_approval"
+    thread = started["thread_id"]
+    events = f"/v1/threads/{thread}/events"
+    # Headers arrive as bytes read as latin-1: b"\xb2" is "²", which str.isdigit() takes for a digit.
+    for cursor in [b"\xb2", "\u0661\u0662".encode(), b"9" * 5000, str(2**31).encode(), str(2**63).encode()]:
+        assert_4xx(client.get(events, headers={**AUTH, "Last-Event-ID": cursor}))  # type: ignore[dict-item]
+    for after in [2**31, 2**63, 10**30]:
+        assert_4xx(client.get(f"/v1/threads/{thread}/messages", params={"after": after}, headers=AUTH))
+        assert_4xx(client.get(events, params={"after": after}, headers=AUTH))
+    assert_4xx(client.get(f"/v1/threads/{thread}/agent-tool-runs?status=%00", headers=AUTH))
+    assert_4xx(client.delete(f"/v1/threads/{thread}/agent-tool-runs?status=%00", headers=AUTH))
+    assert_4xx(client.delete(f"/v1/threads/{thread}/agent-tool-runs", params={"older_than": "2026-01-01T00:00:00"}, headers=AUTH))
+    for body in [
+        {"agent": "chatty\x00mailer", "message": "hi"},
+        {"agent": "chatty_mailer", "message": "hi \ud800 there"},
+        {"agent": "chatty_mailer", "message": "hi \x00 there"},
+    ]:
+        raw = json.dumps(body)  # escapes the NUL and the surrogate as JSON allows
+        assert_4xx(client.post("/v1/runs", content=raw, headers={**AUTH, "Content-Type": "application/json"}))
+    # A timezone-aware older_than is accepted; nothing earlier in the thread was touched.
+    ok = client.delete(f"/v1/threads/{thread}/agent-tool-runs", params={"older_than": "2026-01-01T00:00:00Z"}, headers=AUTH)
+    assert ok.status_code == 200, ok.text
+    assert [m["role"] for m in client.get(f"/v1/threads/{thread}/messages", headers=AUTH).json()] == ["user", "assistant"]
+
+
+# -- state that tells the truth ----------------------------------------------------------------
+
+
+def test_the_started_event_carries_the_calls_own_key_and_approving_from_it_works(client: TestClient, threads: Threads) -> None:
+    started = start(client)
+    frames = read_events(client, started["thread_id"], until=run_status("awaiting_approval"))
+    [started_event] = [f["payload"] for f in frames if f["type"] == "tool_call_started"]
+    key = started_event["effect_key"]
+    assert key == f"{started['run_id']}:0:0"  # the first call, though text came before it
+    approved = client.post(f"/v1/calls/{key}/approve", json={"principal": "ops@example.com"}, headers=AUTH)
+    assert approved.status_code == 200, approved.text
+    run = threads.wait(started["run_id"], DEADLINE_S)
+    assert run.status == "completed" and run.output == "Sent."
+    assert [m.text for m in threads.messages(started["thread_id"]) if m.role == "tool"] == ["sent to ann@example.com"]
+
+
+def test_cancelling_a_run_settles_its_pending_approvals(client: TestClient, threads: Threads) -> None:
+    started = start(client)
+    assert threads.wait(started["run_id"], DEADLINE_S).status == "awaiting_approval"
+    [pending] = [p for p in client.get("/v1/parked", headers=AUTH).json() if p["run_id"] == started["run_id"]]
+    cancelled = client.post(f"/v1/runs/{started['run_id']}/cancel", headers=AUTH)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "aborted"
+    assert [p for p in client.get("/v1/parked", headers=AUTH).json() if p["run_id"] == started["run_id"]] == []
+    assert [c for c in threads.parked() if c.run_id == started["run_id"]] == []
+    frames = read_events(client, started["thread_id"], until=lambda f: f["type"] == "tool_call_cancelled")
+    settled = frames[-1]["payload"]
+    assert settled["effect_key"] == pending["effect_key"] and settled["was"] == "awaiting_approval"
+    assert settled["status"] == "skipped"
+    # The thread keeps a result for the call (a later run's model sees why), and the user message.
+    messages = threads.messages(started["thread_id"])
+    assert [m.role for m in messages] == ["user", "assistant", "tool"]
+    assert messages[-1].text == "not run: the run was cancelled (cancelled through the HTTP API)"
+    # Approving it now is a conflict, not a resurrection.
+    late = client.post(f"/v1/calls/{pending['effect_key']}/approve", json={"principal": "ops"}, headers=AUTH)
+    assert late.status_code == 409
