@@ -225,8 +225,9 @@ def cancel(tx: Tx, run_id: str, *, now: datetime, reason: str = "cancelled") -> 
     return ended, entries
 
 
-#: The calls a cancel settles: each waits (for a person, or for its turn); none is running.
-WAITING_CALL_STATUSES = ("pending", "awaiting_approval", "awaiting_variable", "parked")
+#: The calls a cancel settles: each waits for a person. (A pending call may be running already,
+#: as a concurrent read_only call records no claim; its own task settles it.)
+WAITING_CALL_STATUSES = ("awaiting_approval", "awaiting_variable", "parked")
 
 
 def _settle_waiting_calls(tx: Tx, run: Run, reason: str, now: datetime) -> None:

@@ -191,7 +191,7 @@ def test_a_lone_surrogate_in_a_tool_result_is_replaced(threads: Threads) -> None
 def test_an_exception_whose_message_cannot_be_rendered_is_a_tool_error(threads: Threads) -> None:
     run = run_to_end(threads, hostile("unprintable_tool", call("unprintable"), say("done")))
     assert run.status == "completed" and run.output == "done"
-    assert tool_texts(threads, run)[1] == "Unprintable (its message could not be rendered)"
+    assert tool_texts(threads, run)[1] == "Unprintable: <unprintable exception>"
     assert_history_whole(threads, run)
 
 
