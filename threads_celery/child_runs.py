@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from .agents import Agent
 from .exceptions import AttachmentPathError, FenceLost
-from .redaction import describe_exception
 from .files import ThreadFiles, copy_into_child
 from .observability import emit
 from .records import CallRow, Run
+from .redaction import describe_exception
 from .tools import Tool
 
 if TYPE_CHECKING:

@@ -31,8 +31,8 @@ from .records import TERMINAL_STATUSES, Event, Message, OutboxEntry, Run, RunHan
 from .settings import Settings
 from .store import Store, Tx
 from .store.engine import safe_url
-from .variables import SecretBox
 from .store.storable import unstorable_reason
+from .variables import SecretBox
 from .worker import EMBEDDED_BROKER, Publisher, create_app, open_store
 
 if TYPE_CHECKING:

@@ -151,7 +151,7 @@ class Runtime:
             return self._commit_step(run, fence, step, agent, models.bounded_turn(turn))
         except (FenceLost, StoreUnavailable):
             raise
-        except Exception as exc:  # what the model sent could not be stored: ask again, then end the run
+        except Exception as exc:  # noqa: BLE001 - what the model sent could not be stored: ask again, then end the run
             return self._step_failed(run, fence, step, attempt, exc)
 
     def _tool_call_started(self, run: Run, step: int, agent: Agent, started: ToolCallStarted) -> None:

@@ -117,7 +117,7 @@ class Tool:
             raise ToolArgumentsError(describe_validation_error(exc)) from None
         except RecursionError:
             raise ToolArgumentsError(TOO_DEEP) from None
-        except Exception as exc:  # a validator of the user's input model raised something else
+        except Exception as exc:  # noqa: BLE001 - a validator of the input model raised something else
             raise ToolArgumentsError(f"invalid arguments: {describe_exception(exc, ())}") from None
 
     def check_output(self, value: Any) -> Any:

@@ -25,7 +25,7 @@ from threads_celery.records import Run
 from threads_celery.runtime import Runtime
 from threads_celery.store import schema
 from threads_celery.store.storable import REPLACEMENT
-from threads_celery.testing import ScriptedModel, call, calls, say
+from threads_celery.testing import ScriptedModel, call, say
 
 WAIT_S = 60.0
 
