@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import EllipsisType
@@ -80,7 +80,9 @@ class Threads(AgentToolsMixin):
         self.registry = registry or AgentRegistry()
         self.store: Store = open_store(database_url, self.settings)
         self.app = create_app(self.settings, self.registry, broker_url=broker_url, store=self.store)
-        self.publisher = Publisher(self.app, single_queue=self.app.conf.task_default_queue if self.is_embedded else None)
+        self.publisher = Publisher(
+            self.app, single_queue=self.app.conf.task_default_queue if self.is_embedded else None
+        )
         self._worker: EmbeddedWorker | None = None
         self._worker_concurrency = worker_concurrency
         # The embedded worker runs the reconcile backbone itself (Beat's job in a deployment).
@@ -128,17 +130,50 @@ class Threads(AgentToolsMixin):
             threads.close(then=lambda: shutil.rmtree(tmp, ignore_errors=True))
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def start_worker(self) -> None:
-        """Start the in-process worker (embedded mode only; idempotent)."""
-        if not self.is_embedded:
-            raise ConfigError("an in-process worker runs only in embedded mode; run `threads-celery worker`")
+    def start_worker(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        reconcile_interval: float | EllipsisType | None = ...,
+    ) -> None:
+        """Start an in-process worker (idempotent): Celery's real worker machinery with a thread
+        pool, on a thread of this process.
+
+        Embedded mode starts it on demand. With PostgreSQL and a broker it is for your own
+        integration tests (see :func:`threads_celery.testing.start_worker`): it consumes the work
+        and control queues, plus the queues that registered agents and their tools name, or
+        exactly ``queues`` when given (the control queue is always added). It ticks the reconcile
+        backbone every ``reconcile_interval`` seconds (this handle's interval by default; None: never).
+        """
         if self._worker is None:
             from .embedded import EmbeddedWorker
 
             self._worker = EmbeddedWorker(
-                self.app, concurrency=self._worker_concurrency, reconcile_interval=self._reconcile_interval
+                self.app,
+                concurrency=self._worker_concurrency,
+                reconcile_interval=self._reconcile_interval
+                if reconcile_interval is ...
+                else reconcile_interval,
+                queues=None if self.is_embedded else self._queues_to_consume(queues),
             )
             self._worker.start()
+
+    def _queues_to_consume(self, queues: Sequence[str] | None) -> list[str]:
+        from .backbone import control_queue_for
+
+        work = str(self.app.conf.task_default_queue)
+        if queues is None:
+            named = {agent.queue for agent in self.registry} | {
+                t.queue for agent in self.registry for t in agent.runtime_tools if t.queue
+            }
+            queues = [work, *sorted(q for q in named if q and q != work)]
+        return [*queues, *([] if control_queue_for(work) in queues else [control_queue_for(work)])]
+
+    def stop_worker(self, timeout: float = 10.0) -> None:
+        """Stop the in-process worker, if any, and wait until it has stopped."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop(timeout, wait=True)
 
     def close(self, *, then: Callable[[], None] | None = None) -> None:
         """Stop the in-process worker, if any, and release connections.
@@ -270,7 +305,9 @@ class Threads(AgentToolsMixin):
         sealed: dict[str, tuple[str, str]] = {}
         for name, value in env.items():
             if name not in declared:
-                raise ConfigError(f"variable {name!r} is not declared by agent {agent!r} or its tools")
+                raise ConfigError(
+                    f"variable {name!r} is not declared by agent {agent!r} or its tools"
+                )
             if not isinstance(value, str):
                 raise ConfigError(f"variable {name!r} must be a string")
             kind = declared[name]["type"]
@@ -315,14 +352,18 @@ class Threads(AgentToolsMixin):
             return None
         kind, value = found
         if kind == "secret":
-            raise VariableError(f"variable {name!r} is a secret: only a tool that declares it can read it")
+            raise VariableError(
+                f"variable {name!r} is a secret: only a tool that declares it can read it"
+            )
         return value
 
     def env(self, thread_id: str) -> dict[str, str]:
         """The thread's own variables; secret values are never shown (``***``)."""
         with self.store.read() as tx:
             values = tx.thread_variables(thread_id)
-        return {name: ("***" if kind == "secret" else value) for name, (kind, value) in values.items()}
+        return {
+            name: ("***" if kind == "secret" else value) for name, (kind, value) in values.items()
+        }
 
     def get_run(self, run_id: str) -> Run:
         """The run's current snapshot; RunNotFound if there is none."""
@@ -346,10 +387,14 @@ class Threads(AgentToolsMixin):
             time.sleep(min(delay, remaining))
             delay = min(delay * 1.5, 0.2)
 
-    def runs(self, *, thread_id: str | None = None, status: str | None = None, limit: int = 100) -> list[Run]:
+    def runs(
+        self, *, thread_id: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[Run]:
         """Recent runs, newest first."""
         with self.store.read() as tx:
-            return tx.list_runs(thread_id=thread_id, statuses=[status] if status else None, limit=limit)
+            return tx.list_runs(
+                thread_id=thread_id, statuses=[status] if status else None, limit=limit
+            )
 
     def messages(self, thread_id: str, *, after: int = -1) -> list[Message]:
         """The thread's stored messages in order (those with ``seq`` greater than ``after``)."""
@@ -396,11 +441,12 @@ class Threads(AgentToolsMixin):
     def _cancel_awaited_children(self, run: Run, reason: str) -> None:
         """A cancelled run's awaited agent-tool children stop with it; detached ones outlive it."""
         with self.store.read() as tx:
-            rows = tx.list_agent_tool_runs(run.thread_id, statuses=["starting", "running", "interrupted"])
+            rows = tx.list_agent_tool_runs(
+                run.thread_id, statuses=["starting", "running", "interrupted"]
+            )
         for row in rows:
             if row.parent_run_id == run.id and not row.detached:
                 self.cancel_agent_tool(row.run_id, reason=reason)
-
 
     # -- people ----------------------------------------------------------------------------
 
@@ -425,18 +471,27 @@ class Threads(AgentToolsMixin):
             )
         self.publisher(entries)
 
-    def approve(self, effect_key: str, *, principal: str, override_args: dict[str, Any] | None = None) -> None:
+    def approve(
+        self, effect_key: str, *, principal: str, override_args: dict[str, Any] | None = None
+    ) -> None:
         """Approve a call that awaits approval, for its exact (or edited, re-validated) arguments."""
         with self.store.transaction() as tx:
             entries = interventions.approve(
-                tx, self.registry, effect_key, principal=principal, now=runs.utcnow(), override_args=override_args
+                tx,
+                self.registry,
+                effect_key,
+                principal=principal,
+                now=runs.utcnow(),
+                override_args=override_args,
             )
         self.publisher(entries)
 
     def deny(self, effect_key: str, reason: str, *, principal: str | None = None) -> None:
         """Deny a call that awaits approval; the model sees ``denied: <reason>``."""
         with self.store.transaction() as tx:
-            entries = interventions.deny(tx, effect_key, reason=reason, now=runs.utcnow(), principal=principal)
+            entries = interventions.deny(
+                tx, effect_key, reason=reason, now=runs.utcnow(), principal=principal
+            )
         self.publisher(entries)
 
     def reconcile(self) -> dict[str, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery.apps.worker import Worker  # noqa: F401 - makes sure worker bootsteps are importable
@@ -45,8 +45,11 @@ class EmbeddedWorker:
         concurrency: int = 2,
         ready_timeout: float = 30.0,
         reconcile_interval: float | None = None,
+        queues: Sequence[str] | None = None,
     ) -> None:
         self.app = app
+        # None: the app's own queues (work and control); else these, as `-Q` gives them.
+        self.queues = list(queues) if queues is not None else None
         self.concurrency = concurrency
         self.ready_timeout = ready_timeout
         self.reconcile_interval = reconcile_interval
@@ -73,8 +76,11 @@ class EmbeddedWorker:
             without_mingle=True,
             without_gossip=True,
             ready_callback=None,
+            queues=self.queues,
         )
-        thread = threading.Thread(target=controller.start, name="threads-embedded-worker", daemon=True)
+        thread = threading.Thread(
+            target=controller.start, name="threads-embedded-worker", daemon=True
+        )
         thread.start()
         if not controller.ready.wait(self.ready_timeout):
             controller.stop(in_sighandler=False)
@@ -83,7 +89,9 @@ class EmbeddedWorker:
         if self.reconcile_interval:
             # What Beat does for a deployment: the reconcile backbone, every few seconds.
             self._stop_ticks.clear()
-            self._ticker = threading.Thread(target=self._tick, name="threads-embedded-reconcile", daemon=True)
+            self._ticker = threading.Thread(
+                target=self._tick, name="threads-embedded-reconcile", daemon=True
+            )
             self._ticker.start()
 
     def _tick(self) -> None:
@@ -94,7 +102,9 @@ class EmbeddedWorker:
             except Exception as exc:  # noqa: BLE001 - the next tick tries again
                 log.warning("embedded reconcile tick failed: %s: %s", type(exc).__name__, exc)
 
-    def stop(self, timeout: float = 10.0, *, wait: bool = False, then: Callable[[], None] | None = None) -> None:
+    def stop(
+        self, timeout: float = 10.0, *, wait: bool = False, then: Callable[[], None] | None = None
+    ) -> None:
         """Stop consuming. The consumer's poll takes up to two seconds to notice; unless ``wait``,
         that happens in the background (the queue is this worker's own, so nothing is lost).
         ``then`` runs once the worker has stopped (in the background unless ``wait``)."""

@@ -11,9 +11,11 @@ retry.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from types import EllipsisType
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic_ai.messages import (
     ModelMessage,
@@ -24,6 +26,9 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
+
+if TYPE_CHECKING:
+    from .client import Threads
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +101,10 @@ class ScriptedModel(FunctionModel):
         for message in reversed(messages):
             if isinstance(message, ModelResponse):
                 count += 1
-            elif self.per == "run" and isinstance(message, ModelRequest) and any(
-                isinstance(p, UserPromptPart) for p in message.parts
+            elif (
+                self.per == "run"
+                and isinstance(message, ModelRequest)
+                and any(isinstance(p, UserPromptPart) for p in message.parts)
             ):
                 break
         return count
@@ -122,11 +129,44 @@ class ScriptedModel(FunctionModel):
         for start in range(0, len(reply.text), size):
             yield reply.text[start : start + size]
         for i, (name, args) in enumerate(reply.calls):
-            yield {i: DeltaToolCall(name=name, json_args="", tool_call_id=self._call_id(messages, i))}
+            yield {
+                i: DeltaToolCall(name=name, json_args="", tool_call_id=self._call_id(messages, i))
+            }
             for start in range(0, len(args), size):
                 yield {i: DeltaToolCall(json_args=args[start : start + size])}
         if not reply.text and not reply.calls:
             yield ""
 
 
-__all__ = ["Reply", "ScriptExhausted", "ScriptedModel", "call", "calls", "say"]
+@contextmanager
+def start_worker(
+    threads: Threads,
+    *,
+    queues: Sequence[str] | None = None,
+    reconcile_interval: float | EllipsisType | None = ...,
+) -> Iterator[Threads]:
+    """Run an in-process Celery worker for ``threads`` while the block runs, then stop it.
+
+    For your own integration tests against PostgreSQL and a real broker, as Celery's
+    ``celery.contrib.testing.worker.start_worker`` is for plain Celery: the real worker machinery
+    (consumer, acks, retries) with a thread pool, in the test's process, so a test can
+    ``threads.start(...)`` and ``threads.wait(...)`` with no worker process to manage. It consumes
+    the work and control queues plus the queues of the agents registered on ``threads`` and of
+    their tools (register them first), or ``queues``. It runs the reconcile backbone too, as Beat
+    would, every ``reconcile_interval`` seconds (the settings' interval by default; None: never). Give each test run a broker database (or vhost) of its
+    own: another worker on the same queues would take these tasks.
+
+    >>> with Threads(database_url=pg_url, broker_url=redis_url) as threads:  # doctest: +SKIP
+    ...     threads.migrate()
+    ...     threads.register(agent)
+    ...     with start_worker(threads):
+    ...         run = threads.wait(threads.start("trip-planner", "Plan dinner").run_id, timeout=30)
+    """
+    threads.start_worker(queues=queues, reconcile_interval=reconcile_interval)
+    try:
+        yield threads
+    finally:
+        threads.stop_worker()
+
+
+__all__ = ["Reply", "ScriptExhausted", "ScriptedModel", "call", "calls", "say", "start_worker"]
