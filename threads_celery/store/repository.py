@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Insert, Table, insert, select, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -518,7 +518,7 @@ class Tx(MessageQueries, AgentToolQueries):
         return list(self.conn.execute(select(outbox.c.key).order_by(outbox.c.key)).scalars())
 
 
-def _insert_ignoring_duplicates(dialect: str, table: Any, values: dict[str, Any], keys: list[str]) -> Any:
+def _insert_ignoring_duplicates(dialect: str, table: Table, values: dict[str, Any], keys: list[str]) -> Insert:
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
