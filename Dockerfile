@@ -18,12 +18,18 @@ COPY pyproject.toml README.md ./
 COPY threads_celery ./threads_celery
 COPY tasks ./tasks
 COPY beat ./beat
-RUN pip install ".[flower]"
+# Extras: flower, plus the model providers your agents use (openai, anthropic): an agent whose
+# provider package is missing stops every service at start-up with one line.
+ARG THREADS_EXTRAS=flower,openai
+RUN pip install ".[${THREADS_EXTRAS}]"
 
 # Your agents go here too: THREADS_AGENTS names their modules (importable from /app).
 COPY examples ./examples
 
-RUN useradd --create-home --uid 10001 threads && chown threads /app
+# Thread files and Beat's state live on volumes mounted here; a fresh named volume takes the
+# ownership of the directory it is mounted on, so the unprivileged user can write to it.
+RUN useradd --create-home --uid 10001 threads && chown threads /app \
+    && mkdir -p /var/lib/threads/files /var/lib/threads/beat && chown -R threads /var/lib/threads
 USER threads
 
 EXPOSE 8000 5555

@@ -19,8 +19,10 @@ import pytest
 yaml = pytest.importorskip("yaml")
 
 REPO = Path(__file__).resolve().parents[2]
-SERVICES = {"postgres", "redis", "migrate", "worker", "beat", "flower", "api"}
-OUR_IMAGE = {"migrate", "worker", "beat", "flower", "api"}
+SERVICES = {"postgres", "redis", "migrate", "worker", "control-worker", "beat", "flower", "api"}
+OUR_IMAGE = {"migrate", "worker", "control-worker", "beat", "flower", "api"}
+#: Services that run tools (and so read and write thread files) or serve them.
+FILE_USERS = {"worker", "control-worker", "api"}
 ONE_SHOT = {"migrate"}
 CORE_VARS = {"THREADS_DATABASE_URL", "THREADS_BROKER_URL", "THREADS_AGENTS"}
 
@@ -89,15 +91,15 @@ def test_worker_beat_and_flower_run_the_same_app_module_which_exists(services: d
 
 def test_threads_variables_are_real_settings_and_documented(services: dict[str, Any]) -> None:
     settings_src = (REPO / "threads_celery" / "settings.py").read_text()
-    api_src = (REPO / "threads_celery" / "api.py").read_text()
     readme = (REPO / "README.md").read_text()
     used: set[str] = set()
     for service in services.values():
         env = service.get("environment") or {}
         used |= {k for k in (env if isinstance(env, dict) else dict(e.split("=", 1) for e in env)) if k.startswith("THREADS_")}
     assert CORE_VARS <= used
+    package_src = "\n".join(p.read_text() for p in (REPO / "threads_celery").glob("*.py"))
     for var in used:
-        assert f'"{var}"' in settings_src or f'"{var}"' in api_src, f"{var} is read by neither settings.py nor api.py"
+        assert f'"{var}"' in package_src, f"{var} is read nowhere in the package"
     for var in CORE_VARS:
         assert f'"{var}"' in settings_src and var in readme, var
 
@@ -192,8 +194,8 @@ def test_startup_order_waits_for_health_and_for_the_migration(services: dict[str
 def test_our_services_build_the_image_from_the_dockerfile(services: dict[str, Any]) -> None:
     dockerfile = (REPO / "Dockerfile").read_text()
     for name in OUR_IMAGE:
-        assert services[name]["build"] == ".", name
-    assert re.search(r"pip install .*\.\[flower\]", dockerfile)
+        assert services[name]["build"]["context"] == ".", name
+    assert re.search(r"^ARG THREADS_EXTRAS=\S*flower", dockerfile, re.MULTILINE)
     pyproject = (REPO / "pyproject.toml").read_text()
     assert re.search(r"^flower = \[", pyproject, re.MULTILINE)  # the extra the image installs
     assert "COPY examples" in dockerfile  # THREADS_AGENTS=examples.demo must import in the image
@@ -211,3 +213,75 @@ def test_flower_runs_behind_our_launcher_which_guards_metrics_and_refuses_empty_
     assert not any(k.startswith("FLOWER_") and k not in ("FLOWER_USER", "FLOWER_PASSWORD") for k in services["flower"]["environment"])
     for mapping in services["flower"]["ports"]:
         assert str(mapping).startswith("127.0.0.1:")
+
+
+# -- what a production deployment needs (issue 13) -------------------------------------------
+
+
+def _named_volume_mounts(service: dict[str, Any], compose: dict[str, Any]) -> dict[str, str]:
+    """Container path -> named volume, for the service's mounts of declared named volumes."""
+    mounts: dict[str, str] = {}
+    for entry in service.get("volumes", []):
+        source, _, target = str(entry).partition(":")
+        if source in (compose.get("volumes") or {}):
+            mounts[target.split(":")[0]] = source
+    return mounts
+
+
+def test_the_secret_key_and_model_keys_come_from_the_environment(services: dict[str, Any]) -> None:
+    from threads_celery.variables import SECRET_KEY_ENV
+
+    for name in OUR_IMAGE:
+        env = services[name]["environment"]
+        # `:?`: compose refuses to start without it, instead of a stack that cannot store secrets.
+        assert re.fullmatch(rf"\$\{{{SECRET_KEY_ENV}:\?[^}}]+\}}", env[SECRET_KEY_ENV]), name
+        for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+            assert env[key] == f"${{{key}:-}}", (name, key)  # passed through, never written here
+
+
+def test_the_image_installs_the_model_provider_extras(services: dict[str, Any]) -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    default = re.search(r"^ARG THREADS_EXTRAS=(\S+)$", dockerfile, re.MULTILINE)
+    assert default, "the Dockerfile has no THREADS_EXTRAS build argument"
+    assert re.search(r'pip install "\.\[\$\{THREADS_EXTRAS\}\]"', dockerfile)
+    pyproject = (REPO / "pyproject.toml").read_text()
+    extras = default.group(1).split(",")
+    assert {"flower", "openai"} <= set(extras)
+    for extra in extras:
+        assert re.search(rf"^{extra} = \[", pyproject, re.MULTILINE), extra
+    for name in OUR_IMAGE:
+        build = services[name]["build"]
+        assert build["context"] == "." and build["args"]["THREADS_EXTRAS"] == f"${{THREADS_EXTRAS:-{default.group(1)}}}"
+
+
+def test_thread_files_are_on_a_volume_every_worker_and_the_api_share(
+    services: dict[str, Any], compose: dict[str, Any]
+) -> None:
+    roots = {services[name]["environment"]["THREADS_FILES_ROOT"] for name in FILE_USERS}
+    assert len(roots) == 1
+    (root,) = roots
+    assert root.startswith("/") and not root.startswith("/tmp")
+    volumes = {_named_volume_mounts(services[name], compose).get(root) for name in FILE_USERS}
+    assert len(volumes) == 1 and None not in volumes, volumes  # one named volume, mounted by all
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert f"mkdir -p {root}" in dockerfile and "chown -R threads /var/lib/threads" in dockerfile
+
+
+def test_beats_schedule_state_is_on_a_volume(services: dict[str, Any], compose: dict[str, Any]) -> None:
+    schedule = option(argv(services["beat"]), "--schedule")
+    assert schedule and not schedule.startswith("/tmp")
+    folder = schedule.rsplit("/", 1)[0]
+    assert folder in _named_volume_mounts(services["beat"], compose)
+    assert folder in (REPO / "Dockerfile").read_text()  # created and owned by the image's user
+
+
+def test_a_control_queue_worker_consumes_the_backbones_queue(services: dict[str, Any]) -> None:
+    from threads_celery.backbone import WORK_QUEUE, control_queue_for
+
+    args = argv(services["control-worker"])
+    assert args[:4] == ["celery", "-A", "tasks", "worker"]
+    assert option(args, "-Q") == control_queue_for(WORK_QUEUE)
+    node = option(args, "-n")
+    assert node and node.endswith("@%h")
+    assert f"--destination {node.split('@')[0]}@$$HOSTNAME" in str(services["control-worker"]["healthcheck"]["test"])
+    assert "--destination celery@$$HOSTNAME" in str(services["worker"]["healthcheck"]["test"])
