@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
-from kombu import Queue
+from kombu import Exchange, Queue
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .agents import AgentRegistry
@@ -45,6 +45,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("threads_celery.worker")
 
 EMBEDDED_BROKER = "memory://"
+
+
+def task_queue(name: str) -> Queue:
+    """A queue bound to a direct exchange of its own name, by its own name.
+
+    Celery gives a bare ``Queue(name)`` its default exchange and routing key (``threads``): two
+    queues declared that way are both bound to key ``threads``, and a control message would be
+    copied into the work queue as well.
+    """
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
 
 
 def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
@@ -79,7 +89,7 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "task_default_queue": work_queue,
         # A worker started without -Q consumes both; one started with -Q gets the control queue
         # added (see consume_control_queue).
-        "task_queues": (Queue(work_queue), Queue(control_queue_for(work_queue))),
+        "task_queues": (task_queue(work_queue), task_queue(control_queue_for(work_queue))),
         "task_routes": {task: {"queue": control_queue_for(work_queue)} for task in sorted(CONTROL_TASKS)},
         "worker_hijack_root_logger": False,
         # Beat's scheduler adds the scheduled batch agents (SCHEDULES in THREADS_AGENTS modules)
@@ -332,7 +342,7 @@ def consume_control_queue(app: Celery) -> None:
     """
     control = control_queue_for(app.conf.task_default_queue or WORK_QUEUE)
     if control not in app.amqp.queues.consume_from:
-        app.amqp.queues.select_add(Queue(control))
+        app.amqp.queues.select_add(task_queue(control))
 
 
 def app_from_environment() -> ThreadsCelery:

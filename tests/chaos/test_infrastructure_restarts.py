@@ -11,16 +11,15 @@
   are recovered, and overlapping reconcile ticks park an unguarded call once, never run it twice
   and never record two results for one call.
 
-Redis and PostgreSQL are always brought back up in a ``finally`` block.
+The Redis and PostgreSQL restarted here are the session's own private instances
+(``chaos_services`` in ``conftest.py``, on free ports): the machine's services are never touched.
+Recovery comes from a real ``celery -A tasks beat``; they are always brought back up in a
+``finally`` block.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -29,74 +28,28 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.chaos import chaos_agents
-from tests.support.services import require_service
+from tests.support.waiting import eventually
 from threads_celery.runs import effect_key_for
 
 if TYPE_CHECKING:  # the conftest is pytest's to import; tests only name its types
-    from tests.chaos.conftest import ChaosCluster, WorkerProcess
+    from tests.chaos.conftest import BeatProcess, ChaosCluster, ChaosServices, WorkerProcess
 
 SETTLE_S = 60.0
-RESULT_COMMIT_FAILED = "cannot commit its result yet"  # threads_celery.runtime, riding out an outage
+RESULT_COMMIT_FAILED = (
+    "cannot commit its result yet"  # threads_celery.runtime, riding out an outage
+)
 PUBLISH_FAILED = "left for the reconcile backbone"  # threads_celery.worker.Publisher's warning
-REDIS_PORT = int(os.environ.get("THREADS_TEST_REDIS_PORT", "6379"))
-REDIS_START = [
-    "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", str(REDIS_PORT),
-    "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log",
-]  # fmt: skip
 
 # Every class of effect, plus a reply with two calls. Without kills, nothing needs a rerun.
-MIX = ["read_only", "idempotent", "idempotent_tiny", "reconcilable", "reconcilable_nonfinal", "unguarded", "unguarded"]
-
-
-# -- service control --------------------------------------------------------------------------
-
-
-def _redis_answers() -> bool:
-    out = subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "ping"], capture_output=True, text=True, timeout=5)
-    return out.stdout.strip() == "PONG"
-
-
-def _wait(predicate: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:g} s")
-        time.sleep(0.05)
-
-
-def _start_redis() -> None:
-    if not _redis_answers():
-        subprocess.run(REDIS_START, capture_output=True, timeout=30)
-        _wait(_redis_answers, "Redis answering PING")
-
-
-def _pg_cluster() -> tuple[str, str]:
-    versions = sorted(os.listdir("/etc/postgresql"), key=lambda v: [int(p) for p in v.split(".") if p.isdigit()])
-    return versions[-1], "main"
-
-
-def _pg_ready() -> bool:
-    return subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", "5432"], timeout=10).returncode == 0
-
-
-def _pg_ctl(action: str) -> None:
-    version, name = _pg_cluster()
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, name, action], capture_output=True, timeout=120
-    )
-
-
-@pytest.fixture
-def can_restart_redis() -> None:
-    ok = bool(shutil.which("redis-cli") and shutil.which("redis-server")) and os.path.isdir("/var/lib/redis")
-    require_service("Redis control (redis-cli, redis-server)", ok, "cannot restart Redis on this machine")
-
-
-@pytest.fixture
-def can_restart_postgres() -> None:
-    ok = bool(shutil.which("pg_ctlcluster") and shutil.which("pg_isready")) and os.path.isdir("/etc/postgresql")
-    ok = ok and os.geteuid() == 0
-    require_service("PostgreSQL control (pg_ctlcluster as root)", ok, "cannot restart PostgreSQL here")
+MIX = [
+    "read_only",
+    "idempotent",
+    "idempotent_tiny",
+    "reconcilable",
+    "reconcilable_nonfinal",
+    "unguarded",
+    "unguarded",
+]
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -116,21 +69,48 @@ def workers(cluster: ChaosCluster) -> Iterator[list[WorkerProcess]]:
         worker.kill()
 
 
+@pytest.fixture
+def beat(cluster: ChaosCluster) -> Iterator[BeatProcess]:
+    """The reconcile backbone: a real Beat, ticking every 0.5 s."""
+    process = cluster.start_beat()
+    yield process
+    process.kill()
+
+
+def services(cluster: ChaosCluster) -> ChaosServices:
+    assert cluster.services is not None
+    return cluster.services
+
+
 def start_mix(cluster: ChaosCluster, seconds: float) -> list[tuple[Any, str]]:
     """One run per entry of MIX plus a two-call run; returns (handle, ref) pairs."""
     started = []
     for effect_class in MIX:
         ref = uuid.uuid4().hex[:12]
-        handle = cluster.threads.start(chaos_agents.AGENTS[effect_class], chaos_agents.message(ref, seconds=seconds))
+        handle = cluster.threads.start(
+            chaos_agents.AGENTS[effect_class], chaos_agents.message(ref, seconds=seconds)
+        )
         started.append((handle, ref))
     ref = uuid.uuid4().hex[:12]
-    started.append((cluster.threads.start(chaos_agents.mixed_agent, chaos_agents.message(ref, seconds=seconds)), ref))
+    started.append(
+        (
+            cluster.threads.start(
+                chaos_agents.mixed_agent, chaos_agents.message(ref, seconds=seconds)
+            ),
+            ref,
+        )
+    )
     return started
 
 
 def calls_of(cluster: ChaosCluster, thread_id: str) -> list[Any]:
     """The tool calls the model asked for in a thread (with their effect keys)."""
-    return [c for m in cluster.threads.messages(thread_id) if m.role == "assistant" for c in m.tool_calls]
+    return [
+        c
+        for m in cluster.threads.messages(thread_id)
+        if m.role == "assistant"
+        for c in m.tool_calls
+    ]
 
 
 def assert_completed_exactly_once(cluster: ChaosCluster, started: list[tuple[Any, str]]) -> None:
@@ -148,17 +128,21 @@ def assert_completed_exactly_once(cluster: ChaosCluster, started: list[tuple[Any
             if effect_class == "read_only":
                 assert counts[c.effect_key] >= 1
             else:
-                assert counts[c.effect_key] == 1, f"{c.name} ({c.effect_key}) ran {counts[c.effect_key]} times"
+                assert counts[c.effect_key] == 1, (
+                    f"{c.name} ({c.effect_key}) ran {counts[c.effect_key]} times"
+                )
 
 
-def wait_for_running_tools(cluster: ChaosCluster, started: list[tuple[Any, str]], count: int) -> None:
+def wait_for_running_tools(
+    cluster: ChaosCluster, started: list[tuple[Any, str]], count: int
+) -> None:
     """Wait until ``count`` calls of these runs have started (every pool process is busy)."""
     refs = {ref for _, ref in started}
 
     def running() -> int:
         return len({e.effect_key for e in cluster.ledger.starts() if e.ref in refs})
 
-    _wait(lambda: running() >= count, f"{count} tools running", SETTLE_S)
+    eventually(lambda: running() >= count, timeout=SETTLE_S, what=f"{count} tools running")
 
 
 def queue_length(cluster: ChaosCluster) -> int:
@@ -174,59 +158,66 @@ def queue_length(cluster: ChaosCluster) -> int:
 # -- 5. Redis restarted mid-run ------------------------------------------------------------------
 
 
-def test_redis_restart_mid_run_loses_nothing(cluster: ChaosCluster, workers: Any, can_restart_redis: None) -> None:
+def test_redis_restart_mid_run_loses_nothing(
+    cluster: ChaosCluster, workers: Any, beat: BeatProcess
+) -> None:
     running = workers(2)
-    with cluster.ticker() as ticker:
-        started = start_mix(cluster, seconds=1.5)
-        # Four tools mid-call (both workers busy) and messages still waiting in Redis.
-        wait_for_running_tools(cluster, started, 4)
-        queued = queue_length(cluster)
-        assert queued >= 1, "the test needs messages queued in Redis when it goes down"
-        try:
-            subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "shutdown", "nosave"], capture_output=True, timeout=30)
-            _wait(lambda: not _redis_answers(), "Redis going down", timeout=30)
-            # Stay down until a tool finished while Redis was gone and its next task's publish
-            # failed (the Publisher leaves the row to the backbone).
-            _wait(
-                lambda: any(PUBLISH_FAILED in w.log_text() for w in running),
-                "a publish failing during the outage",
-                30,
-            )
-        finally:
-            _start_redis()
+    redis_server = services(cluster).redis
+    before = cluster.backbone_totals()
+    started = start_mix(cluster, seconds=1.5)
+    # Four tools mid-call (both workers busy) and messages still waiting in Redis.
+    wait_for_running_tools(cluster, started, 4)
+    queued = queue_length(cluster)
+    assert queued >= 1, "the test needs messages queued in Redis when it goes down"
+    try:
+        redis_server.stop()  # SHUTDOWN NOSAVE: every queued message is gone
+        # Stay down until a tool finished while Redis was gone and its next task's publish
+        # failed (the Publisher leaves the row to the backbone).
+        eventually(
+            lambda: any(PUBLISH_FAILED in w.log_text() for w in running),
+            timeout=30,
+            what="a publish failing during the outage",
+        )
+    finally:
+        redis_server.start()
 
-        assert_completed_exactly_once(cluster, started)
-    assert ticker.totals["republished"] >= 1, "the lost messages come back through the outbox"
+    assert_completed_exactly_once(cluster, started)
+    assert cluster.backbone_totals()["republished"] > before["republished"], (
+        "the lost messages come back through the outbox"
+    )
 
 
 # -- 6. PostgreSQL restarted mid-run -------------------------------------------------------------
 
 
 def test_postgres_restart_mid_run_loses_nothing(
-    cluster: ChaosCluster, workers: Any, can_restart_postgres: None
+    cluster: ChaosCluster, workers: Any, beat: BeatProcess
 ) -> None:
     # Leases longer than the restart, so a worker that keeps working through it keeps its calls:
     # the point here is reconnecting, not lease expiry (that is what the kill tests are for).
     running = workers(2, THREADS_TOOL_LEASE_S="8", THREADS_STEP_LEASE_S="8")
-    with cluster.ticker() as ticker:
-        # Two waves of tools: the first finishes (and commits) while the database is down.
-        started = start_mix(cluster, seconds=1.0) + start_mix(cluster, seconds=1.0)
-        wait_for_running_tools(cluster, started, 4)
-        try:
-            _pg_ctl("stop")
-            # Stay down until a tool finished mid-outage and could not commit its result.
-            _wait(
-                lambda: any(RESULT_COMMIT_FAILED in w.log_text() for w in running),
-                "a tool result failing to commit during the outage",
-                30,
-            )
-        finally:
-            if not _pg_ready():
-                _pg_ctl("start")
-            _wait(_pg_ready, "PostgreSQL accepting connections")
+    postgres = services(cluster).postgres
+    # Two waves of tools: the first finishes (and commits) while the database is down.
+    started = start_mix(cluster, seconds=1.0) + start_mix(cluster, seconds=1.0)
+    wait_for_running_tools(cluster, started, 4)
+    try:
+        postgres.stop("fast")
+        # Stay down until a tool finished mid-outage and could not commit its result.
+        eventually(
+            lambda: any(RESULT_COMMIT_FAILED in w.log_text() for w in running),
+            timeout=30,
+            what="a tool result failing to commit during the outage",
+        )
+    finally:
+        postgres.start()
+    ticks_before = cluster.backbone_totals()["ticks"]
 
-        assert_completed_exactly_once(cluster, started)
-    assert ticker.ticks >= 1
+    assert_completed_exactly_once(cluster, started)
+    eventually(
+        lambda: cluster.backbone_totals()["ticks"] > ticks_before,
+        timeout=SETTLE_S,
+        what="a tick after the restart",
+    )
 
 
 # -- 7. two Beats at once, a whole worker killed ---------------------------------------------------
@@ -252,14 +243,23 @@ def test_two_beats_recover_a_killed_worker_once(cluster: ChaosCluster, workers: 
 
 
 def _two_beats_scenario(
-    cluster: ChaosCluster, workers: Any, first: WorkerProcess, second: WorkerProcess, beats: list[Any]
+    cluster: ChaosCluster,
+    workers: Any,
+    first: WorkerProcess,
+    second: WorkerProcess,
+    beats: list[Any],
 ) -> None:
     runs: dict[str, tuple[Any, str, str]] = {}
     for effect_class in AFTER_WHOLE_KILL:
         ref = uuid.uuid4().hex[:12]
-        handle = cluster.threads.start(chaos_agents.AGENTS[effect_class], chaos_agents.message(ref, seconds=4.0))
+        handle = cluster.threads.start(
+            chaos_agents.AGENTS[effect_class], chaos_agents.message(ref, seconds=4.0)
+        )
         runs[effect_class] = (handle, effect_key_for(handle.run_id, 0, 0), ref)
-    lines = {cls: cluster.ledger.wait_for_line("effect", key, timeout=SETTLE_S) for cls, (_, key, _) in runs.items()}
+    lines = {
+        cls: cluster.ledger.wait_for_line("effect", key, timeout=SETTLE_S)
+        for cls, (_, key, _) in runs.items()
+    }
 
     victim = cluster.worker_running(lines["unguarded"].pid, [first, second])
     victim_pids = set(victim.child_pids())
@@ -270,14 +270,24 @@ def _two_beats_scenario(
         run = cluster.wait_settled(handle.run_id, SETTLE_S)
         held_by_victim = lines[effect_class].pid in victim_pids
         status, count = AFTER_WHOLE_KILL[effect_class] if held_by_victim else ("completed", 1)
-        assert run.status == status, f"{effect_class} (on the killed worker: {held_by_victim}) is {run.status}"
-        assert cluster.ledger.effect_count(key) == count, f"{effect_class}: {cluster.ledger.effects(key)}"
+        assert run.status == status, (
+            f"{effect_class} (on the killed worker: {held_by_victim}) is {run.status}"
+        )
+        assert cluster.ledger.effect_count(key) == count, (
+            f"{effect_class}: {cluster.ledger.effects(key)}"
+        )
         results = Counter(r.call_id for r in cluster.tool_results(handle.thread_id))
-        assert all(n == 1 for n in results.values()), f"{effect_class}: duplicate tool results {results}"
+        assert all(n == 1 for n in results.values()), (
+            f"{effect_class}: duplicate tool results {results}"
+        )
         assert len(results) == (0 if status == "parked" else 1)
 
     unguarded_key = runs["unguarded"][1]
     logs = "".join(w.log_text() for w in (first, second, replacement))
-    assert len(re.findall(rf"parked at call {re.escape(unguarded_key)} ", logs)) == 1, "parked more than once"
+    assert len(re.findall(rf"parked at call {re.escape(unguarded_key)} ", logs)) == 1, (
+        "parked more than once"
+    )
     for beat in beats:
-        assert "Sending due task threads-reconcile" in beat.log_text(), f"{beat.name} never scheduled a tick"
+        assert "Sending due task threads-reconcile" in beat.log_text(), (
+            f"{beat.name} never scheduled a tick"
+        )

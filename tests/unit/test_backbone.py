@@ -206,3 +206,15 @@ def test_moving_an_agent_to_another_queue_is_recorded_for_its_next_runs() -> Non
         )
         with threads.store.read() as tx:
             assert run_records.agent_queue(tx, "mover") == "batch"
+
+
+def test_each_queue_is_bound_by_its_own_name_so_no_message_is_copied_into_the_other() -> None:
+    app = _app()
+    for queue in app.conf.task_queues:
+        assert (queue.exchange.name, queue.routing_key) == (queue.name, queue.name)
+    route = app.amqp.router.route({}, RECONCILE_TASK)
+    assert (route["queue"].exchange.name, route["queue"].routing_key) == (CONTROL_QUEUE, CONTROL_QUEUE)
+    app.amqp.queues.select("email")
+    consume_control_queue(app)
+    control = app.amqp.queues.consume_from[CONTROL_QUEUE]
+    assert (control.exchange.name, control.routing_key) == (CONTROL_QUEUE, CONTROL_QUEUE)
