@@ -48,7 +48,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 
 from threads_celery.client import Threads
-from threads_celery.exceptions import ThreadsError
+from threads_celery.exceptions import BrokerUnavailable, RunNotFound, StoreUnavailable, ThreadsError
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_AGENTS = ("examples.research", "examples.demo")
@@ -108,6 +108,16 @@ def run_event_stream(threads: Threads, thread_id: str, run_id: str, after: int, 
 def create_app(threads: Threads, *, agent_names: Sequence[str] = (), principal: str = PRINCIPAL) -> FastAPI:
     """The web app around ``threads``; ``agent_names`` fills the form's suggestions."""
     app = FastAPI(title="threads-celery web app example")
+
+    @app.exception_handler(StoreUnavailable)
+    @app.exception_handler(BrokerUnavailable)
+    async def unavailable(request: Request, exc: Exception) -> Response:
+        # A database or broker that is down (or restarting) is "try again", never "no such run".
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        message = "The service is briefly unavailable; try again in a moment."
+        if _wants_json(request) or request.url.path.endswith("/events"):
+            return JSONResponse({"error": message}, status_code=503, headers={"Retry-After": "1"})
+        return HTMLResponse(f"<p>{html.escape(message)}</p>", status_code=503, headers={"Retry-After": "1"})
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     names = list(agent_names)
 
@@ -144,7 +154,9 @@ def create_app(threads: Threads, *, agent_names: Sequence[str] = (), principal: 
             return index_page("Name an agent and write a message.", message, agent, status_code=400)
         try:
             handle = threads.start(agent, message)
-        except ThreadsError as exc:
+        except (StoreUnavailable, BrokerUnavailable):
+            raise
+        except (ThreadsError, ValueError) as exc:
             return index_page(str(exc), message, agent, status_code=400)
         return RedirectResponse(f"/runs/{quote(handle.run_id, safe='')}", status_code=303)
 
@@ -152,7 +164,7 @@ def create_app(threads: Threads, *, agent_names: Sequence[str] = (), principal: 
     def run_page(run_id: str) -> HTMLResponse:
         try:
             run = threads.get_run(run_id)
-        except ThreadsError:
+        except RunNotFound:
             return _page("missing.html", 404, run_id=html.escape(run_id))
         return _page(
             "run.html",
@@ -168,7 +180,7 @@ def create_app(threads: Threads, *, agent_names: Sequence[str] = (), principal: 
     def run_events(run_id: str, request: Request, after: int = 0) -> Response:
         try:
             run = threads.get_run(run_id)
-        except ThreadsError:
+        except RunNotFound:
             return JSONResponse({"error": f"no run {run_id}"}, status_code=404)
         last_id = request.headers.get("last-event-id", "").strip()
         cursor = int(last_id) if last_id.isdigit() else max(after, 0)
@@ -195,6 +207,8 @@ def create_app(threads: Threads, *, agent_names: Sequence[str] = (), principal: 
                 threads.approve(effect_key, principal=principal)
             else:
                 threads.deny(effect_key, form.get("reason") or "denied in the web app", principal=principal)
+        except (StoreUnavailable, BrokerUnavailable):
+            raise
         except ThreadsError as exc:
             if _wants_json(request):
                 return JSONResponse({"ok": False, "error": str(exc)}, status_code=409)

@@ -96,8 +96,18 @@ class Store:
         self.engine.dispose()
 
 
+#: SQLSTATE classes that mean "the server is not there for now": connection exceptions (08),
+#: operator intervention such as a shutdown or a restart in progress (57), too many
+#: connections or out of resources (53).
+UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
+
+
 def _is_connection_error(exc: DBAPIError) -> bool:
+    """Whether ``exc`` means the store is unreachable (try again), not that a query is wrong."""
     if exc.connection_invalidated:
+        return True
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate[:2] in UNAVAILABLE_SQLSTATE_CLASSES:
         return True
     text = str(exc.orig).lower() if exc.orig is not None else ""
     return any(
