@@ -15,6 +15,7 @@ _EXPORTS = {
     "tool": "tools",
     "Tool": "tools",
     "Agent": "agents",
+    "MCPServer": "mcp_servers",
     "ToolContext": "context",
     "Reconcile": "effects",
     "Found": "effects",
@@ -50,6 +51,7 @@ _EXPORTS = {
     "PayloadTooLarge": "exceptions",
     "StoreUnavailable": "exceptions",
     "BrokerUnavailable": "exceptions",
+    "EffectUnknown": "exceptions",
 }
 
 # Written out (not computed from _EXPORTS) so type checkers and linters can read it; a unit
@@ -63,11 +65,13 @@ __all__ = [
     "ConfigError",
     "Deny",
     "Detached",
+    "EffectUnknown",
     "Found",
     "HookCall",
     "HookContext",
     "HookResult",
     "LookupUnknown",
+    "MCPServer",
     "Message",
     "Modify",
     "NotFound",
@@ -98,12 +102,14 @@ __all__ = [
 if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports them lazily
     from .agent_tools import AgentToolFailure, AgentToolResult, Detached, agent_tool
     from .agents import Agent
+    from .mcp_servers import MCPServer
     from .client import Threads
     from .context import ToolContext
     from .effects import Found, LookupUnknown, NotFound, Reconcile
     from .exceptions import (
         BrokerUnavailable,
         ConfigError,
+        EffectUnknown,
         PayloadTooLarge,
         RunNotFound,
         RunTimeout,

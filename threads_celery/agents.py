@@ -43,6 +43,8 @@ class Agent:
     tools: Sequence[Tool] = ()
     subagents: Sequence[Any] = ()
     variables: Sequence[Any] = ()
+    #: MCP servers whose tools this agent can call (see :mod:`threads_celery.mcp_servers`).
+    mcp_servers: Sequence[Any] = ()
     permissions: Any = None
     max_steps: int = DEFAULT_MAX_STEPS
     deps: Any = None
@@ -74,6 +76,7 @@ class Agent:
         queue: str | None = None,
         hooks: Sequence[Any] | None = None,
         hook_timeout_s: float | None = None,
+        mcp_servers: Sequence[Any] | None = None,
     ) -> None:
         # Instance attributes shadow the class attributes, so subclasses may set either. ``name``
         # is declared a ClassVar for subclasses, which mypy forbids setting on an instance.
@@ -96,6 +99,12 @@ class Agent:
         self.hooks = tuple(hooks if hooks is not None else type(self).hooks)
         if hook_timeout_s is not None:
             self.hook_timeout_s = hook_timeout_s
+        self.mcp_servers = tuple(mcp_servers if mcp_servers is not None else type(self).mcp_servers)
+        if self.mcp_servers:
+            from .mcp_servers import mcp_tools
+
+            # Listed now, so the servers' tools are pinned in the config fingerprint.
+            self.tools = (*self.tools, *mcp_tools(self.name, self.mcp_servers))
         self._validate()
         from .subagents import lifecycle_tools
 
@@ -180,6 +189,13 @@ class Agent:
 
     def on_stop(self, stop: Any, ctx: Any) -> None:
         """Observing: the run ended (``stop.status``, ``stop.output``, ``stop.error``)."""
+
+    def preflight(self) -> None:
+        """Raise ConfigError if this agent cannot run in this process; checked before each model step.
+
+        The default checks nothing. An adapter overrides it (e.g. to build its tools'
+        dependencies), so a run that cannot work fails at its step with that error, not mid-call.
+        """
 
     def tool_named(self, name: str) -> Tool | None:
         """The tool of that name, or None."""

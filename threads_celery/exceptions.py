@@ -146,3 +146,11 @@ class AttachmentQuotaError(ThreadsError, OSError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.thread_id, self.reason))
+
+
+class EffectUnknown(ThreadsError):
+    """The tool cannot tell whether its effect happened (its remote end failed mid-call).
+
+    Raised by a tool's ``execute``: a read_only call ends as a tool error the model sees; any
+    other call parks for a person, as after a crash mid-call.
+    """

@@ -38,7 +38,7 @@ from .effects import (
     RunAgain,
     run_lookup,
 )
-from .exceptions import FenceLost, StoreUnavailable, UnknownAgent
+from .exceptions import ConfigError, EffectUnknown, FenceLost, StoreUnavailable, UnknownAgent
 from .leases import LeaseKeeper
 from .permissions import Allow as PermissionAllow
 from .permissions import Ask, Deny, decide_permission
@@ -132,6 +132,11 @@ class Runtime:
             agent = self.registry.get(run.agent)
         except UnknownAgent as exc:
             return self._step_failed(run, fence, step, attempt, exc)
+        try:
+            agent.preflight()
+        except ConfigError as exc:
+            self._finish(run, fence, "error", error=f"agent {agent.name!r} cannot run in this worker: {exc}")
+            return "error: agent cannot run"
         if step >= agent.max_steps:
             self._finish(run, fence, "error", error=f"the run reached its limit of {agent.max_steps} model steps")
             return "error: step limit"
@@ -423,6 +428,11 @@ class Runtime:
                 content, is_error = render_result(redact_value(value, env.revealed)), False
             except ToolOutputError as exc:
                 content, is_error = str(exc), True
+            except EffectUnknown as exc:
+                if not read_only:  # it may have acted: as after a crash mid-call, a person decides
+                    self._park(run, call, str(exc), fence=fence)
+                    return f"parked: {exc}"
+                content, is_error = str(exc), True
             except Exception as exc:  # noqa: BLE001 - the tool failed: the model sees why and the run goes on
                 content, is_error = describe_exception(exc, env.revealed), True
             if env.revealed:
@@ -554,13 +564,14 @@ class Runtime:
             tx.update_call(call.effect_key, status=status, park_reason=reason)
             tx.delete_outbox(call.effect_key)
 
-    def _park(self, run: Run, call: CallRow, reason: str) -> None:
+    def _park(self, run: Run, call: CallRow, reason: str, *, fence: int | None = None) -> None:
+        fence = run.fence if fence is None else fence
         with self.store.transaction() as tx:
             moved = tx.advance_run(
-                run.id, fence=run.fence, now=self.clock(), status="parked", lease_owner=None, lease_expires_at=None
+                run.id, fence=fence, now=self.clock(), status="parked", lease_owner=None, lease_expires_at=None
             )
             if moved is None:
-                raise FenceLost(run.id, run.fence)
+                raise FenceLost(run.id, fence)
             tx.park_call(call.effect_key, reason=reason)
             tx.delete_outbox(call.effect_key)
         log.warning("run %s parked at call %s (%s): %s", run.id, call.effect_key, call.tool, reason)

@@ -1,0 +1,120 @@
+"""A real MCP server for the tests, written with the MCP SDK's server API.
+
+Run as ``python -m tests.support.mcp_test_server stdio`` or
+``python -m tests.support.mcp_test_server http PORT``. Each tool that changes something appends
+one line to the file named by ``MCP_TEST_LEDGER`` (when set), so a test can count how many times
+an effect really happened. ``MCP_TEST_EXTRA_TOOL=1`` adds a tool, to show a changed tool list.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
+
+server = MCPServer("threads-test-tools")
+
+
+def _record(line: str) -> None:
+    ledger = os.environ.get("MCP_TEST_LEDGER")
+    if ledger:
+        with open(ledger, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def lookup_city(city: str) -> str:
+    """Look up a city's population."""
+    return f"{city}: 2100000 people"
+
+
+@server.tool(annotations=ToolAnnotations(idempotent_hint=True))
+def set_flag(name: str, value: bool) -> str:
+    """Set a named flag to a value."""
+    _record(f"set_flag {name}={value}")
+    return f"flag {name} is {value}"
+
+
+@server.tool()
+def send_note(to: str, text: str) -> str:
+    """Send a note to someone."""
+    _record(f"send_note {to}: {text}")
+    return f"sent to {to}"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def broken_lookup(city: str) -> str:
+    """A lookup that always fails on the server's side."""
+    raise ValueError(f"no data for {city}")
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def die_reading() -> str:
+    """A read-only tool whose server process dies mid-call."""
+    os._exit(3)
+
+
+@server.tool()
+def die_after_sending(to: str) -> str:
+    """An unguarded tool whose server dies after its effect happened, before it answers."""
+    _record(f"die_after_sending {to}")
+    os._exit(3)
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def hang_reading() -> str:
+    """A read-only tool that never answers."""
+    time.sleep(3600)
+    return "never"
+
+
+@server.tool(annotations=ToolAnnotations(idempotent_hint=True))
+def hang_setting(name: str) -> str:
+    """An idempotent tool that never answers."""
+    _record(f"hang_setting {name}")
+    time.sleep(3600)
+    return "never"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def garbage_reading() -> str:
+    """A read-only tool that writes garbage where the protocol's answer should be, then stops."""
+    sys.stdout.write("this is not JSON-RPC {{{\n")
+    sys.stdout.flush()
+    time.sleep(3600)
+    return "never"
+
+
+@server.tool()
+def garbage_sending(to: str) -> str:
+    """An unguarded tool that sends, then writes garbage instead of its answer."""
+    _record(f"garbage_sending {to}")
+    sys.stdout.write("\x00\x01 garbage \n")
+    sys.stdout.flush()
+    time.sleep(3600)
+    return "never"
+
+
+if os.environ.get("MCP_TEST_EXTRA_TOOL") == "1":
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def extra_lookup(key: str) -> str:
+        """A tool that only some versions of the server have."""
+        return key
+
+
+def main(argv: list[str]) -> None:
+    transport = argv[1] if len(argv) > 1 else "stdio"
+    if transport == "stdio":
+        server.run("stdio")
+    elif transport == "http":
+        server.run("streamable-http", host="127.0.0.1", port=int(argv[2]))
+    else:
+        raise SystemExit(f"unknown transport {transport!r}: use stdio or http PORT")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
