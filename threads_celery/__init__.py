@@ -102,7 +102,6 @@ __all__ = [
 if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports them lazily
     from .agent_tools import AgentToolFailure, AgentToolResult, Detached, agent_tool
     from .agents import Agent
-    from .mcp_servers import MCPServer
     from .client import Threads
     from .context import ToolContext
     from .effects import Found, LookupUnknown, NotFound, Reconcile
@@ -118,6 +117,7 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
         UnknownAgent,
     )
     from .hooks import Allow, Deny, HookCall, HookContext, HookResult, Modify, Stop
+    from .mcp_servers import MCPServer
     from .permissions import Permissions
     from .prompts import Prompt
     from .records import Message, Run, RunHandle, ToolCall, ToolResult

@@ -12,7 +12,7 @@ configuration fingerprint: a server whose tool list (names, schemas, description
 changed under a live thread is a configuration change like any other.
 
 Each call opens its own connection (a stdio server is started for the call and stopped after
-it), bounded by ``timeout_s``. A call that fails before anything was sent is a tool error; a
+it); ``connect_timeout_s`` bounds starting or reaching the server, ``timeout_s`` the call. A call that fails before anything was sent is a tool error; a
 server that dies, hangs or answers garbage once the call was sent leaves it unknown whether the
 tool acted: a read_only call ends as a tool error the model sees, any other call parks for a
 person (:class:`~threads_celery.exceptions.EffectUnknown`).
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 #: What model providers accept as a tool name.
 MODEL_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
 
 _T = TypeVar("_T")
 
@@ -100,7 +101,8 @@ class MCPServer:
     effect the author states for them (an effect name, or a
     :class:`~threads_celery.effects.Reconcile` for a reconcilable tool), overriding the
     annotations. ``dedup_window_ms`` (one number, or a mapping by tool name) is the window of the
-    server's idempotent tools. ``timeout_s`` bounds each call, connection included. ``prefix``
+    server's idempotent tools. ``timeout_s`` bounds each call once connected;
+    ``connect_timeout_s`` bounds starting or reaching the server (and listing its tools). ``prefix``
     names the tools ``<prefix>_<tool>`` (to keep two servers' tools apart); ``queue`` routes
     their calls to a Celery queue.
 
@@ -122,6 +124,7 @@ class MCPServer:
         effects: Mapping[str, EffectChoice] | None = None,
         dedup_window_ms: int | Mapping[str, int] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         prefix: str | None = None,
         queue: str | None = None,
     ) -> None:
@@ -133,14 +136,11 @@ class MCPServer:
             raise ConfigError("MCPServer args must be a list of strings, not one string")
         if url is not None and not url.startswith(("http://", "https://")):
             raise ConfigError(f"MCPServer url must start with http:// or https://, not {url!r}")
-        if (
-            isinstance(timeout_s, bool)
-            or not isinstance(timeout_s, int | float)
-            or not timeout_s > 0
-        ):
-            raise ConfigError(
-                f"MCPServer timeout_s must be a positive number of seconds, not {timeout_s!r}"
-            )
+        for option, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(
+                    f"MCPServer {option} must be a positive number of seconds, not {value!r}"
+                )
         if prefix is not None and not MODEL_TOOL_NAME.match(prefix):
             raise ConfigError(f"MCPServer prefix {prefix!r} must be letters, digits, '_' or '-'")
         self.name = name or (url if url is not None else " ".join([str(command), *args]))
@@ -155,6 +155,7 @@ class MCPServer:
         self.effects = dict(effects or {})
         self.dedup_window_ms = dedup_window_ms
         self.timeout_s = float(timeout_s)
+        self.connect_timeout_s = float(connect_timeout_s)
         self.prefix = prefix
         self.queue = queue
         self._tools: tuple[SchemaTool, ...] | None = None
@@ -174,10 +175,10 @@ class MCPServer:
 
     def _build_tools(self) -> tuple[SchemaTool, ...]:
         try:
-            listed = run_in_fresh_loop(self._list_tools, self.timeout_s)
+            listed = run_in_fresh_loop(self._list_tools, self.connect_timeout_s)
         except Exception as exc:  # noqa: BLE001 - any failure to list is the same ConfigError
             raise ConfigError(
-                f"cannot list the tools of MCP server {self.name!r}: {describe_failure(exc, self.timeout_s)}"
+                f"cannot list the tools of MCP server {self.name!r}: {describe_failure(exc, self.connect_timeout_s)}"
             ) from None
         by_name = {t.name: t for t in listed}
         unknown = sorted(set(self.effects) - set(by_name))
@@ -271,11 +272,11 @@ class MCPServer:
             params = StdioServerParameters(
                 command=self.command, args=list(self.args), env=self.env, cwd=self.cwd
             )
-            return Client(params, read_timeout_seconds=self.timeout_s)
+            return Client(params, read_timeout_seconds=self.connect_timeout_s)
         assert self.url is not None
         if not self._headers:
-            return Client(self.url, read_timeout_seconds=self.timeout_s)
-        return _http_client_with_headers(self.url, self._headers, self.timeout_s)
+            return Client(self.url, read_timeout_seconds=self.connect_timeout_s)
+        return _http_client_with_headers(self.url, self._headers, self.connect_timeout_s)
 
     async def _list_tools(self) -> list[Any]:
         async with self._client() as client:
@@ -304,13 +305,16 @@ class MCPServer:
         result: CallToolResult | None = None
         meta: Any = {"io.threads-celery/effect-key": effect_key} if effect_key else None
         try:
-            with anyio.fail_after(self.timeout_s):
+            # A backstop: the handshake and the call are bounded by their own read timeouts.
+            with anyio.fail_after(self.connect_timeout_s + self.timeout_s + 5.0):
                 async with self._client() as client:
                     sent = True
-                    result = await client.call_tool(remote_name, arguments, meta=meta)
+                    result = await client.call_tool(
+                        remote_name, arguments, read_timeout_seconds=self.timeout_s, meta=meta
+                    )
         except Exception as exc:  # noqa: BLE001 - every failure is classified below
             if result is None:
-                why = describe_failure(exc, self.timeout_s)
+                why = describe_failure(exc, self.timeout_s if sent else self.connect_timeout_s)
                 if not sent:
                     raise MCPUnreachable(
                         f"MCP server {self.name!r} could not be reached: {why}"
@@ -351,7 +355,7 @@ def render_call_result(result: CallToolResult) -> str:
 def describe_failure(exc: BaseException, timeout_s: float) -> str:
     """A sentence for why talking to an MCP server failed (no traceback, no arguments)."""
     leaves = _leaf_exceptions(exc)
-    if any(isinstance(e, TimeoutError) for e in leaves):
+    if any(isinstance(e, TimeoutError) or "timed out" in str(e) for e in leaves):
         return f"did not answer within {timeout_s:g} s"
     from pydantic import ValidationError
 
