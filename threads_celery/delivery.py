@@ -182,7 +182,7 @@ def _fire_hooks(runtime: Runtime, parent: Agent | None, row: AgentToolRun, resul
     return entries
 
 
-def _notify(runtime: Runtime, parent: Any, row: AgentToolRun, result: AgentToolResult | AgentToolFailure) -> list[OutboxEntry]:
+def _notify(runtime: Runtime, parent: Agent | None, row: AgentToolRun, result: AgentToolResult | AgentToolFailure) -> list[OutboxEntry]:
     """Inject a message into the parent thread (once per run and status) and give it a turn."""
     formatter = getattr(parent, "format_detached_completion", None)
     text = formatter(row, result) if callable(formatter) else default_completion_text(row, result)
