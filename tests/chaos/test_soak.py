@@ -1,19 +1,33 @@
-"""Chaos soak: many runs with mixed effects while a killer keeps SIGKILLing workers.
+"""Chaos soak: a backlog of runs while workers are killed and frozen and the services restart.
 
-``CHAOS_SOAK_RUNS`` runs (default 200, what CI runs) of every effect class, their tools sleeping
-50-300 ms, are fed to two prefork workers (at most ``IN_FLIGHT`` at a time, like steady traffic)
-while a killer thread strikes every 1-3 s: twice it SIGKILLs the pool process that most recently
-started a tool call, then it SIGKILLs a whole worker (and starts a fresh one), and so on. A real ``celery beat`` drives the reconcile backbone.
+``RUNS`` runs (``CHAOS_SOAK_RUNS``, default 200, what CI runs) of every effect class, their tools
+sleeping 50-300 ms, are all started at once, as the workers boot: hundreds of messages wait in
+Redis. Two prefork workers and a real ``celery -A tasks beat`` (0.5 s ticks, 2 s leases) work
+through them while a chaos thread strikes every 1.5-3 s, alternately SIGKILLing the pool process
+that most recently started a tool call and a whole worker (replaced at once), and, as the runs
+settle:
+
+- SIGSTOPs a worker while it holds calls (twice), for longer than its lease: the backbone
+  re-dispatches its runs, and when it is resumed every late write it tries is refused by the
+  fence (counted: there must be some, and every one of them refused);
+- restarts the private Redis (``SHUTDOWN NOSAVE``: every queued message is lost) and then the
+  private PostgreSQL (fast shutdown: every connection is cut).
+
 At the end every run must be completed, or parked with a reason by an effect class that may park;
 no effect that must not repeat ran twice; idempotent repeats carried the call's own key inside its
 window; reconcilable calls interrupted after their effect were settled by the lookup; and no call
-has two results. ``CHAOS_SOAK_SEED`` replays a killer's choices.
+has two results. It prints a summary: runs, kills, freezes, refused late writes, the peak of the
+work queue, and the kill-to-re-dispatch times of the calls a killed worker held.
+``CHAOS_SOAK_SEED`` replays the plan and the chaos thread's choices. A bigger soak
+(``CHAOS_SOAK_LARGE=1``: 1,000 runs) is not part of the default run.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
+import statistics
 import threading
 import time
 import uuid
@@ -21,6 +35,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import pytest
 from sqlalchemy import text
 
 from tests.chaos import chaos_agents
@@ -29,9 +44,11 @@ if TYPE_CHECKING:  # the conftest is pytest's to import; tests only name its typ
     from tests.chaos.conftest import ChaosCluster, WorkerProcess
 
 RUNS = int(os.environ.get("CHAOS_SOAK_RUNS", "200"))
-DEADLINE_S = float(os.environ.get("CHAOS_SOAK_DEADLINE_S", "150"))
+LARGE_RUNS = 1000
+DEADLINE_S = float(os.environ.get("CHAOS_SOAK_DEADLINE_S", "300"))
 SEED = int(os.environ.get("CHAOS_SOAK_SEED", str(random.randrange(1 << 30))))
-IN_FLIGHT = 12
+LEASE_S = 2.0  # DEFAULT_CHAOS_ENV's leases
+FREEZE_S = 5.0  # longer than a lease plus a few ticks: the frozen worker's runs are re-dispatched
 # agent -> weight: every effect class, and a reply with two calls (read_only then idempotent)
 MIX = {
     "read_only": 3,
@@ -45,59 +62,121 @@ MIX = {
 # Effect classes whose interrupted calls may park (the others always have a way to settle).
 MAY_PARK = {"unguarded", "idempotent_tiny", "reconcilable_nonfinal"}
 AT_MOST_ONCE = {"unguarded", "idempotent_tiny", "reconcilable", "reconcilable_nonfinal"}
-SETTLED = {"completed", "error", "aborted", "interrupted", "parked", "awaiting_approval", "awaiting_variable"}
+SETTLED = {
+    "completed",
+    "error",
+    "aborted",
+    "interrupted",
+    "parked",
+    "awaiting_approval",
+    "awaiting_variable",
+}
+# When (fraction of runs settled) each outage happens.
+FREEZE_AT = (0.05, 0.7)
+REDIS_RESTART_AT = 0.3
+POSTGRES_RESTART_AT = 0.5
 
 
 @dataclass
-class Killer:
-    """Every 1-3 s a strike: two SIGKILLs of a pool process, then one of a whole worker, in turn.
+class Freeze:
+    """One SIGSTOP: the worker, when, and the calls its pool processes were running."""
 
-    A pool-process strike prefers the process that most recently started a tool call (so the kill
-    lands mid-call); a whole-worker strike picks a worker at random, and only while both workers
-    are up (otherwise it strikes a pool process). Dead workers are replaced at once. Pool processes of a worker are only struck once it has been ready for a second:
-    Celery gives up on a worker whose pool dies while it is still starting, which tests Celery,
-    not the runtime (the replacement logic would cover it anyway).
-    """
+    worker: WorkerProcess
+    at: float
+    held: list[str]
+    log_offset: int  # the length of its log when it was frozen: what follows is its late work
+    resumed_at: float = 0.0
+
+
+@dataclass
+class Chaos:
+    """The soak's adversary, on a thread of its own (see the module docstring)."""
 
     cluster: ChaosCluster
     workers: list[WorkerProcess]
     rng: random.Random
+    settled_fraction: float = 0.0
     child_kills: int = 0
     whole_kills: int = 0
     replaced: int = 0
+    redis_restarts: int = 0
+    postgres_restarts: int = 0
+    peak_queued: int = 0
+    freezes: list[Freeze] = field(default_factory=list)
+    #: (kill time, effect keys its pool processes were running) per whole-worker kill
+    whole_kill_log: list[tuple[float, list[str]]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     _strikes: int = 0
     _ready_at: dict[int, float] = field(default_factory=dict)
+    _spared_until: dict[int, float] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
-        next_strike = time.monotonic() + self.rng.uniform(1.0, 3.0)
-        while not self._stop.wait(0.2):
+        next_strike = time.monotonic() + self.rng.uniform(1.5, 3.0)
+        while not self._stop.wait(0.1):
             try:
+                self._sample_queue()
                 self._replace_dead()
+                self._outages()
                 if time.monotonic() >= next_strike:
-                    next_strike = time.monotonic() + self.rng.uniform(1.0, 3.0)
+                    next_strike = time.monotonic() + self.rng.uniform(1.5, 3.0)
                     self._strike()
             except Exception as exc:  # noqa: BLE001 - a miss (a process that just died) is fine
                 self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- workers ----------------------------------------------------------------------------
+
+    def _sample_queue(self) -> None:
+        import redis
+
+        client = redis.Redis.from_url(
+            self.cluster.broker_url, socket_timeout=1, socket_connect_timeout=1
+        )
+        try:
+            self.peak_queued = max(self.peak_queued, int(client.llen("threads")))
+        except redis.RedisError:
+            pass  # Redis is restarting
+        finally:
+            client.close()
 
     def _replace_dead(self) -> None:
         for slot, worker in enumerate(self.workers):
             if not worker.alive():
                 self.workers[slot] = self.cluster.start_worker(wait=False)
                 self.replaced += 1
-            elif id(worker) not in self._ready_at and f"{worker.name}@" in worker.log_text() and " ready." in worker.log_text():
+            elif id(worker) not in self._ready_at and re.search(
+                rf"{re.escape(worker.name)}@\S+ ready\.", worker.log_text()
+            ):
                 self._ready_at[id(worker)] = time.monotonic()
 
-    def _settled(self, worker: WorkerProcess) -> bool:
+    def _strikable(self, worker: WorkerProcess) -> bool:
         ready = self._ready_at.get(id(worker))
-        return worker.alive() and ready is not None and time.monotonic() - ready >= 1.0
+        return (
+            worker.alive()
+            and not worker.stopped
+            and ready is not None
+            and time.monotonic() - ready >= 1.0
+            and time.monotonic() >= self._spared_until.get(id(worker), 0.0)
+        )
+
+    def _in_flight(self, worker: WorkerProcess) -> list[str]:
+        """The effect keys its pool processes started last, within the last second."""
+        pids = set(worker.child_pids())
+        latest: dict[int, Any] = {}
+        for entry in self.cluster.ledger.entries()[-200:]:
+            if entry.kind == "start" and entry.pid in pids:
+                latest[entry.pid] = entry
+        now = time.time()
+        return [e.effect_key for e in latest.values() if now - e.at < 1.0]
 
     def _strike(self) -> None:
         self._strikes += 1
-        # A whole worker only while every worker is up: one always keeps serving (and running
-        # Beat's ticks) while the other restarts, which is the failure being tested.
-        whole = self._strikes % 3 == 0 and all(self._settled(w) for w in self.workers)
+        # A whole worker every other strike, only while every worker is up and none is frozen:
+        # one always keeps serving (and running Beat's ticks) while the other restarts.
+        whole = self._strikes % 2 == 0 and all(self._strikable(w) for w in self.workers)
         if not whole:
             busy = self._busy_child()
             if busy is not None:
@@ -106,12 +185,15 @@ class Killer:
                 self.child_kills += 1
             return
         slot = self.rng.randrange(len(self.workers))
-        self.workers[slot].kill()
+        victim = self.workers[slot]
+        held = self._in_flight(victim)
+        victim.kill()
+        self.whole_kill_log.append((time.time(), held))
         self.whole_kills += 1
         self.workers[slot] = self.cluster.start_worker(wait=False)
 
     def _busy_child(self) -> tuple[WorkerProcess, int] | None:
-        children = {pid: w for w in self.workers if self._settled(w) for pid in w.child_pids()}
+        children = {pid: w for w in self.workers if self._strikable(w) for pid in w.child_pids()}
         for entry in reversed(self.cluster.ledger.entries()[-20:]):
             if entry.kind == "start" and entry.pid in children:
                 return children[entry.pid], entry.pid
@@ -120,58 +202,165 @@ class Killer:
         pid = self.rng.choice(sorted(children))
         return children[pid], pid
 
-    def stop(self) -> None:
-        self._stop.set()
+    # -- outages ----------------------------------------------------------------------------
+
+    def _outages(self) -> None:
+        services = self.cluster.services
+        assert services is not None
+        if (
+            len(self.freezes) < len(FREEZE_AT)
+            and self.settled_fraction >= FREEZE_AT[len(self.freezes)]
+        ):
+            self._freeze()
+        if not self.redis_restarts and self.settled_fraction >= REDIS_RESTART_AT:
+            services.redis.stop()  # SHUTDOWN NOSAVE: the queued messages are gone
+            time.sleep(1.0)
+            services.redis.start()
+            self.redis_restarts += 1
+        if not self.postgres_restarts and self.settled_fraction >= POSTGRES_RESTART_AT:
+            services.postgres.stop("fast")
+            time.sleep(1.0)
+            services.postgres.start()
+            self.postgres_restarts += 1
+
+    def _freeze(self) -> None:
+        """SIGSTOP a worker running tool calls for FREEZE_S, then resume it and spare it from
+        kills while it tries its late writes."""
+        for worker in self.rng.sample(self.workers, len(self.workers)):
+            held = self._in_flight(worker) if self._strikable(worker) else []
+            if held:
+                break
+        else:
+            return  # nobody is mid-call right now: try again on the next loop
+        worker.stop()
+        freeze = Freeze(worker, time.time(), held, len(worker.log_text()))
+        self.freezes.append(freeze)
+        self._stop.wait(FREEZE_S)
+        worker.cont()
+        freeze.resumed_at = time.time()
+        self._spared_until[id(worker)] = time.monotonic() + 10.0
 
 
-def test_soak_mixed_effects_under_random_kills(cluster: ChaosCluster) -> None:
+def _soak(cluster: ChaosCluster, runs: int) -> None:
     rng = random.Random(SEED)
-    print(f"\nchaos soak: {RUNS} runs, seed {SEED} (CHAOS_SOAK_SEED={SEED} replays the killer's choices)")
-    workers = cluster.start_workers(2)
-    cluster.start_beat()
+    print(
+        f"\nchaos soak: {runs} runs, seed {SEED} (CHAOS_SOAK_SEED={SEED} replays the plan and the chaos)"
+    )
+    assert cluster.services is not None, "the soak restarts the private Redis and PostgreSQL"
+    # Workers and Beat boot while every run is started at once: a backlog from the first second.
+    workers = [cluster.start_worker(wait=False) for _ in range(2)]
+    cluster.start_beat(wait=False)
     agents = {**chaos_agents.AGENTS, "mixed": chaos_agents.mixed_agent}
-    plan = rng.choices(list(MIX), weights=list(MIX.values()), k=RUNS)
-
-    killer = Killer(cluster, workers, random.Random(SEED + 1))
-    killer_thread = threading.Thread(target=killer.run, name="chaos-killer", daemon=True)
+    plan = rng.choices(list(MIX), weights=list(MIX.values()), k=runs)
     started: dict[str, tuple[str, str]] = {}  # run id -> (agent kind, ref)
-    pending: set[str] = set()
+    for kind in plan:
+        ref = uuid.uuid4().hex[:12]
+        seconds = round(rng.uniform(0.05, 0.3), 3)
+        sleep_first = kind.startswith("reconcilable") and rng.random() < 0.5
+        handle = cluster.threads.start(
+            agents[kind],
+            chaos_agents.message(
+                ref, seconds=seconds, repeat_seconds=seconds, sleep_first=sleep_first
+            ),
+        )
+        started[handle.run_id] = (kind, ref)
+    chaos = Chaos(cluster, workers, random.Random(SEED + 1))
+    chaos._sample_queue()  # the backlog right after the burst
+    for worker in workers:
+        worker.wait_ready()
+
+    chaos_thread = threading.Thread(target=chaos.run, name="chaos", daemon=True)
+    pending = set(started)
     final: dict[str, str] = {}
     began = time.monotonic()
-    queue = list(plan)
-    killer_thread.start()
+    chaos_thread.start()
     try:
-        while queue or pending:
-            if time.monotonic() - began >= DEADLINE_S:
-                break
-            while queue and len(pending) < IN_FLIGHT:
-                kind = queue.pop()
-                ref = uuid.uuid4().hex[:12]
-                seconds = round(rng.uniform(0.05, 0.3), 3)
-                sleep_first = kind.startswith("reconcilable") and rng.random() < 0.5
-                handle = cluster.threads.start(
-                    agents[kind],
-                    chaos_agents.message(ref, seconds=seconds, repeat_seconds=seconds, sleep_first=sleep_first),
-                )
-                started[handle.run_id] = (kind, ref)
-                pending.add(handle.run_id)
+        while pending and time.monotonic() - began < DEADLINE_S:
             for run_id, status in _statuses(cluster, pending).items():
                 if status in SETTLED:
                     final[run_id] = status
                     pending.discard(run_id)
-            time.sleep(0.1)
+            chaos.settled_fraction = len(final) / runs
+            time.sleep(0.2)
     finally:
-        killer.stop()
-        killer_thread.join(timeout=10)
+        chaos.stop()
+        chaos_thread.join(timeout=30)
     elapsed = time.monotonic() - began
 
     report = _check(cluster, started, final)
-    print(_table(report, killer, elapsed))
-    assert not pending and not queue, (
-        f"{len(pending)} runs unsettled and {len(queue)} never started after {DEADLINE_S:g} s:\n"
+    late = _late_writes(cluster, chaos)
+    recovery = _recovery_times(cluster, chaos)
+    print(_table(report, chaos, late, recovery, elapsed))
+    assert not pending, (
+        f"{len(pending)} runs unsettled after {DEADLINE_S:g} s:\n"
         + _describe_stuck(cluster, pending)
     )
     assert not report["problems"], "\n".join(report["problems"][:40])
+    assert chaos.whole_kills >= 1 and chaos.child_kills >= 1, (
+        "the soak must kill whole workers and pool processes"
+    )
+    assert chaos.redis_restarts == 1 and chaos.postgres_restarts == 1, (
+        "Redis and PostgreSQL restart mid-soak"
+    )
+    assert chaos.freezes, "a worker must be frozen while it holds calls"
+    assert chaos.peak_queued >= 100, (
+        f"hundreds of messages should wait in Redis (peak {chaos.peak_queued})"
+    )
+    assert late["refused"] > 0, f"the frozen workers' late writes must be seen and refused: {late}"
+    assert not late["accepted"], f"late writes of a frozen worker were accepted: {late['accepted']}"
+
+
+def test_soak_backlog_under_kills_freezes_and_restarts(cluster: ChaosCluster) -> None:
+    _soak(cluster, RUNS)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("CHAOS_SOAK_LARGE"), reason="the large soak runs with CHAOS_SOAK_LARGE=1"
+)
+def test_large_soak_backlog_under_kills_freezes_and_restarts(cluster: ChaosCluster) -> None:
+    _soak(cluster, LARGE_RUNS)
+
+
+LATE_OUTCOME = re.compile(r"threads\.(?:tool|step)\[([^\]]+)\] succeeded in ([\d.]+)s: '([^']*)'")
+
+
+def _late_writes(cluster: ChaosCluster, chaos: Chaos) -> dict[str, Any]:
+    """What each frozen worker did once resumed with the work it was running when frozen.
+
+    That work is recognised by its duration: it ran across the freeze, so Celery reports it
+    took at least FREEZE_S (work the worker took up after it resumed takes well under a second).
+    Every such write must have been refused by the fence ('fence lost'): the backbone
+    re-dispatched its run while the worker was frozen.
+    """
+    refused: list[str] = []
+    accepted: list[str] = []
+    for freeze in chaos.freezes:
+        after = freeze.worker.log_text()[freeze.log_offset :]
+        for task_id, seconds, outcome in LATE_OUTCOME.findall(after):
+            if float(seconds) >= FREEZE_S - 0.5:
+                (refused if outcome == "fence lost" else accepted).append(f"{task_id}: {outcome}")
+    return {
+        "held": sum(len(f.held) for f in chaos.freezes),
+        "refused": len(refused),
+        "accepted": accepted,
+        "all_refusals": len(cluster.fence_refusals()),
+    }
+
+
+def _recovery_times(cluster: ChaosCluster, chaos: Chaos) -> list[float]:
+    """Seconds from each whole-worker kill to the next start of a call that worker was running
+    (the calls that run again: read_only, idempotent, reconcilable before their effect)."""
+    starts: dict[str, list[float]] = defaultdict(list)
+    for entry in cluster.ledger.entries():
+        if entry.kind == "start":
+            starts[entry.effect_key].append(entry.at)
+    times = []
+    for killed_at, held in chaos.whole_kill_log:
+        for key in held:
+            later = [at for at in starts[key] if at > killed_at]
+            if later:
+                times.append(min(later) - killed_at)
+    return times
 
 
 def _describe_stuck(cluster: ChaosCluster, run_ids: set[str], limit: int = 10) -> str:
@@ -180,37 +369,59 @@ def _describe_stuck(cluster: ChaosCluster, run_ids: set[str], limit: int = 10) -
     with cluster.threads.store.engine.connect() as conn:
         for run_id in sorted(run_ids)[:limit]:
             run = conn.execute(
-                text("select status, step, fence, lease_owner, lease_expires_at from runs where id = :id"), {"id": run_id}
+                text(
+                    "select status, step, fence, lease_owner, lease_expires_at from runs where id = :id"
+                ),
+                {"id": run_id},
             ).one()
             calls = conn.execute(
-                text("select effect_key, tool, status, attempt, lease_expires_at from tool_calls where run_id = :id"),
+                text(
+                    "select effect_key, tool, status, attempt, lease_expires_at from tool_calls where run_id = :id"
+                ),
                 {"id": run_id},
             ).all()
             outbox = conn.execute(
-                text("select key, due_at, publish_count from outbox where key like :pattern"), {"pattern": f"%{run_id}%"}
+                text("select key, due_at, publish_count from outbox where key like :pattern"),
+                {"pattern": f"%{run_id}%"},
             ).all()
-            lines.append(f"{run_id}: {tuple(run)}\n  calls: {[tuple(c) for c in calls]}\n  outbox: {[tuple(o) for o in outbox]}")
+            lines.append(
+                f"{run_id}: {tuple(run)}\n  calls: {[tuple(c) for c in calls]}\n  outbox: {[tuple(o) for o in outbox]}"
+            )
     return "\n".join(lines)
 
 
 def _statuses(cluster: ChaosCluster, run_ids: set[str]) -> dict[str, str]:
+    """Each run's status; nothing while PostgreSQL is restarting (the next poll asks again)."""
+    from sqlalchemy.exc import DBAPIError
+
     if not run_ids:
         return {}
-    with cluster.threads.store.engine.connect() as conn:
-        rows = conn.execute(text("select id, status from runs where id = any(:ids)"), {"ids": list(run_ids)})
-        return {row.id: row.status for row in rows}
+    try:
+        with cluster.threads.store.engine.connect() as conn:
+            rows = conn.execute(
+                text("select id, status from runs where id = any(:ids)"), {"ids": list(run_ids)}
+            )
+            return {row.id: row.status for row in rows}
+    except DBAPIError:
+        return {}
 
 
-def _check(cluster: ChaosCluster, started: dict[str, tuple[str, str]], final: dict[str, str]) -> dict[str, Any]:
+def _check(
+    cluster: ChaosCluster, started: dict[str, tuple[str, str]], final: dict[str, str]
+) -> dict[str, Any]:
     problems: list[str] = []
     engine = cluster.threads.store.engine
     with engine.connect() as conn:
-        calls = conn.execute(
-            text(
-                "select effect_key, run_id, call_id, tool, status, attempt, result, park_reason, first_started_at "
-                "from tool_calls"
+        calls = (
+            conn.execute(
+                text(
+                    "select effect_key, run_id, call_id, tool, status, attempt, result, park_reason, first_started_at "
+                    "from tool_calls"
+                )
             )
-        ).mappings().all()
+            .mappings()
+            .all()
+        )
         duplicates = conn.execute(
             text(
                 "select thread_id, parts->'tool_result'->>'call_id' as call_id, count(*) as n from messages "
@@ -253,13 +464,17 @@ def _check(cluster: ChaosCluster, started: dict[str, tuple[str, str]], final: di
         if cls in AT_MOST_ONCE and n and any(st.at > effects[key][0].at for st in starts[key]):
             problems.append(f"{cls} call {key} was executed again after its effect happened")
         if by_ref[(call["tool"], ref)] - {key}:
-            problems.append(f"{call['tool']} for ref {ref} ran under another key: {by_ref[(call['tool'], ref)]}")
+            problems.append(
+                f"{call['tool']} for ref {ref} ran under another key: {by_ref[(call['tool'], ref)]}"
+            )
         if cls == "idempotent" and n > 1:
             window_s = chaos_agents.TOOLS[cls].dedup_window_ms / 1000
             first = call["first_started_at"].timestamp()
             late = [e for e in effects[key] if e.at - first >= window_s]
             if late:
-                problems.append(f"idempotent call {key} repeated outside its {window_s:g} s window: {late}")
+                problems.append(
+                    f"idempotent call {key} repeated outside its {window_s:g} s window: {late}"
+                )
         status, result = call["status"], call["result"] or ""
         if status == "parked":
             parks[cls] += 1
@@ -268,7 +483,9 @@ def _check(cluster: ChaosCluster, started: dict[str, tuple[str, str]], final: di
             if not call["park_reason"]:
                 problems.append(f"call {key} parked without a reason")
             if cls == "reconcilable_nonfinal" and n:
-                problems.append(f"nonfinal call {key} parked although its lookup could find its effect")
+                problems.append(
+                    f"nonfinal call {key} parked although its lookup could find its effect"
+                )
         elif status == "completed":
             if result.startswith("found:"):
                 found[cls] += 1
@@ -276,7 +493,9 @@ def _check(cluster: ChaosCluster, started: dict[str, tuple[str, str]], final: di
                     problems.append(f"call {key} recorded {result!r} by lookup with {n} effects")
             elif result.startswith("done:"):
                 if n < 1:
-                    problems.append(f"call {key} completed as {result!r} but its effect never happened")
+                    problems.append(
+                        f"call {key} completed as {result!r} but its effect never happened"
+                    )
             else:
                 problems.append(f"call {key} completed with an unexpected result {result!r}")
         elif final.get(call["run_id"]) == "completed":
@@ -293,30 +512,56 @@ def _check(cluster: ChaosCluster, started: dict[str, tuple[str, str]], final: di
         "found": found,
         "calls": len(calls),
         "effects": sum(len(v) for v in effects.values()),
-        "unguarded_duplicates": sum(1 for c in calls if c["tool"] == "send_email" and len(effects[c["effect_key"]]) > 1),
+        "unguarded_duplicates": sum(
+            1 for c in calls if c["tool"] == "send_email" and len(effects[c["effect_key"]]) > 1
+        ),
         "problems": problems,
     }
 
 
-def _table(report: dict[str, Any], killer: Killer, elapsed: float) -> str:
+def _table(
+    report: dict[str, Any],
+    chaos: Chaos,
+    late: dict[str, Any],
+    recovery: list[float],
+    elapsed: float,
+) -> str:
     classes = list(chaos_agents.TOOLS)
+    recovered = (
+        f"median {statistics.median(recovery):.1f} s, max {max(recovery):.1f} s (n={len(recovery)})"
+        if recovery
+        else "none measured"
+    )
     rows = [
-        ("runs", report["runs"]),
+        ("runs (started at once)", report["runs"]),
         ("completed", report["statuses"]["completed"]),
         ("parked (with a reason)", report["statuses"]["parked"]),
-        ("other statuses", sum(n for s, n in report["statuses"].items() if s not in ("completed", "parked"))),
+        (
+            "other statuses",
+            sum(n for s, n in report["statuses"].items() if s not in ("completed", "parked")),
+        ),
+        ("peak messages queued in Redis", chaos.peak_queued),
         ("tool calls / effects in the ledger", f"{report['calls']} / {report['effects']}"),
-        ("kills: pool process / whole worker", f"{killer.child_kills} / {killer.whole_kills}"),
-        ("workers that died otherwise, replaced", killer.replaced),
+        ("kills: pool process / whole worker", f"{chaos.child_kills} / {chaos.whole_kills}"),
+        ("workers that died otherwise, replaced", chaos.replaced),
+        ("freezes (SIGSTOP) / calls held", f"{len(chaos.freezes)} / {late['held']}"),
+        ("late writes refused by the fence (frozen)", late["refused"]),
+        ("late writes accepted (must be 0)", len(late["accepted"])),
+        ("fence refusals in all worker logs", late["all_refusals"]),
+        ("Redis / PostgreSQL restarts", f"{chaos.redis_restarts} / {chaos.postgres_restarts}"),
+        ("kill to re-dispatch of held calls", recovered),
         *[(f"reruns (effect > 1): {c}", report["reruns"][c]) for c in classes],
         *[(f"parks: {c}", report["parks"][c]) for c in classes],
-        *[(f"settled by lookup: {c}", report["found"][c]) for c in ("reconcilable", "reconcilable_nonfinal")],
+        *[
+            (f"settled by lookup: {c}", report["found"][c])
+            for c in ("reconcilable", "reconcilable_nonfinal")
+        ],
         ("duplicate unguarded effects (must be 0)", report["unguarded_duplicates"]),
         ("elapsed", f"{elapsed:.1f} s"),
     ]
     width = max(len(name) for name, _ in rows)
     lines = ["", "chaos soak summary", "-" * (width + 12)]
-    lines += [f"{name:<{width}}  {value:>8}" for name, value in rows]
-    if killer.errors:
-        lines.append(f"killer misses: {len(killer.errors)} (e.g. {killer.errors[0]})")
+    lines += [f"{name:<{width}}  {value!s:>8}" for name, value in rows]
+    if chaos.errors:
+        lines.append(f"chaos misses: {len(chaos.errors)} (e.g. {chaos.errors[0]})")
     return "\n".join(lines)
