@@ -172,6 +172,12 @@ class AgentToolsMixin:
         now = runs.utcnow()
         entries: list[OutboxEntry] = []
         with self.store.transaction() as tx:
+            # The child's run and thread before its agent-tool row (runs.LOCK_ORDER).
+            found = tx.get_agent_tool_run(run_id)
+            if found is not None and found.child_run_id:
+                locked = tx.get_run(found.child_run_id, lock=True)
+                if locked is not None:
+                    tx.get_thread(locked.thread_id, lock=True)
             row = tx.get_agent_tool_run(run_id, lock=True)
             if row is None or row.status in agent_tools.HARD_TERMINAL:
                 return row

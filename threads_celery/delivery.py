@@ -291,8 +291,24 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
     expired = silent = redelivered = 0
     observed: list[tuple[str, dict[str, Any]]] = []
     started = time.monotonic()
-    with runtime.store.transaction() as tx:
-        for row in tx.due_agent_tool_runs(now=now, limit=limit):
+    # The lock order every transaction keeps (see runs.LOCK_ORDER): a child's run, its thread,
+    # then its agent-tool row, then the parent's thread. So the due rows are read unlocked, and
+    # each is settled in a transaction of its own that locks its child's run and thread first.
+    # (Locking the due rows up front, as one transaction, deadlocked against a child's step
+    # commit: it held the child's thread and waited for the row, while this tick held the row
+    # and waited for that thread to record a grandchild's interruption there.)
+    with runtime.store.read() as tx:
+        due = tx.due_agent_tool_runs(now=now, limit=limit, lock=False)
+    for candidate in due:
+        with runtime.store.transaction() as tx:
+            child_run = tx.get_run(candidate.child_run_id, lock=True) if candidate.child_run_id else None
+            if child_run is not None:
+                tx.get_thread(child_run.thread_id, lock=True)
+            row = tx.get_agent_tool_run(candidate.run_id, lock=True)
+            if row is None:
+                continue  # cleared meanwhile
+            # Read again under the lock: a signal or another reconciler may have come first, and
+            # the branches below decide from the row's current fields.
             if not agent_tools.is_active(row.status):
                 tx.update_agent_tool_run(row.run_id, check_at=None)
                 continue
@@ -344,6 +360,7 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
                         no_progress_ms=row.no_progress_budget_ms,
                     ),
                 )
+    with runtime.store.transaction() as tx:
         for row in tx.undelivered_agent_tool_runs(now=now, limit=limit):
             if row.status in row.delivered:
                 tx.update_agent_tool_run(row.run_id, delivery_owner=None, delivery_lease_until=None)

@@ -21,6 +21,13 @@ STEP_TASK = "threads.step"
 TOOL_TASK = "threads.tool"
 
 
+#: The order in which every transaction takes row locks, so two never wait on each other:
+#: a run, then its thread, then the agent-tool row it serves (if it is a child), then the
+#: parent's run and thread, and so on up; a child's rows always before its parent's. A lock taken
+#: out of this order must never wait (SKIP LOCKED).
+LOCK_ORDER = ("runs", "threads", "agent_tool_runs", "the parent's runs", "the parent's threads")
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -155,8 +162,9 @@ def finish(
     """End the run (fenced) and hand the thread to the next queued run, if any."""
     if status not in TERMINAL_STATUSES:
         raise ValueError(f"{status!r} is not a terminal status")
-    # Lock the thread first: a start racing this release must either see the thread idle or be
-    # seen here as queued, never neither.
+    # The run, then the thread (LOCK_ORDER); the thread before the release: a start racing it
+    # must either see the thread idle or be seen here as queued, never neither.
+    tx.get_run(run.id, lock=True)
     tx.get_thread(run.thread_id, lock=True)
     moved = tx.advance_run(
         run.id,

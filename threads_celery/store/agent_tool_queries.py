@@ -76,15 +76,16 @@ class AgentToolQueries:
         if child_thread_id is not None:
             self.conn.execute(delete(threads).where(threads.c.id == child_thread_id))
 
-    def due_agent_tool_runs(self, *, now: datetime, limit: int) -> list[AgentToolRun]:
-        """Runs whose budget or silence window may have run out, locked with SKIP LOCKED."""
+    def due_agent_tool_runs(self, *, now: datetime, limit: int, lock: bool = True) -> list[AgentToolRun]:
+        """Runs whose budget or silence window may have run out (with ``lock``: locked, SKIP LOCKED)."""
         query = (
             select(agent_tool_runs)
             .where(agent_tool_runs.c.check_at <= now)
             .order_by(agent_tool_runs.c.check_at)
             .limit(limit)
-            .with_for_update(skip_locked=True)
         )
+        if lock:
+            query = query.with_for_update(skip_locked=True)
         return [_agent_tool_run(row, ()) for row in self.conn.execute(query)]
 
     def undelivered_agent_tool_runs(self, *, now: datetime, limit: int) -> list[AgentToolRun]:
