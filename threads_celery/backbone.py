@@ -15,6 +15,7 @@ tick per worker process and a cheap skip for each of the rest.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Final
 
 WORK_QUEUE: Final = "threads"
@@ -41,8 +42,12 @@ __all__ = [
     "check_queue_name",
     "control_queue_for",
     "queue_for",
+    "republish_delay",
     "tick_is_covered",
 ]
+
+REPUBLISH_BACKOFF_CAP: Final = 4
+"""A row republished again and again waits at most this many graces between republishes."""
 
 
 def control_queue_for(work_queue: str) -> str:
@@ -89,3 +94,15 @@ def tick_is_covered(published_at: float | None, last_tick_started_at: float | No
     if published_at is None or last_tick_started_at is None:
         return False
     return last_tick_started_at >= published_at
+
+
+def republish_delay(grace: timedelta, republished: int) -> timedelta:
+    """How long after a republish an outbox row is due again: ``grace`` doubled per republish
+    already made (2x, then 4x), at most ``REPUBLISH_BACKOFF_CAP`` times ``grace``.
+
+    A row is republished when nobody consumed its message within the grace. Behind a backlog the
+    message is only waiting in the queue; republishing it every grace would add a copy per tick
+    and grow the backlog it waits behind. A message that was really lost (a broker restart) still
+    comes back after one grace.
+    """
+    return grace * min(2 ** (max(republished, 0) + 1), REPUBLISH_BACKOFF_CAP)

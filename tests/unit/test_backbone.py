@@ -218,3 +218,42 @@ def test_each_queue_is_bound_by_its_own_name_so_no_message_is_copied_into_the_ot
     consume_control_queue(app)
     control = app.amqp.queues.consume_from[CONTROL_QUEUE]
     assert (control.exchange.name, control.routing_key) == (CONTROL_QUEUE, CONTROL_QUEUE)
+
+
+def test_a_row_republished_again_and_again_backs_off_to_four_graces() -> None:
+    from datetime import timedelta
+
+    from threads_celery.backbone import republish_delay
+
+    grace = timedelta(seconds=10)
+    assert [republish_delay(grace, n).total_seconds() for n in range(5)] == [20, 40, 40, 40, 40]
+    assert republish_delay(grace, -1) == grace * 2  # a corrupt count is treated as the first
+
+
+def test_the_store_spaces_the_republishes_of_a_row_nobody_consumes() -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import select
+
+    from threads_celery import Threads
+    from threads_celery.runs import utcnow
+    from threads_celery.store.schema import outbox
+
+    with Threads.embedded(reconcile_interval=None) as threads:
+        store = threads.store
+        waiting = OutboxEntry(key="step:run_waiting:0", task=STEP_TASK, args=("run_waiting", 0))
+        now = utcnow()
+        with store.transaction() as tx:
+            tx.insert_outbox(waiting, now - timedelta(hours=1))
+        gaps = []
+        for _ in range(3):
+            with store.transaction() as tx:
+                assert [e.key for e in tx.due_outbox(now=now, limit=10)] == [waiting.key]
+                due_at = tx.conn.execute(select(outbox.c.due_at).where(outbox.c.key == waiting.key)).scalar_one()
+            if due_at.tzinfo is None:
+                due_at = due_at.replace(tzinfo=now.tzinfo)
+            gaps.append(round((due_at - now) / store.step_grace))
+            with store.transaction() as tx:  # not due before its time
+                assert tx.due_outbox(now=now, limit=10) == []
+            now = due_at
+        assert gaps == [2, 4, 4]

@@ -17,6 +17,7 @@ from sqlalchemy import Insert, Table, insert, select, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from ..backbone import republish_delay
 from ..exceptions import StoreUnavailable
 from ..records import CallRow, OutboxEntry, Run, ToolResult
 from . import statements
@@ -509,12 +510,17 @@ class Tx(MessageQueries, AgentToolQueries):
             OutboxEntry(key=r.key, task=r.task, args=tuple(r.args), queue=r.queue, argsrepr=r.argsrepr)
             for r in rows
         ]
-        for task in {e.task for e in entries}:
-            keys = [e.key for e in entries if e.task == task]
+        # Backing off keeps a message that only waits behind a backlog from being copied into
+        # the queue on every tick (see republish_delay).
+        for task, republished in {(r.task, r.publish_count) for r in rows}:
+            keys = [r.key for r in rows if r.task == task and r.publish_count == republished]
             self.conn.execute(
                 update(outbox)
                 .where(outbox.c.key.in_(keys))
-                .values(due_at=now + self._outbox_grace(task), publish_count=outbox.c.publish_count + 1)
+                .values(
+                    due_at=now + republish_delay(self._outbox_grace(task), republished),
+                    publish_count=outbox.c.publish_count + 1,
+                )
             )
         return entries
 
