@@ -16,6 +16,7 @@ _EXPORTS = {
     "Tool": "tools",
     "Agent": "agents",
     "MCPServer": "mcp_servers",
+    "from_pydantic_ai": "pydantic_ai_adapter",
     "ToolContext": "context",
     "Reconcile": "effects",
     "Found": "effects",
@@ -96,6 +97,7 @@ __all__ = [
     "UnknownAgent",
     "Variable",
     "agent_tool",
+    "from_pydantic_ai",
     "tool",
 ]
 
@@ -120,6 +122,7 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
     from .mcp_servers import MCPServer
     from .permissions import Permissions
     from .prompts import Prompt
+    from .pydantic_ai_adapter import from_pydantic_ai
     from .records import Message, Run, RunHandle, ToolCall, ToolResult
     from .settings import Settings
     from .subagents import SubagentRelationship

@@ -122,8 +122,17 @@ def migrated_pg_url(pg_url_module: str) -> str:
 
 
 @pytest.fixture(scope="module")
+def worker_agents() -> str:
+    """The agent modules the module's worker loads (THREADS_AGENTS); a test module may override it."""
+    return TEST_AGENTS
+
+
+@pytest.fixture(scope="module")
 def worker(
-    migrated_pg_url: str, integration_redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    migrated_pg_url: str,
+    integration_redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    worker_agents: str,
 ) -> Iterator[WorkerProcess]:
     """A real prefork worker (2 processes) running the test agents; stopped at module end."""
     name = "w1"
@@ -132,7 +141,7 @@ def worker(
     env.update(
         THREADS_DATABASE_URL=migrated_pg_url,
         THREADS_BROKER_URL=integration_redis_url,
-        THREADS_AGENTS=TEST_AGENTS,
+        THREADS_AGENTS=worker_agents,
         PYTHONPATH=str(REPO_ROOT),
         PYTHONUNBUFFERED="1",
     )
