@@ -105,4 +105,4 @@ def republish_delay(grace: timedelta, republished: int) -> timedelta:
     and grow the backlog it waits behind. A message that was really lost (a broker restart) still
     comes back after one grace.
     """
-    return grace * min(2 ** (max(republished, 0) + 1), REPUBLISH_BACKOFF_CAP)
+    return grace * min(1 << (max(republished, 0) + 1), REPUBLISH_BACKOFF_CAP)
