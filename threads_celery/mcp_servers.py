@@ -143,7 +143,9 @@ class MCPServer:
                 )
         if prefix is not None and not MODEL_TOOL_NAME.match(prefix):
             raise ConfigError(f"MCPServer prefix {prefix!r} must be letters, digits, '_' or '-'")
-        self.name = name or (url if url is not None else " ".join([str(command), *args]))
+        self.name = name or (
+            _shown_url(url) if url is not None else " ".join([str(command), *args])
+        )
         self.command = command
         self.args = tuple(args)
         self.env = dict(env) if env is not None else None
@@ -329,6 +331,16 @@ class MCPServer:
         if result.is_error:
             raise MCPToolFailed(text or f"{remote_name} failed on the MCP server")
         return text
+
+
+def _shown_url(url: str) -> str:
+    """A URL fit for messages: no credentials, no query (either may hold a token)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 def render_call_result(result: CallToolResult) -> str:

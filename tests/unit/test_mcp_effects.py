@@ -106,3 +106,9 @@ def test_describe_failure_names_timeouts_and_closed_connections_without_tracebac
         describe_failure(grouped, 3) == "closed the connection (the server process may have died)"
     )
     assert describe_failure(OSError("boom"), 3) == "failed (OSError: boom)"
+
+
+def test_a_servers_default_name_shows_no_credentials_from_its_url() -> None:
+    server = MCPServer(url="https://user:s3cret@mcp.example.com:8443/mcp?token=abc")
+    assert server.name == "https://mcp.example.com:8443/mcp"
+    assert "s3cret" not in repr(server) and "abc" not in repr(server)
