@@ -52,6 +52,7 @@ from .api_models import (
     ID_PATTERN,
     MAX_SEQ,
     Approve,
+    CallResultOut,
     Decision,
     Deny,
     ErrorOut,
@@ -483,6 +484,22 @@ def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIR
         """Settle a parked call: assume_done records ``result``; assume_not_done runs it again."""
         threads.resolve(effect_key, body.resolution, principal=body.principal, result=body.result)
         return Decision(effect_key=effect_key, decision=body.resolution)
+
+    @router.get("/calls/{effect_key}/result", response_model=CallResultOut, tags=["calls"], responses=not_found)
+    def call_result(effect_key: EffectKey) -> CallResultOut:
+        """A tool call's whole result, also when the model was shown it shortened."""
+        with threads.store.read() as tx:
+            found = tx.tool_result(effect_key)
+        if found is None:
+            raise CallNotFound(effect_key)
+        status, shown, whole, is_error = found
+        return CallResultOut(
+            effect_key=effect_key,
+            status=status,
+            is_error=is_error,
+            result=whole if whole is not None else shown,
+            shortened_for_model=whole is not None,
+        )
 
     from .api_children import add_agent_tool_routes
 

@@ -181,6 +181,16 @@ class MessageOut(BaseModel):
         )
 
 
+class CallResultOut(BaseModel):
+    """A tool call's whole result (the model may have been shown it shortened)."""
+
+    effect_key: str
+    status: str
+    is_error: bool
+    result: str | None = Field(description="The whole result; null while the call has none.")
+    shortened_for_model: bool = Field(description="Whether the model was shown a shortened result.")
+
+
 class PendingCallOut(BaseModel):
     effect_key: str
     run_id: str

@@ -18,6 +18,7 @@ from . import interventions, runs
 from .agents import Agent, AgentRegistry
 from .client_agent_tools import AgentToolsMixin
 from .exceptions import (
+    CallNotFound,
     ConfigError,
     PayloadTooLarge,
     RunNotFound,
@@ -493,6 +494,16 @@ class Threads(AgentToolsMixin):
                 tx, effect_key, reason=reason, now=runs.utcnow(), principal=principal
             )
         self.publisher(entries)
+
+    def tool_result(self, effect_key: str) -> str | None:
+        """A tool call's whole result, also when the model was shown it shortened
+        (``THREADS_MAX_TOOL_RESULT_BYTES``); None while the call has none. CallNotFound if no such call."""
+        with self.store.read() as tx:
+            found = tx.tool_result(effect_key)
+        if found is None:
+            raise CallNotFound(effect_key)
+        _, shown, whole, _ = found
+        return whole if whole is not None else shown
 
     def reconcile(self) -> dict[str, int]:
         """Run one reconcile tick in this process (what Beat schedules)."""

@@ -55,7 +55,7 @@ from .settings import Settings
 from .store import Store
 from .store.repository import args_digest
 from .streaming import ToolCallStarted, ToolCallStarts
-from .tools import Tool, ToolArgumentsError, ToolOutputError, render_result
+from .tools import Tool, ToolArgumentsError, ToolOutputError, render_result, shorten_for_model
 from .variables import ThreadEnv, declared
 
 log = logging.getLogger("threads_celery.runtime")
@@ -453,6 +453,12 @@ class Runtime:
         Gives up (re-raising) after the tool lease, at least 5 s; the fence keeps a commit that
         arrives after another worker took the call over from being written.
         """
+        shortened = shorten_for_model(content, self.settings.max_tool_result_bytes)
+        if shortened is not None:
+            # Kept whole first (rewritten as it is if the call runs again), shown shortened.
+            with self.store.transaction() as tx:
+                tx.keep_full_result(call.effect_key, content)
+            content = shortened
         deadline = time.monotonic() + max(self.settings.tool_lease_s, 5.0)
         delay = 0.1
         while True:

@@ -53,6 +53,8 @@ class Settings:
     model_retries: int = 3
     # A step or tool task that fails unforeseen this many times in a row ends its run (error).
     max_task_failures: int = 3
+    # A tool result over this many bytes (UTF-8) is shown to the model shortened, kept whole.
+    max_tool_result_bytes: int = 100_000
     # Celery: a task must end well inside the broker's visibility timeout, or the broker
     # hands a still-running task to a second worker.
     visibility_timeout_s: int = DEFAULT_BROKER_VISIBILITY_TIMEOUT_S
@@ -103,6 +105,7 @@ class Settings:
             "tool_lease_s": _float(env, "THREADS_TOOL_LEASE_S", 300.0),
             "max_message_bytes": _int(env, "THREADS_MAX_MESSAGE_BYTES", 1_000_000),
             "max_task_failures": _int(env, "THREADS_MAX_TASK_FAILURES", 3),
+            "max_tool_result_bytes": _int(env, "THREADS_MAX_TOOL_RESULT_BYTES", 100_000),
             "visibility_timeout_s": visibility,
             "task_time_limit_s": hard,
             # A minute of warning before the hard limit, or a tenth of it for short limits

@@ -282,6 +282,18 @@ def render_result(value: Any) -> str:
     return pydantic_core.to_json(storable(value)).decode()
 
 
+def shorten_for_model(content: str, max_bytes: int) -> str | None:
+    """``content`` cut to ``max_bytes`` of UTF-8 with a note saying so; None when it fits."""
+    encoded = content.encode("utf-8", errors="surrogatepass")
+    if len(encoded) <= max_bytes:
+        return None
+    head = encoded[:max_bytes].decode("utf-8", errors="ignore")  # never half a character
+    return (
+        f"{head}\n\n[result shortened: it is {len(encoded)} bytes, over the limit of {max_bytes}; "
+        f"only the first {len(head.encode('utf-8', errors='surrogatepass'))} bytes are shown. The whole result is kept for the user.]"
+    )
+
+
 def describe_validation_error(exc: ValidationError) -> str:
     """A compact, model-readable account of what failed validation (no input values echoed)."""
     problems = []

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from threads_celery import Agent, Settings, Threads, tool
 from threads_celery.api import create_api
 from threads_celery.embedded import EmbeddedWorker
-from threads_celery.testing import Reply, ScriptedModel, say
+from threads_celery.testing import Reply, ScriptedModel, call, say
 
 TOKEN = "hostile-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -33,6 +33,17 @@ def _send(inp: EmailIn, ctx: Any) -> str:
     return f"sent to {inp.to}"
 
 
+def _report(inp: EmailIn, ctx: Any) -> str:
+    return "r" * 300_000
+
+
+report = tool(name="report", description="A long report.", input=EmailIn, effect="read_only", execute=_report)
+reporter = Agent(
+    name="reporter",
+    instructions="Report.",
+    model=ScriptedModel([call("report", to="x"), say("Reported.")]),
+    tools=[report],
+)
 send_email = tool(name="send_email", description="Send an email.", input=EmailIn, execute=_send)
 # The model writes text before its call: the text is part 0 of the stream, the call part 1.
 chatty_mailer = Agent(
@@ -51,6 +62,7 @@ def threads(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         url = request.getfixturevalue("pg_url_module")
     runtime = Threads(database_url=url, broker_url="memory://", settings=Settings(), migrate=True)
     runtime.register(chatty_mailer)
+    runtime.register(reporter)
     worker = EmbeddedWorker(runtime.app, concurrency=2, reconcile_interval=0.5)
     worker.start()
     try:
@@ -172,3 +184,17 @@ def test_cancelling_a_run_settles_its_pending_approvals(client: TestClient, thre
     # Approving it now is a conflict, not a resurrection.
     late = client.post(f"/v1/calls/{pending['effect_key']}/approve", json={"principal": "ops"}, headers=AUTH)
     assert late.status_code == 409
+
+
+def test_a_shortened_result_is_fetched_whole_over_http(client: TestClient, threads: Threads) -> None:
+    started = start(client, "reporter", "report")
+    assert threads.wait(started["run_id"], DEADLINE_S).status == "completed"
+    [assistant] = [m for m in client.get(f"/v1/threads/{started['thread_id']}/messages", headers=AUTH).json() if m["role"] == "assistant" and m["tool_calls"]]
+    key = assistant["tool_calls"][0]["effect_key"]
+    shown = [m for m in threads.messages(started["thread_id"]) if m.role == "tool"][0].text
+    assert "[result shortened: it is 300000 bytes, over the limit of 100000;" in shown
+    response = client.get(f"/v1/calls/{key}/result", headers=AUTH)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["result"] == "r" * 300_000 and body["shortened_for_model"] is True and body["is_error"] is False
+    assert client.get("/v1/calls/run_none:0:0/result", headers=AUTH).status_code == 404

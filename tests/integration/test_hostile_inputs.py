@@ -55,10 +55,19 @@ def _raise_unprintable(inp: TextIn, ctx: Any) -> str:
     raise Unprintable()
 
 
+BIG = 5_000_000
+LIMIT = 10_000
+
+
+def _big_result(inp: TextIn, ctx: Any) -> str:
+    return "é" + "x" * (BIG - 4) + "é"  # multibyte at both ends: the cut never splits a character
+
+
 echo = tool(name="echo", description="Echo.", input=TextIn, effect="read_only", execute=_echo)
 nul_result = tool(name="nul_result", description="x", input=TextIn, effect="read_only", execute=_nul_result)
 surrogate_result = tool(name="surrogate_result", description="x", input=TextIn, effect="read_only", execute=_surrogate_result)
 unprintable = tool(name="unprintable", description="x", input=TextIn, effect="read_only", execute=_raise_unprintable)
+big_result = tool(name="big_result", description="x", input=TextIn, effect="read_only", execute=_big_result)
 
 
 class ReviewIn(BaseModel):
@@ -78,7 +87,7 @@ def _agent(name: str, *script: Any, tools: list[Any] | None = None) -> Agent:
         name=name,
         instructions="x",
         model=ScriptedModel(list(script)),
-        tools=tools if tools is not None else [echo, nul_result, surrogate_result, unprintable, review],
+        tools=tools if tools is not None else [echo, nul_result, surrogate_result, unprintable, review, big_result],
         permissions=Permissions.allow_all(),
     )
 
@@ -90,7 +99,9 @@ def threads(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Threads]
         url = f"sqlite:///{tmp_path / 'ledger.db'}"
     else:
         url = request.getfixturevalue("pg_url")
-    settings = Settings(files_root=str(tmp_path / "files"), model_retries=1, max_task_failures=3)
+    settings = Settings(
+        files_root=str(tmp_path / "files"), model_retries=1, max_task_failures=3, max_tool_result_bytes=LIMIT
+    )
     runtime = Threads(database_url=url, broker_url="memory://", settings=settings, migrate=True)
     worker = EmbeddedWorker(runtime.app, concurrency=2, reconcile_interval=0.5)
     worker.start()
@@ -202,6 +213,27 @@ def test_a_prompt_tool_naming_an_attachment_the_parent_lacks_is_a_tool_error(thr
     result = tool_texts(threads, run)[1]
     assert result.startswith("cannot hand the attachments to reviewer: FileNotFoundError")
     assert "missing.txt" in result
+    assert_history_whole(threads, run)
+
+
+def test_a_result_over_the_limit_reaches_the_model_shortened_and_is_kept_whole(threads: Threads) -> None:
+    seen: list[str] = []
+
+    def after_big(messages: Any) -> str:
+        seen.append(messages[-1].parts[0].content)  # what the model was shown
+        return "done"
+
+    run = run_to_end(threads, hostile("big_tool", call("big_result"), after_big))
+    assert run.status == "completed" and run.output == "done"
+    [shown] = seen
+    head, _, note = shown.partition("\n\n[result shortened: ")
+    assert len(head.encode()) <= LIMIT and head.startswith("éxxx")
+    assert note == f"it is {BIG} bytes, over the limit of {LIMIT}; only the first {len(head.encode())} bytes are shown. The whole result is kept for the user.]"
+    assert tool_texts(threads, run)[1] == shown  # the thread holds what the model saw
+    key = threads.messages(run.thread_id)[3].tool_calls[0].effect_key
+    whole = threads.tool_result(key)
+    assert whole is not None and len(whole.encode()) == BIG and whole.endswith("xé")
+    assert threads.tool_result(threads.messages(run.thread_id)[1].tool_calls[0].effect_key) == "echo before"
     assert_history_whole(threads, run)
 
 

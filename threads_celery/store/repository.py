@@ -393,6 +393,19 @@ class Tx(MessageQueries, AgentToolQueries):
             {"b_key": effect_key, "b_status": status, "b_result": result, "b_is_error": is_error, "b_now": now},
         )
 
+    def keep_full_result(self, effect_key: str, result: str) -> None:
+        """Keep a tool's whole result beside the shortened one the model is shown."""
+        self.conn.execute(update(tool_calls).where(tool_calls.c.effect_key == effect_key).values(full_result=result))
+
+    def tool_result(self, effect_key: str) -> tuple[str, str | None, str | None, bool] | None:
+        """(status, shown result, whole result if it was shortened, is_error) of a call, or None."""
+        row = self.conn.execute(
+            select(tool_calls.c.status, tool_calls.c.result, tool_calls.c.full_result, tool_calls.c.is_error).where(
+                tool_calls.c.effect_key == effect_key
+            )
+        ).first()
+        return None if row is None else (row.status, row.result, row.full_result, bool(row.is_error))
+
     def update_call(self, effect_key: str, **values: Any) -> None:
         self.conn.execute(update(tool_calls).where(tool_calls.c.effect_key == effect_key).values(**values))
 

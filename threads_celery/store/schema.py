@@ -183,6 +183,9 @@ tool_calls = Table(
     Column("finished_at", UTCDateTime, nullable=True),
     # The index of the first call of the concurrent group this call runs in (None: in order).
     Column("batch", Integer, nullable=True),
+    # A result over the size limit is shown to the model shortened (in ``result``) and kept
+    # whole here, for the user (Threads.tool_result, GET /v1/calls/{effect_key}/result).
+    Column("full_result", Text, nullable=True),
     UniqueConstraint("run_id", "step", "idx"),
     Index(None, "status", "lease_expires_at"),
 )
