@@ -16,11 +16,15 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .backbone import check_queue_name
 from .exceptions import ConfigError, UnknownAgent
 from .tools import Tool
+
+if TYPE_CHECKING:
+    from .agent_tools import AgentToolFailure, AgentToolResult, AgentToolRun
+    from .hooks import HookAnswer, HookCall, HookContext, HookResult, Stop
 
 AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,127}$")
 DEFAULT_MAX_STEPS = 50
@@ -169,25 +173,25 @@ class Agent:
     # -- hook points (override in a subclass; see threads_celery.hooks) ---------------------
     # The runtime calls only the ones a subclass overrides: an agent without hooks pays nothing.
 
-    def before_tool(self, call: Any, ctx: Any) -> Any:
+    def before_tool(self, call: HookCall, ctx: HookContext) -> HookAnswer | None:
         """Deciding: return ``Allow()``, ``Deny(reason)`` or ``Modify(args)`` for a tool call."""
         return None
 
-    def before_subagent(self, call: Any, ctx: Any) -> Any:
+    def before_subagent(self, call: HookCall, ctx: HookContext) -> HookAnswer | None:
         """Deciding: as ``before_tool``, for a call that starts a child run (agent tool, subagent)."""
         return None
 
-    def before_step(self, ctx: Any) -> str | None:
+    def before_step(self, ctx: HookContext) -> str | None:
         """Context: text to add to this model step's instructions (a failure stops the step)."""
         return None
 
-    def after_tool(self, call: Any, result: Any, ctx: Any) -> None:
+    def after_tool(self, call: HookCall, result: HookResult, ctx: HookContext) -> None:
         """Observing: a call's result, once it is recorded."""
 
-    def after_subagent(self, run: Any, result: Any) -> None:
+    def after_subagent(self, run: AgentToolRun, result: AgentToolResult | AgentToolFailure) -> None:
         """Observing: a child run's result, as it is delivered to this agent."""
 
-    def on_stop(self, stop: Any, ctx: Any) -> None:
+    def on_stop(self, stop: Stop, ctx: HookContext) -> None:
         """Observing: the run ended (``stop.status``, ``stop.output``, ``stop.error``)."""
 
     def preflight(self) -> None:

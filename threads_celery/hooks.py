@@ -45,6 +45,7 @@ from .store.repository import args_digest
 from .tools import Tool, ToolArgumentsError, render_result
 
 if TYPE_CHECKING:
+    from .agents import Agent
     from .runtime import Runtime
 
 log = logging.getLogger("threads_celery.hooks")
@@ -178,7 +179,7 @@ def check_answer(hook: str, value: Any) -> HookAnswer | Failed | None:
 # -- the shell ---------------------------------------------------------------------------------
 
 
-def implementers(agent: Any, point: str) -> list[Callable[..., Any]]:
+def implementers(agent: Agent, point: str) -> list[Callable[..., Any]]:
     """The callables for hook point ``point``: the agent's own override, then its hooks objects'."""
     from .agents import Agent
 
@@ -221,7 +222,7 @@ def call_with_limit(
     return ("ok", box.get("value"))
 
 
-def decide(agent: Any, point: str, call: HookCall, ctx: HookContext) -> Verdict | None:
+def decide(agent: Agent, point: str, call: HookCall, ctx: HookContext) -> Verdict | None:
     """Run the deciding hooks of ``point`` in order; None when the agent has none."""
     fns = implementers(agent, point)
     if not fns:
@@ -250,7 +251,7 @@ def decide(agent: Any, point: str, call: HookCall, ctx: HookContext) -> Verdict 
     return verdict
 
 
-def add_context(agent: Any, ctx: HookContext) -> tuple[str, Failed | None]:
+def add_context(agent: Agent, ctx: HookContext) -> tuple[str, Failed | None]:
     """Run the ``before_step`` hooks; the text they add, or the first failure (stops the step)."""
     parts: list[str] = []
     for fn in implementers(agent, "before_step"):
@@ -268,7 +269,7 @@ def add_context(agent: Any, ctx: HookContext) -> tuple[str, Failed | None]:
     return "\n\n".join(parts), None
 
 
-def observe(agent: Any, point: str, args: Sequence[Any]) -> None:
+def observe(agent: Agent, point: str, args: Sequence[Any]) -> None:
     """Run the observing hooks of ``point``; a failure is logged and ignored."""
     for fn in implementers(agent, point):
         status, value = call_with_limit(point, fn, args, timeout_of(agent))
@@ -287,7 +288,7 @@ class Gated:
 
 
 def gate_call(
-    runtime: Runtime, run: Run, call: CallRow, agent: Any, tool: Tool, parsed: BaseModel
+    runtime: Runtime, run: Run, call: CallRow, agent: Agent, tool: Tool, parsed: BaseModel
 ) -> Gated | str:
     """Run ``before_tool`` (and ``before_subagent`` for a child call) on a call about to run.
 
@@ -351,7 +352,7 @@ def _json(text: str) -> Any:
         return None
 
 
-def step_instructions(runtime: Runtime, run: Run, fence: int, step: int, agent: Any) -> str | None:
+def step_instructions(runtime: Runtime, run: Run, fence: int, step: int, agent: Agent) -> str | None:
     """The step's instructions with what ``before_step`` hooks add; None (the run ended in
     error, saying why) if one failed: a context hook's failure stops the step."""
     if not implementers(agent, "before_step"):
@@ -371,13 +372,13 @@ def step_instructions(runtime: Runtime, run: Run, fence: int, step: int, agent: 
     return "\n\n".join(part for part in (agent.system_prompt(), added) if part)
 
 
-def observe_result(agent: Any, gated: Gated, content: str, is_error: bool) -> None:
+def observe_result(agent: Agent, gated: Gated, content: str, is_error: bool) -> None:
     """``after_tool``, once the call's result is recorded."""
     if gated.hook_call is not None and gated.ctx is not None:
         observe(agent, "after_tool", (gated.hook_call, HookResult(content, is_error), gated.ctx))
 
 
-def observe_stop(agent: Any, run: Run, step: int, stop: Stop) -> None:
+def observe_stop(agent: Agent, run: Run, step: int, stop: Stop) -> None:
     """``on_stop``, once the run's end is recorded."""
     if implementers(agent, "on_stop"):
         ctx = HookContext(
@@ -386,7 +387,7 @@ def observe_stop(agent: Any, run: Run, step: int, stop: Stop) -> None:
         observe(agent, "on_stop", (stop, ctx))
 
 
-def timeout_of(agent: Any) -> float:
+def timeout_of(agent: Agent) -> float:
     value = getattr(agent, "hook_timeout_s", DEFAULT_HOOK_TIMEOUT_S)
     return float(value)
 
