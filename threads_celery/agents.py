@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .backbone import check_queue_name
 from .exceptions import ConfigError, UnknownAgent
 from .tools import Tool
+from .usage import UsageLimits
 
 if TYPE_CHECKING:
     from .agent_tools import AgentToolFailure, AgentToolResult, AgentToolRun
@@ -64,6 +65,8 @@ class Agent:
     hooks: Sequence[Any] = ()
     #: How long one hook call may take before it is cut off and treated by its kind.
     hook_timeout_s: float = 5.0
+    #: Caps on model usage per run, per thread and per agent per day (see :mod:`threads_celery.usage`).
+    usage_limits: UsageLimits | None = None
 
     def __init__(
         self,
@@ -81,6 +84,7 @@ class Agent:
         hooks: Sequence[Any] | None = None,
         hook_timeout_s: float | None = None,
         mcp_servers: Sequence[Any] | None = None,
+        usage_limits: UsageLimits | None = None,
     ) -> None:
         # Instance attributes shadow the class attributes, so subclasses may set either. ``name``
         # is declared a ClassVar for subclasses, which mypy forbids setting on an instance.
@@ -100,6 +104,8 @@ class Agent:
             self.deps = deps
         if queue is not None:
             self.queue = queue
+        if usage_limits is not None:
+            self.usage_limits = usage_limits
         self.hooks = tuple(hooks if hooks is not None else type(self).hooks)
         if hook_timeout_s is not None:
             self.hook_timeout_s = hook_timeout_s
@@ -124,6 +130,8 @@ class Agent:
             )
         if self.model is None:
             raise ConfigError(f"agent {self.name!r} needs a model (a model string or object)")
+        if self.usage_limits is not None and not isinstance(self.usage_limits, UsageLimits):
+            raise ConfigError(f"agent {self.name!r}: usage_limits must be a UsageLimits(...), not {self.usage_limits!r}")
         refused = check_queue_name(f"agent {self.name!r}", self.queue)
         if refused is not None:
             raise ConfigError(refused)

@@ -513,6 +513,9 @@ def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIR
         last_event_seq=_last_event_seq,
         api_error=ApiError,
     )
+    from .api_usage import add_usage_routes
+
+    add_usage_routes(router, threads, last_event_seq=_last_event_seq)
     return router
 
 

@@ -32,6 +32,7 @@ from .cli_watch import follow_thread
 from .exceptions import RunNotFound, ThreadNotFound
 from .live import STATUS_STYLES, RunView, shorten
 from .records import ACTIVE_STATUSES, TERMINAL_STATUSES, Event, Run
+from .usage import UsageTotals
 
 ALL_STATUSES = sorted(ACTIVE_STATUSES | TERMINAL_STATUSES)
 
@@ -118,6 +119,7 @@ def runs_show(
     threads = open_threads(db, need_broker=False)
     try:
         found = threads.get_run(run_id)
+        usage = threads.usage(run_id=run_id)
         history = list(threads.events(found.thread_id))
         children = agent_tool_runs_of(threads, found.thread_id) if as_json else []
         messages = threads.messages(found.thread_id) if as_json else []
@@ -126,12 +128,13 @@ def runs_show(
     if as_json:
         payload = {
             **run_to_json(found),
+            "usage": usage.to_json(),
             "messages": [message_to_json(m) for m in messages],
             "agent_tool_runs": [agent_tool_run_to_json(r) for r in children],
         }
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
-    out.print(run_summary(found))
+    out.print(run_summary(found, usage))
     out.print()
     view = RunView(agent=found.agent)
     view.add_events(history)
@@ -139,7 +142,13 @@ def runs_show(
     out.print(view.render())
 
 
-def run_summary(run: Run) -> RenderableType:
+def usage_line(usage: UsageTotals) -> str:
+    """``3 requests, 1,200 in + 340 out tokens, cost 0.0021`` (no cost when nothing was priced)."""
+    line = f"{usage.requests} requests, {usage.input_tokens:,} in + {usage.output_tokens:,} out tokens"
+    return line if usage.cost is None else f"{line}, cost {usage.cost:.6g}"
+
+
+def run_summary(run: Run, usage: UsageTotals | None = None) -> RenderableType:
     """A run's fields as a two-column table."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
@@ -153,6 +162,8 @@ def run_summary(run: Run) -> RenderableType:
         value = getattr(run, name)
         if value is not None:
             table.add_row(name.replace("_at", ""), value.isoformat(timespec="milliseconds"))
+    if usage is not None:
+        table.add_row("usage", usage_line(usage))
     if run.output:
         table.add_row("output", escape(shorten(run.output, 400)))
     if run.error:
@@ -245,3 +256,44 @@ def events(
             out.print(Text(f"last event: {view.last_event_seq}", style="dim"))
     finally:
         threads.close()
+
+
+@app.command("usage")
+@friendly_errors
+def usage_command(
+    run: Annotated[str | None, typer.Option("--run", help="One run's usage.")] = None,
+    thread: Annotated[str | None, typer.Option("--thread", help="One thread's usage (all its runs).")] = None,
+    agent: Annotated[str | None, typer.Option("--agent", help="One agent's usage.")] = None,
+    day: Annotated[
+        str | None, typer.Option("--day", help="A UTC day, YYYY-MM-DD, or 'today'.", show_default=False)
+    ] = None,
+    db: EmbeddedDb = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Model usage: requests, input and output tokens, and cost (with THREADS_MODEL_PRICES).
+
+    Filters combine; with none, everything in the ledger.
+
+    \b
+      threads-celery usage --run run_3f2a...
+      threads-celery usage --agent trip-planner --day today --json
+    """
+    from datetime import UTC, date, datetime
+
+    on_day: date | None = None
+    if day is not None:
+        try:
+            on_day = datetime.now(UTC).date() if day == "today" else date.fromisoformat(day)
+        except ValueError:
+            raise UsageError(f"--day must be YYYY-MM-DD or 'today', not {day!r}") from None
+    threads = open_threads(db, need_broker=False)
+    try:
+        if run is not None:
+            threads.get_run(run)
+        totals = threads.usage(run_id=run, thread_id=thread, agent=agent, day=on_day)
+    finally:
+        threads.close()
+    if as_json:
+        sys.stdout.write(json.dumps(totals.to_json()) + "\n")
+    else:
+        out.print(usage_line(totals))

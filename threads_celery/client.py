@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, date, datetime
 from pathlib import Path
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Self
@@ -33,6 +34,7 @@ from .settings import Settings
 from .store import Store, Tx
 from .store.engine import safe_url
 from .store.storable import unstorable_reason
+from .usage import UsageTotals, day_bounds
 from .variables import SecretBox
 from .worker import EMBEDDED_BROKER, Publisher, create_app, open_store
 
@@ -396,6 +398,22 @@ class Threads(AgentToolsMixin):
             return tx.list_runs(
                 thread_id=thread_id, statuses=[status] if status else None, limit=limit
             )
+
+    def usage(
+        self,
+        *,
+        run_id: str | None = None,
+        thread_id: str | None = None,
+        agent: str | None = None,
+        day: date | None = None,
+    ) -> UsageTotals:
+        """Model usage summed over the committed steps that match every filter given: a run, a
+        thread, an agent, a UTC day (requests, input and output tokens, cost where priced)."""
+        since = until = None
+        if day is not None:
+            since, until = day_bounds(datetime(day.year, day.month, day.day, tzinfo=UTC))
+        with self.store.read() as tx:
+            return tx.usage_totals(run_id=run_id, thread_id=thread_id, agent=agent, since=since, until=until)
 
     def messages(self, thread_id: str, *, after: int = -1) -> list[Message]:
         """The thread's stored messages in order (those with ``seq`` greater than ``after``)."""

@@ -53,9 +53,10 @@ from .redaction import (
 )
 from .settings import Settings
 from .store import Store
-from .store.repository import args_digest
+from .store.repository import Tx, args_digest
 from .streaming import ToolCallStarted, ToolCallStarts
 from .tools import Tool, ToolArgumentsError, ToolOutputError, render_result, shorten_for_model
+from .usage import LIMIT_REASON, limit_reached
 from .variables import ThreadEnv, declared
 
 log = logging.getLogger("threads_celery.runtime")
@@ -143,6 +144,13 @@ class Runtime:
         instructions = hooks.step_instructions(self, run, fence, step, agent)
         if instructions is None:
             return "error: a before_step hook failed"
+        if agent.usage_limits is not None:
+            with self.store.read() as tx:
+                totals = tx.totals_for_limits(run.id, run.thread_id, agent.name, agent.usage_limits, self.clock())
+            reached = limit_reached(totals, agent.usage_limits)
+            if reached is not None:
+                self._finish(run, fence, "interrupted", error=reached.message)
+                return f"interrupted: {LIMIT_REASON}"
         starts = ToolCallStarts(agent.runtime_tools, lambda started: self._tool_call_started(run, step, agent, started))
         try:
             with self.keeper.hold(lambda: self._extend_run_lease(run.id, fence, lease), lease.total_seconds() / 3):
@@ -195,6 +203,7 @@ class Runtime:
             )
             if moved is None:
                 raise FenceLost(run.id, fence)
+            self._record_usage(tx, run, step, agent, turn, now)
             from .records import ToolCall
 
             tx.insert_message(
@@ -264,6 +273,22 @@ class Runtime:
         if outcome == "completed":
             hooks.observe_stop(agent, run, step, hooks.Stop("completed", output=turn.text))
         return outcome
+
+    def _record_usage(self, tx: Tx, run: Run, step: int, agent: Agent, turn: models.ModelTurn, now: datetime) -> None:
+        input_tokens = int(turn.usage.get("input_tokens", 0))
+        output_tokens = int(turn.usage.get("output_tokens", 0))
+        identity = agent.model_identity()
+        tx.record_usage(
+            run_id=run.id,
+            step=step,
+            thread_id=run.thread_id,
+            agent=agent.name,
+            model=turn.model_name or identity,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cost=self.settings.model_prices.cost((identity, turn.model_name), input_tokens, output_tokens),
+            now=now,
+        )
 
     @staticmethod
     def _may_run_concurrently(agent: Agent, tool: Tool | None) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 
 from .celery_settings import user_celery_settings
 from .exceptions import ConfigError
+from .usage import PRICES_VARIABLE, Prices
 
 DEFAULT_BROKER_VISIBILITY_TIMEOUT_S = 3600
 DEFAULT_FILES_ROOT = ".threads-celery/files"
@@ -74,6 +75,8 @@ class Settings:
     code_memory_mb: int = 256
     code_max_output_bytes: int = 1_000_000
     extra_celery: dict[str, Any] = field(default_factory=dict)
+    # THREADS_MODEL_PRICES: what a million input and output tokens cost, per model (usage.py).
+    model_prices: Prices = field(default_factory=lambda: Prices({}))
 
     def __post_init__(self) -> None:
         if self.task_time_limit_s >= self.visibility_timeout_s:
@@ -124,6 +127,7 @@ class Settings:
             "code_max_output_bytes": _int(env, "THREADS_CODE_MAX_OUTPUT_BYTES", 1_000_000),
             # THREADS_CELERY_CONFIG (a module or object) and THREADS_CELERY_<SETTING> variables.
             "extra_celery": user_celery_settings(env),
+            "model_prices": Prices.from_json(env.get(PRICES_VARIABLE, "")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

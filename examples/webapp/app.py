@@ -44,11 +44,18 @@ from typing import Any
 from urllib.parse import parse_qs, quote
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from fastapi.staticfiles import StaticFiles
 
 from threads_celery.client import Threads
 from threads_celery.exceptions import BrokerUnavailable, RunNotFound, StoreUnavailable, ThreadsError
+from threads_celery.usage import UsageTotals
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_AGENTS = ("examples.research", "examples.demo")
@@ -63,6 +70,12 @@ log = logging.getLogger("examples.webapp")
 
 def _template(name: str) -> Template:
     return Template((HERE / "templates" / name).read_text(encoding="utf-8"))
+
+
+def _usage_text(usage: UsageTotals) -> str:
+    """``2 model calls · 1,234 tokens in · 56 out · cost 0.0012``."""
+    text = f"{usage.requests} model calls · {usage.input_tokens:,} tokens in · {usage.output_tokens:,} out"
+    return text if usage.cost is None else f"{text} · cost {usage.cost:.6g}"
 
 
 def _page(name: str, status_code: int = 200, **values: str) -> HTMLResponse:
@@ -174,7 +187,18 @@ def create_app(threads: Threads, *, agent_names: Sequence[str] = (), principal: 
             agent=html.escape(run.agent),
             input=html.escape(run.input),
             status=html.escape(run.status),
+            usage=html.escape(_usage_text(threads.usage(run_id=run.id))),
         )
+
+    @app.get("/runs/{run_id}/usage")
+    def run_usage(run_id: str) -> JSONResponse:
+        """The run's model usage so far (requests, tokens, cost), and the same as one line."""
+        try:
+            threads.get_run(run_id)
+        except RunNotFound:
+            return JSONResponse({"error": f"no run {run_id}"}, status_code=404)
+        usage = threads.usage(run_id=run_id)
+        return JSONResponse({**usage.to_json(), "text": _usage_text(usage)})
 
     @app.get("/runs/{run_id}/events")
     def run_events(run_id: str, request: Request, after: int = 0) -> Response:

@@ -25,6 +25,7 @@ from .agent_tool_queries import AgentToolQueries
 from .engine import safe_url
 from .message_queries import MessageQueries
 from .schema import agents, outbox, runs, threads, tool_calls, variables
+from .usage_queries import UsageQueries
 
 TOOL_TASK_NAME = "threads.tool"
 
@@ -129,7 +130,7 @@ def args_digest(args: str) -> str:
     return hashlib.sha256(storable_text(args).encode()).hexdigest()
 
 
-class Tx(MessageQueries, AgentToolQueries):
+class Tx(MessageQueries, AgentToolQueries, UsageQueries):
     """The named queries of one transaction."""
 
     def __init__(self, conn: Connection, store: Store) -> None:

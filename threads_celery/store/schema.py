@@ -14,6 +14,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -274,4 +275,25 @@ variables = Table(
     # Text in clear; a secret as a Fernet token (THREADS_SECRET_KEY), never in clear.
     Column("value", Text, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
+)
+
+
+# One row per model call that returned (the step's committed reply): what it used and cost.
+# Read back as sums per run, per thread and per agent over a day (usage limits, reports).
+model_usage = Table(
+    "model_usage",
+    metadata,
+    Column("run_id", Id, primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("thread_id", Id, nullable=False),
+    Column("agent", String(128), nullable=False),
+    Column("model", String(255), nullable=False),
+    Column("requests", Integer, nullable=False),
+    Column("input_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),
+    # In the price table's currency; NULL when the model has no configured price.
+    Column("cost", Float, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index(None, "thread_id"),
+    Index(None, "agent", "created_at"),
 )

@@ -183,6 +183,14 @@
       document.getElementById("failure-text").textContent = p.error || p.status;
     }
     refreshPending();
+    refreshUsage();
+  }
+
+  async function refreshUsage() {
+    try {
+      const response = await fetch("/runs/" + encodeURIComponent(runId) + "/usage");
+      if (response.ok) document.getElementById("run-usage").textContent = (await response.json()).text;
+    } catch (e) { /* the next status change tries again */ }
   }
 
   let pendingTimer = null;

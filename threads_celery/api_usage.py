@@ -1,0 +1,74 @@
+"""The HTTP API's usage routes: model usage per run, per thread and per agent per UTC day.
+
+``GET /v1/runs/{id}/usage``, ``GET /v1/threads/{id}/usage`` and ``GET /v1/usage?agent=&day=``
+answer :class:`UsageOut`: requests, input, output and total tokens, and cost (null when no call
+had a price in ``THREADS_MODEL_PRICES``). An unknown run or thread is a 404.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel
+
+from .api_models import ID_PATTERN, ErrorOut
+
+if TYPE_CHECKING:
+    from .client import Threads
+    from .usage import UsageTotals
+
+
+class UsageOut(BaseModel):
+    """Summed model usage."""
+
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    cost: float | None = None
+
+    @classmethod
+    def of(cls, totals: UsageTotals) -> UsageOut:
+        return cls(
+            requests=totals.requests,
+            input_tokens=totals.input_tokens,
+            output_tokens=totals.output_tokens,
+            total_tokens=totals.total_tokens,
+            cost=totals.cost,
+        )
+
+
+def add_usage_routes(router: APIRouter, threads: Threads, *, last_event_seq: Any) -> None:
+    """Register the usage routes on the /v1 router."""
+    not_found: dict[int | str, dict[str, Any]] = {
+        404: {"model": ErrorOut, "description": "No such run or thread."}
+    }
+
+    @router.get(
+        "/runs/{run_id}/usage", response_model=UsageOut, tags=["usage"], responses=not_found
+    )
+    def run_usage(run_id: Annotated[str, Path(pattern=ID_PATTERN)]) -> UsageOut:
+        """The run's model usage so far."""
+        threads.get_run(run_id)  # RunNotFound: 404
+        return UsageOut.of(threads.usage(run_id=run_id))
+
+    @router.get(
+        "/threads/{thread_id}/usage", response_model=UsageOut, tags=["usage"], responses=not_found
+    )
+    def thread_usage(thread_id: Annotated[str, Path(pattern=ID_PATTERN)]) -> UsageOut:
+        """The thread's model usage over all its runs."""
+        last_event_seq(threads, thread_id)  # ThreadNotFound: 404
+        return UsageOut.of(threads.usage(thread_id=thread_id))
+
+    @router.get("/usage", response_model=UsageOut, tags=["usage"])
+    def usage(
+        agent: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+        day: Annotated[date | None, Query(description="A UTC day, YYYY-MM-DD.")] = None,
+    ) -> UsageOut:
+        """Model usage of an agent, a UTC day, or both (everything when neither is given)."""
+        return UsageOut.of(threads.usage(agent=agent, day=day))
+
+
+__all__ = ["UsageOut", "add_usage_routes"]

@@ -1,0 +1,95 @@
+"""The named queries of model usage (a part of :class:`~.repository.Tx`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.engine import Connection
+
+from ..usage import Scope, UsageLimits, UsageTotals, day_bounds
+from .schema import model_usage
+
+
+class UsageQueries:
+    """Queries over ``model_usage``; mixed into the transaction."""
+
+    conn: Connection
+
+    def record_usage(
+        self,
+        *,
+        run_id: str,
+        step: int,
+        thread_id: str,
+        agent: str,
+        model: str,
+        input_tokens: int,
+        output_tokens: int,
+        cost: float | None,
+        now: datetime,
+    ) -> None:
+        """Record one committed model call (the step's transaction holds it: once per step)."""
+        self.conn.execute(
+            insert(model_usage).values(
+                run_id=run_id,
+                step=step,
+                thread_id=thread_id,
+                agent=agent,
+                model=model[:255],
+                requests=1,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                cost=cost,
+                created_at=now,
+            )
+        )
+
+    def usage_totals(
+        self,
+        *,
+        run_id: str | None = None,
+        thread_id: str | None = None,
+        agent: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> UsageTotals:
+        """Sums over the rows that match every filter given."""
+        query = select(
+            func.coalesce(func.sum(model_usage.c.requests), 0),
+            func.coalesce(func.sum(model_usage.c.input_tokens), 0),
+            func.coalesce(func.sum(model_usage.c.output_tokens), 0),
+            func.sum(model_usage.c.cost),
+        )
+        if run_id is not None:
+            query = query.where(model_usage.c.run_id == run_id)
+        if thread_id is not None:
+            query = query.where(model_usage.c.thread_id == thread_id)
+        if agent is not None:
+            query = query.where(model_usage.c.agent == agent)
+        if since is not None:
+            query = query.where(model_usage.c.created_at >= since)
+        if until is not None:
+            query = query.where(model_usage.c.created_at < until)
+        requests, input_tokens, output_tokens, cost = self.conn.execute(query).one()
+        return UsageTotals(
+            int(requests),
+            int(input_tokens),
+            int(output_tokens),
+            None if cost is None else float(cost),
+        )
+
+    def totals_for_limits(
+        self, run_id: str, thread_id: str, agent: str, limits: UsageLimits, now: datetime
+    ) -> dict[Scope, UsageTotals]:
+        """The totals each scope of ``limits`` names: this run, this thread, the agent today (UTC)."""
+        since, until = day_bounds(now)
+        totals: dict[Scope, UsageTotals] = {}
+        for scope, _ in limits.scopes():
+            if scope == "run":
+                totals[scope] = self.usage_totals(run_id=run_id)
+            elif scope == "thread":
+                totals[scope] = self.usage_totals(thread_id=thread_id)
+            else:
+                totals[scope] = self.usage_totals(agent=agent, since=since, until=until)
+        return totals
