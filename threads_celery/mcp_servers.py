@@ -400,8 +400,8 @@ def _object_schema(schema: dict[str, Any]) -> dict[str, Any]:
 def _json_schema_validator(
     server: str, tool_name: str, schema: dict[str, Any]
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    import jsonschema  # type: ignore[import-untyped]
-    from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
+    import jsonschema
+    from jsonschema.exceptions import SchemaError
 
     cls = jsonschema.validators.validator_for(schema)
     try:

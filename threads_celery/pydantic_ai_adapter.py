@@ -483,6 +483,8 @@ class DurableModel(WrapperModel):
         self._inner: Model | None = None
         self._lock = threading.Lock()
 
+    # WrapperModel declares ``wrapped`` a field; here it is resolved lazily (a model string needs
+    # credentials only when a request is made), so a read-only property stands in for it.
     @property
     def wrapped(self) -> Model:  # type: ignore[override]
         return self.inner
@@ -511,6 +513,7 @@ class DurableModel(WrapperModel):
 
     def _merged_settings(self, model_settings: ModelSettings | None) -> ModelSettings | None:
         merged: dict[str, Any] = {**self._agent_settings, **dict(model_settings or {})}
+        # The agent's settings are the user's plain dict: its keys are pydantic-ai's to check.
         return ModelSettings(**merged) if merged else None  # type: ignore[typeddict-item]
 
     def _parameters(self, params: ModelRequestParameters) -> ModelRequestParameters:
