@@ -286,3 +286,22 @@ def test_a_call_that_never_reached_the_server_is_a_tool_error_even_when_unguarde
         "MCPUnreachable: MCP server 'test-http' could not be reached"
     )
     assert ledger_lines(ledger) == []
+
+
+def test_an_http_server_that_dies_mid_call_parks_the_unguarded_call(
+    threads: Threads, ledger: Path
+) -> None:
+    with http_server_process(ledger) as url:
+        server = MCPServer("test-http", url=url, dedup_window_ms=10_000, timeout_s=HANG_TIMEOUT_S)
+        agent = agent_with(
+            server,
+            call("die_after_sending", to="ivy"),
+            say("gone"),
+            permissions=Permissions.allow_all(),
+        )
+        handle = threads.start(agent, "Go")
+        run = threads.wait(handle.run_id, WAIT_S)
+    assert run.status == "parked", run.error
+    [pending] = [p for p in threads.parked() if p.run_id == handle.run_id]
+    assert "whether the tool acted is unknown" in pending.reason
+    assert ledger_lines(ledger) == ["die_after_sending ivy"]
