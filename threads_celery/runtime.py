@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, assert_never
+from typing import TYPE_CHECKING, Any, assert_never
 
 from . import batches, child_runs, hooks, models, runs
 from .agents import Agent, AgentRegistry
@@ -58,6 +58,9 @@ from .streaming import ToolCallStarted, ToolCallStarts
 from .tools import Tool, ToolArgumentsError, ToolOutputError, render_result, shorten_for_model
 from .usage import LIMIT_REASON, limit_reached
 from .variables import ThreadEnv, declared
+
+if TYPE_CHECKING:
+    from .agent_tools import Detached, DetachedHandle
 
 log = logging.getLogger("threads_celery.runtime")
 
@@ -503,13 +506,38 @@ class Runtime:
                 log.warning("call %s: its result could not be stored: %s", call.effect_key, describe_exception(exc, ()))
                 content, is_error = f"{UNSTORED_RESULT} ({describe_exception(exc, ())})", True
 
-    def _dispatch_child(self, *args: Any, **kwargs: Any) -> str:
+    def _dispatch_child(
+        self,
+        run: Run,
+        call: CallRow,
+        tool: Tool,
+        parsed: Any,
+        now: datetime,
+        *,
+        child: Agent | None = None,
+        child_thread_id: str | None = None,
+        input_value: Any = None,
+    ) -> str:
         """An agent-tool call: start (or re-attach to) the child (see :mod:`.child_runs`)."""
-        return child_runs.dispatch_child(self, *args, **kwargs)
+        return child_runs.dispatch_child(
+            self, run, call, tool, parsed, now, child=child, child_thread_id=child_thread_id, input_value=input_value
+        )
 
-    def start_detached_child(self, *args: Any, **kwargs: Any) -> Any:
+    def start_detached_child(
+        self,
+        run: Run,
+        call: CallRow,
+        child: type[Agent] | Agent | str,
+        input_value: Any,
+        *,
+        detached: bool | Detached,
+        run_id: str,
+        display_name: str | None,
+    ) -> DetachedHandle:
         """``ctx.run_agent_tool(...)``: a detached child of the calling tool's thread."""
-        return child_runs.start_detached_child(self, *args, **kwargs)
+        return child_runs.start_detached_child(
+            self, run, call, child, input_value, detached=detached, run_id=run_id, display_name=display_name
+        )
 
     def _commit_call(
         self,
