@@ -467,10 +467,15 @@ def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIR
         """Calls that wait for a person: parked after an interruption, or awaiting approval."""
         return [PendingCallOut.of(c) for c in threads.parked()]
 
+    @router.get("/runs/{run_id}/pending", response_model=list[PendingCallOut], tags=["calls"], responses=not_found)
+    def run_pending(run_id: RunId) -> list[PendingCallOut]:
+        """What waits for a person under a run: its own calls, then its child runs' (kind "child")."""
+        return [PendingCallOut.of(c) for c in threads.pending(run_id)]
+
     @router.post("/calls/{effect_key}/approve", response_model=Decision, tags=["calls"], responses={**not_found, **conflict})
     def approve(effect_key: EffectKey, body: Approve) -> Decision:
         """Approve a call awaiting approval, for its arguments or for edited (re-validated) ones."""
-        threads.approve(effect_key, principal=body.principal, override_args=body.override_args)
+        threads.approve(effect_key, principal=body.principal, override_args=body.override_args, remember=body.remember)
         return Decision(effect_key=effect_key, decision="approved")
 
     @router.post("/calls/{effect_key}/deny", response_model=Decision, tags=["calls"], responses={**not_found, **conflict})

@@ -84,6 +84,10 @@ class Approve(_Request):
         Field(description="Edited arguments; validated against the tool's input schema, and recorded."),
         AfterValidator(_finite),
     ] = None
+    remember: bool = Field(
+        default=False,
+        description='Also "always allow this tool on this thread" (the call\'s thread): a durable decision.',
+    )
 
 
 class Deny(_Request):
@@ -201,6 +205,11 @@ class PendingCallOut(BaseModel):
     reason: str
     attempt: int
     first_started_at: datetime | None = None
+    kind: Literal["call", "child"] = Field(
+        default="call", description="call: the run's own; child: a call of a child run it waits on"
+    )
+    agent: str | None = Field(default=None, description="For a child entry: the child's agent")
+    via: str | None = Field(default=None, description="For a child entry: the agent-tool run it came through")
 
     @classmethod
     def of(cls, call: PendingCall) -> PendingCallOut:
@@ -214,6 +223,9 @@ class PendingCallOut(BaseModel):
             reason=call.reason,
             attempt=call.attempt,
             first_started_at=call.first_started_at,
+            kind=call.kind,
+            agent=call.agent,
+            via=call.via,
         )
 
 

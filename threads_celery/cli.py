@@ -409,34 +409,62 @@ def _watch(
     they run in this process, which is about to stop.
     """
     interactive = not as_json and not approve and sys.stdin.isatty() and out.is_terminal
+    answering = approve or interactive
+    child_check = _ChildApprovals(threads)
 
     def keep_watching(run: Run) -> bool:
         return threads.is_embedded and run.is_terminal and bool(background_children(threads, run))
 
+    def child_asks(run: Run) -> bool:
+        # Waiting on a child: stop to answer once one of its calls awaits approval.
+        return answering and run.status == "waiting" and child_check.due(run)
+
     while True:
         remaining = max(0.0, deadline - time.monotonic())
         if as_json:
-            run = _wait_quietly(threads, run_id, remaining, keep_watching)
+            run = _wait_quietly(threads, run_id, remaining, keep_watching, child_asks)
         else:
             run = follow_run(
-                threads, run_id, thread_id, console=out, view=view, timeout=remaining, header=header, keep_watching=keep_watching
-            )
+                threads, run_id, thread_id, console=out, view=view, timeout=remaining, header=header,
+                keep_watching=keep_watching, stop_if=child_asks,
+            )  # fmt: skip
         header = False
-        if run.status != "awaiting_approval" or not (approve or interactive):
+        waits_on_child = run.status == "waiting" and child_check.due(run)
+        if (run.status != "awaiting_approval" and not waits_on_child) or not answering:
             return run
         if not _decide_approvals(threads, agent, run, auto=approve, view=view):
             return run
 
 
+class _ChildApprovals:
+    """Whether a run waiting on children has a child call awaiting approval (read at most
+    twice a second: the watch loop polls far more often)."""
+
+    def __init__(self, threads: Threads, every_s: float = 0.5) -> None:
+        self.threads = threads
+        self.every_s = every_s
+        self.checked_at = 0.0
+        self.answer = False
+
+    def due(self, run: Run) -> bool:
+        now = time.monotonic()
+        if now - self.checked_at >= self.every_s:
+            self.checked_at = now
+            self.answer = any(c.kind == "child" and c.status == "awaiting_approval" for c in self.threads.pending(run.id))
+        return self.answer
+
+
 def _decide_approvals(threads: Threads, agent: Agent, run: Run, *, auto: bool, view: RunView) -> bool:
-    """Approve (or ask about) the calls ``run`` waits on. False means: stop watching."""
-    pending = [c for c in threads.parked() if c.run_id == run.id and c.status == "awaiting_approval"]
+    """Approve (or ask about) the calls ``run`` waits on, its child runs' included. False means:
+    stop watching."""
+    pending = [c for c in threads.pending(run.id) if c.status == "awaiting_approval"]
     if not pending:
         return True  # decided meanwhile (by someone else): keep watching
     principal = principal_of_this_user()
     for call in pending:
         if not auto:
-            tool = agent.tool_named(call.tool)
+            owner = threads.registry.get(call.agent) if call.agent and call.agent in threads.registry else agent
+            tool = owner.tool_named(call.tool)
             err.print(
                 Text.assemble(
                     ("approval needed: ", "bold yellow"),
@@ -455,18 +483,19 @@ def _decide_approvals(threads: Threads, agent: Agent, run: Run, *, auto: bool, v
                 view.note_call(call.effect_key, f"✗ declined by {principal}", style="red")
                 continue
         threads.approve(call.effect_key, principal=principal)
-        view.note_call(call.effect_key, f"✓ approved by {principal}" + (" (--approve)" if auto else ""))
+        where = f" (in child {call.agent})" if call.kind == "child" else ""
+        view.note_call(call.effect_key, f"✓ approved by {principal}" + (" (--approve)" if auto else "") + where)
     return True
 
 
-def _wait_quietly(threads: Threads, run_id: str, timeout: float, keep_watching: Callable[[Run], bool]) -> Run:
-    from .exceptions import RunTimeout
-
+def _wait_quietly(
+    threads: Threads, run_id: str, timeout: float, keep_watching: Callable[[Run], bool], stop_if: Callable[[Run], bool]
+) -> Run:
     deadline = time.monotonic() + timeout
-    try:
-        run = threads.wait(run_id, timeout)
-    except RunTimeout:
-        return threads.get_run(run_id)
+    run = threads.get_run(run_id)
+    while not (run.is_terminal or run.status in NEEDS_A_PERSON or stop_if(run)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        run = threads.get_run(run_id)
     while keep_watching(run) and time.monotonic() < deadline:
         time.sleep(0.05)
         run = threads.get_run(run_id)

@@ -88,7 +88,8 @@ def parked(
     if embedded_db_missing(db) is None:
         threads = open_threads(db, need_broker=False)
         try:
-            calls = [c for c in threads.parked() if run is None or c.run_id == run]
+            # With --run, the run's child runs' calls too (kind "child"): answer them here.
+            calls = threads.pending(run) if run is not None else threads.parked()
         finally:
             threads.close()
     if as_json:
@@ -114,6 +115,8 @@ def parked(
         out.print(Text.assemble(("    args    ", "dim"), format_args(c.args, 200)), overflow="ellipsis", no_wrap=True)
         out.print(Text.assemble(("    reason  ", "dim"), shorten(" ".join(c.reason.split()), 300)), overflow="ellipsis", no_wrap=True)
         out.print(Text.assemble(("    run     ", "dim"), (f"{c.run_id}  (thread {c.thread_id})", "dim")), overflow="ellipsis", no_wrap=True)
+        if c.kind == "child":
+            out.print(Text.assemble(("    child   ", "dim"), (f"{c.agent}  via {c.via}", "dim")), overflow="ellipsis", no_wrap=True)
     runs = sorted({c.run_id for c in calls})
     err.print(f"{len(calls)} call{'s' if len(calls) != 1 else ''} in {len(runs)} run{'s' if len(runs) != 1 else ''}", style="dim")
 
@@ -126,6 +129,9 @@ def approve(
     args: Annotated[
         str | None, typer.Option("--args", metavar="JSON", help="Approve these arguments instead (a JSON object, checked against the tool).")
     ] = None,
+    always: Annotated[
+        bool, typer.Option("--always", help="Also always allow this tool on the call's thread (a durable decision).")
+    ] = False,
     agent: AgentSpec = None,
     db: EmbeddedDb = None,
     timeout: Timeout = 300.0,
@@ -133,6 +139,8 @@ def approve(
     """Approve a call that awaits approval.
 
     It runs with its exact arguments, or with edited ones (--args, checked against the tool).
+    With --always, later calls of the same tool on that thread run without asking (unless a
+    deny or ask rule of the agent says otherwise). A child run's call is approved the same way.
 
     \b
       threads-celery approve run_3f2a...:1:0 --principal alice
@@ -145,9 +153,10 @@ def approve(
         raise UsageError("--args is checked against the tool's input: name the agent with --agent MODULE:AGENT (or THREADS_AGENTS)")
 
     def act(threads: Threads, call: PendingCall | None) -> str:
-        threads.approve(effect_key, principal=principal, override_args=override)
+        threads.approve(effect_key, principal=principal, override_args=override, remember=always)
         edited = " with edited arguments" if override is not None else ""
-        return f"✓ approved {effect_key} ({call.tool if call else 'call'}) as {principal}{edited}"
+        remembered = f"; {call.tool if call else 'this tool'} is now always allowed on its thread" if always else ""
+        return f"✓ approved {effect_key} ({call.tool if call else 'call'}) as {principal}{edited}{remembered}"
 
     raise typer.Exit(_decide(effect_key, act, agent_spec=agent, db=db, timeout=timeout))
 

@@ -54,8 +54,10 @@ def follow_run(
     stop_at: Collection[str] = STOP_STATUSES,
     header: bool = True,
     keep_watching: Callable[[Run], bool] | None = None,
+    stop_if: Callable[[Run], bool] | None = None,
 ) -> Run:
-    """Show a run until it reaches a status in ``stop_at`` or ``timeout`` seconds pass.
+    """Show a run until it reaches a status in ``stop_at``, ``stop_if(run)`` says so, or
+    ``timeout`` seconds pass.
 
     ``keep_watching(run)``, when given, is asked each time the run is found stopped: True carries
     on (e.g. while background child runs it started are still going). Settled entries are
@@ -79,6 +81,7 @@ def follow_run(
             for renderable in view.take_settled():
                 printer.print(renderable)
             stopped = run.status in stop_at and (keep_watching is None or not keep_watching(run))
+            stopped = stopped or (stop_if is not None and stop_if(run))
             if stopped or (deadline is not None and time.monotonic() >= deadline):
                 return run
             time.sleep(poll_interval)

@@ -29,7 +29,7 @@ from .exceptions import (
     UnknownAgent,
 )
 from .interventions import PendingCall, Resolution
-from .records import TERMINAL_STATUSES, Event, Message, OutboxEntry, Run, RunHandle
+from .records import TERMINAL_STATUSES, Event, Message, OutboxEntry, PermissionGrant, Run, RunHandle
 from .settings import Settings
 from .store import Store, Tx
 from .store.engine import safe_url
@@ -491,9 +491,14 @@ class Threads(AgentToolsMixin):
         self.publisher(entries)
 
     def approve(
-        self, effect_key: str, *, principal: str, override_args: dict[str, Any] | None = None
+        self, effect_key: str, *, principal: str, override_args: dict[str, Any] | None = None, remember: bool = False
     ) -> None:
-        """Approve a call that awaits approval, for its exact (or edited, re-validated) arguments."""
+        """Approve a call that awaits approval, for its exact (or edited, re-validated) arguments.
+
+        ``remember=True`` also means "always allow this tool on this thread" (the call's thread):
+        a durable decision, listed by :meth:`permission_grants` and undone by
+        :meth:`revoke_permission`.
+        """
         with self.store.transaction() as tx:
             entries = interventions.approve(
                 tx,
@@ -502,8 +507,32 @@ class Threads(AgentToolsMixin):
                 principal=principal,
                 now=runs.utcnow(),
                 override_args=override_args,
+                remember=remember,
             )
         self.publisher(entries)
+
+    def pending(self, run_id: str) -> list[PendingCall]:
+        """What waits for a person under a run: its own calls, then its child runs' (``kind="child"``).
+
+        A child's entry is answered here like any other, by its effect key (``approve``,
+        ``deny``, ``resolve``). Raises RunNotFound for an unknown run.
+        """
+        from .pending import pending_under
+
+        with self.store.read() as tx:
+            if tx.get_run(run_id) is None:
+                raise RunNotFound(run_id)
+            return pending_under(tx, run_id)
+
+    def permission_grants(self, thread_id: str) -> list[PermissionGrant]:
+        """The thread's remembered decisions ("always allow this tool on this thread")."""
+        with self.store.read() as tx:
+            return tx.list_grants(thread_id)
+
+    def revoke_permission(self, thread_id: str, tool: str) -> bool:
+        """Forget "always allow ``tool``" on the thread; whether there was such a decision."""
+        with self.store.transaction() as tx:
+            return tx.revoke_grant(thread_id, tool)
 
     def deny(self, effect_key: str, reason: str, *, principal: str | None = None) -> None:
         """Deny a call that awaits approval; the model sees ``denied: <reason>``."""

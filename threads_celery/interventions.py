@@ -17,6 +17,7 @@ from .exceptions import CallNotFound, CallStateError, FenceLost, InvalidArgument
 from .records import CallRow, OutboxEntry, Run
 from .store import Tx
 from .store.repository import args_digest
+from .pending import announce_answer
 from .tools import ToolArgumentsError, render_result
 
 log = logging.getLogger("threads_celery.interventions")
@@ -37,6 +38,12 @@ class PendingCall:
     reason: str
     attempt: int
     first_started_at: datetime | None
+    #: "call": a call of the run itself; "child": a call of a child run it waits on (answer it
+    #: here, by its effect key, as any other).
+    kind: Literal["call", "child"] = "call"
+    #: For a child entry: the agent whose call it is, and the agent-tool run it came through.
+    agent: str | None = None
+    via: str | None = None
 
     @classmethod
     def of(cls, call: CallRow) -> PendingCall:
@@ -79,10 +86,18 @@ def approve(
     principal: str,
     now: datetime,
     override_args: dict[str, Any] | None = None,
+    remember: bool = False,
 ) -> list[OutboxEntry]:
-    """Approve a call for its exact arguments (or for edited ones, validated and recorded)."""
+    """Approve a call for its exact arguments (or for edited ones, validated and recorded).
+
+    ``remember``: also "always allow this tool on this thread" (the call's thread), a durable
+    decision later calls of the tool there are allowed by (after the agent's rules, before its
+    mode; a deny or ask rule still wins).
+    """
     if not principal:
         raise ValueError("an approval names the person who gives it (principal=...)")
+    if not isinstance(remember, bool):
+        raise ValueError(f"remember must be True or False, not {remember!r}")
     call, run = _load(tx, effect_key, "awaiting_approval")
     values: dict[str, Any] = {"status": "pending", "approved_by": principal, "approved_at": now}
     args = call.args
@@ -100,6 +115,10 @@ def approve(
         values.update(args=args, args_hash=args_digest(args), original_args=call.args)
     values["approved_args_hash"] = args_digest(args)
     tx.update_call(effect_key, **values)
+    if remember:
+        tx.grant_tool(call.thread_id, call.tool, granted_by=principal, now=now)
+        log.info("tool %s is always allowed on thread %s (by %s)", call.tool, call.thread_id, principal)
+    announce_answer(tx, run, call, "approved", now)
     log.info("call %s (%s) approved by %s%s", effect_key, call.tool, principal, " with edited arguments" if override_args is not None else "")
     return [_redispatch(tx, run, call, now)]
 
@@ -108,6 +127,7 @@ def deny(tx: Tx, effect_key: str, *, reason: str, now: datetime, principal: str 
     """Deny a call: the model sees ``denied: <reason>`` and the run goes on."""
     call, run = _load(tx, effect_key, "awaiting_approval")
     tx.update_call(effect_key, resolved_by=principal, resolved_at=now, resolution="denied")
+    announce_answer(tx, run, call, "denied", now)
     _, entries = runs.record_call_result(
         tx, run, call, fence=run.fence, content=f"denied: {reason}", is_error=True, ends_turn=False, now=now, resume=True
     )
@@ -131,6 +151,7 @@ def resolve(
         raise ValueError("a resolution names the person who makes it (principal=...)")
     call, run = _load(tx, effect_key, "parked")
     tx.update_call(effect_key, resolution=resolution, resolved_by=principal, resolved_at=now)
+    announce_answer(tx, run, call, resolution, now)
     if resolution == "assume_done":
         content = render_result(result) if result is not None else f"assumed done by {principal}"
         _, entries = runs.record_call_result(

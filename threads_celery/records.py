@@ -176,6 +176,16 @@ class CallRow:
 
 
 @dataclass(frozen=True, slots=True)
+class PermissionGrant:
+    """A remembered decision: a person chose "always allow ``tool`` on this thread"."""
+
+    thread_id: str
+    tool: str
+    granted_by: str
+    granted_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class OutboxEntry:
     """An intent to publish one task, committed with the transition that caused it."""
 

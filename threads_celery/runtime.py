@@ -40,8 +40,10 @@ from .effects import (
 )
 from .exceptions import ConfigError, EffectUnknown, FenceLost, StoreUnavailable, UnknownAgent
 from .leases import LeaseKeeper
+from .pending import announce_pending
+from .permission_checks import check_call
 from .permissions import Allow as PermissionAllow
-from .permissions import Ask, Deny, decide_permission
+from .permissions import Ask, Deny
 from .records import CallRow, OutboxEntry, Run
 from .redaction import (
     describe_exception,
@@ -198,7 +200,7 @@ class Runtime:
             )
             for i, requested in enumerate(turn.calls)
         ]
-        plan = batches.plan_groups([self._may_run_concurrently(agent, t) for _, _, t in calls])
+        plan = batches.plan_groups([self._may_run_concurrently(run, agent, t) for _, _, t in calls])
         entries: list[OutboxEntry] = []
         with self.store.transaction() as tx:
             moved = tx.advance_run(
@@ -293,12 +295,11 @@ class Runtime:
             now=now,
         )
 
-    @staticmethod
-    def _may_run_concurrently(agent: Agent, tool: Tool | None) -> bool:
-        """A concurrent tool whose call the agent's rules allow outright (no person to wait for)."""
+    def _may_run_concurrently(self, run: Run, agent: Agent, tool: Tool | None) -> bool:
+        """A concurrent tool whose call the permissions allow outright (no person to wait for)."""
         if tool is None or not tool.concurrent:
             return False
-        return isinstance(decide_permission(tool.name, tool.effect, agent.permissions), PermissionAllow)
+        return isinstance(check_call(self.store, self.registry, run, agent, tool), PermissionAllow)
 
     def _step_failed(self, run: Run, fence: int, step: int, attempt: int, exc: Exception) -> str:
         reason = describe_exception(exc, ())
@@ -384,12 +385,7 @@ class Runtime:
             return subagent_call(self, run, call, agent, tool, parsed, now)
         if tool.child_agent is not None:
             return self._dispatch_child(run, call, tool, parsed, now)
-        permission = decide_permission(
-            tool.name,
-            tool.effect,
-            agent.permissions,
-            approved_for_these_args=call.approved_args_hash == args_digest(call.args),
-        )
+        permission = check_call(self.store, self.registry, run, agent, tool, call)
         if isinstance(permission, Deny):
             return self._commit_call(run, run.fence, call, tool, f"denied: {permission.reason}", is_error=True)
         if isinstance(permission, Ask) and call.batch is not None:
@@ -622,6 +618,8 @@ class Runtime:
                 raise FenceLost(run.id, run.fence)
             tx.update_call(call.effect_key, status=status, park_reason=reason)
             tx.delete_outbox(call.effect_key)
+            if run.agent_tool_run_id is not None:
+                announce_pending(tx, run, call, status=status, reason=reason, now=self.clock())
 
     def _park(self, run: Run, call: CallRow, reason: str, *, fence: int | None = None) -> None:
         fence = run.fence if fence is None else fence
@@ -633,6 +631,8 @@ class Runtime:
                 raise FenceLost(run.id, fence)
             tx.park_call(call.effect_key, reason=reason)
             tx.delete_outbox(call.effect_key)
+            if run.agent_tool_run_id is not None:
+                announce_pending(tx, run, call, status="parked", reason=reason, now=self.clock())
         log.warning("run %s parked at call %s (%s): %s", run.id, call.effect_key, call.tool, reason)
 
     def _extend_call_lease(

@@ -216,11 +216,22 @@ def create_app(threads: Threads, *, agent_names: Sequence[str] = (), principal: 
 
     @app.get("/runs/{run_id}/pending")
     def pending(run_id: str) -> JSONResponse:
-        """The run's calls waiting for a person (awaiting approval, or parked)."""
+        """The run's calls waiting for a person (awaiting approval, or parked), its child runs' too."""
+        try:
+            waiting = threads.pending(run_id)
+        except ThreadsError:
+            return JSONResponse({"error": f"no run {run_id}"}, status_code=404)
         calls = [
-            {"effect_key": c.effect_key, "tool": c.tool, "args": c.args, "status": c.status, "reason": c.reason}
-            for c in threads.parked()
-            if c.run_id == run_id
+            {
+                "effect_key": c.effect_key,
+                "tool": c.tool,
+                "args": c.args,
+                "status": c.status,
+                "reason": c.reason,
+                "kind": c.kind,
+                "agent": c.agent,
+            }
+            for c in waiting
         ]
         return JSONResponse(calls)
 
@@ -228,7 +239,7 @@ def create_app(threads: Threads, *, agent_names: Sequence[str] = (), principal: 
         form = await _form(request)
         try:
             if approve:
-                threads.approve(effect_key, principal=principal)
+                threads.approve(effect_key, principal=principal, remember=form.get("remember") == "1")
             else:
                 threads.deny(effect_key, form.get("reason") or "denied in the web app", principal=principal)
         except (StoreUnavailable, BrokerUnavailable):

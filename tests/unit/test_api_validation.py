@@ -266,12 +266,14 @@ def test_routes_pass_the_validated_fields_through(client: TestClient, stub: Stub
     started = client.post("/v1/runs", json={"agent": "a", "message": "m", "thread_id": "t1", "run_id": "r1"}, headers=AUTH)
     assert started.status_code == 202 and started.json() == {"run_id": "r1", "thread_id": "t1", "status": "queued"}
     client.post("/v1/calls/k:0:0/approve", json={"principal": "ops", "override_args": {"n": 1}}, headers=AUTH)
+    client.post("/v1/calls/k:0:1/approve", json={"principal": "ops", "remember": True}, headers=AUTH)
     client.post("/v1/calls/k:0:0/deny", json={"reason": "no"}, headers=AUTH)
     client.post("/v1/calls/k:0:0/resolve", json={"resolution": "assume_done", "principal": "ann", "result": [1]}, headers=AUTH)
     client.get("/v1/runs", params={"status": "parked", "limit": 5}, headers=AUTH)
     assert stub.calls == [
         ("start", ("a", "m"), {"thread_id": "t1", "run_id": "r1"}),
-        ("approve", ("k:0:0",), {"principal": "ops", "override_args": {"n": 1}}),
+        ("approve", ("k:0:0",), {"principal": "ops", "override_args": {"n": 1}, "remember": False}),
+        ("approve", ("k:0:1",), {"principal": "ops", "override_args": None, "remember": True}),
         ("deny", ("k:0:0", "no"), {"principal": None}),
         ("resolve", ("k:0:0", "assume_done"), {"principal": "ann", "result": [1]}),
         ("runs", (), {"thread_id": None, "status": "parked", "limit": 5}),

@@ -297,3 +297,14 @@ model_usage = Table(
     Index(None, "thread_id"),
     Index(None, "agent", "created_at"),
 )
+
+# "Always allow this tool on this thread": a person's remembered decision, checked after the
+# agent's rules and before its mode.
+permission_grants = Table(
+    "permission_grants",
+    metadata,
+    Column("thread_id", Id, ForeignKey("threads.id", ondelete="CASCADE"), primary_key=True),
+    Column("tool", String(255), primary_key=True),
+    Column("granted_by", String(255), nullable=False),
+    Column("granted_at", UTCDateTime, nullable=False),
+)

@@ -214,10 +214,18 @@
     item.dataset.effectKey = call.effect_key;
     item.appendChild(el("code", "call-name", call.tool));
     item.appendChild(el("code", "call-args", " " + call.args));
+    if (call.kind === "child") item.appendChild(el("div", "muted", "in child run of " + (call.agent || "a child agent")));
     item.appendChild(el("div", "muted", call.reason));
     if (call.status !== "awaiting_approval") return item; // parked: resolve it with the CLI or the API
     const key = encodeURIComponent(call.effect_key);
     item.appendChild(decisionForm("/calls/" + key + "/approve", "Approve", "approve"));
+    const always = decisionForm("/calls/" + key + "/approve", "Always allow " + call.tool + " here", "approve");
+    const remember = el("input");
+    remember.type = "hidden";
+    remember.name = "remember";
+    remember.value = "1";
+    always.appendChild(remember);
+    item.appendChild(always);
     item.appendChild(decisionForm("/calls/" + key + "/deny", "Deny", "deny"));
     return item;
   }
@@ -262,6 +270,9 @@
     "agent_tool.error": (p) => onChildEnd("agent_tool.error", p),
     "agent_tool.aborted": (p) => onChildEnd("agent_tool.aborted", p),
     "agent_tool.interrupted": (p) => onChildEnd("agent_tool.interrupted", p),
+    // A child run's call waits for a person (or was answered): reload the pending list.
+    "pending.child": refreshPending,
+    "pending.answered": refreshPending,
   };
 
   const source = new EventSource("/runs/" + encodeURIComponent(runId) + "/events");
