@@ -347,8 +347,10 @@ def watch_to_end(
         final = _abandon(threads, threads.get_run(run_id), None, quiet=as_json)
         timed_out = False
     else:
-        timed_out = exit_code_for(final.status) == EXIT_TIMEOUT or bool(
-            final.is_terminal and threads.is_embedded and background_children(threads, final)
+        child_asks = final.status == "waiting" and _ChildApprovals(threads).due(final)
+        timed_out = not child_asks and (
+            exit_code_for(final.status) == EXIT_TIMEOUT
+            or bool(final.is_terminal and threads.is_embedded and background_children(threads, final))
         )
         if timed_out:
             final = _abandon(threads, final, timeout, quiet=as_json)
@@ -377,6 +379,15 @@ def watch_to_end(
                 style="yellow",
                 soft_wrap=True,
             )
+        if child_asks:
+            err.print(
+                f"run {final.id} waits on a child run whose call awaits approval; it resumes once a person "
+                f"decides. See `threads-celery parked --run {final.id}`.",
+                style="yellow",
+                soft_wrap=True,
+            )
+    if child_asks:
+        return EXIT_NEEDS_A_PERSON
     return EXIT_TIMEOUT if timed_out else exit_code_for(final.status)
 
 
@@ -416,8 +427,8 @@ def _watch(
         return threads.is_embedded and run.is_terminal and bool(background_children(threads, run))
 
     def child_asks(run: Run) -> bool:
-        # Waiting on a child: stop to answer once one of its calls awaits approval.
-        return answering and run.status == "waiting" and child_check.due(run)
+        # Waiting on a child: stop (to answer, or to say who must) once one of its calls awaits approval.
+        return run.status == "waiting" and child_check.due(run)
 
     while True:
         remaining = max(0.0, deadline - time.monotonic())
@@ -483,8 +494,12 @@ def _decide_approvals(threads: Threads, agent: Agent, run: Run, *, auto: bool, v
                 view.note_call(call.effect_key, f"✗ declined by {principal}", style="red")
                 continue
         threads.approve(call.effect_key, principal=principal)
-        where = f" (in child {call.agent})" if call.kind == "child" else ""
-        view.note_call(call.effect_key, f"✓ approved by {principal}" + (" (--approve)" if auto else "") + where)
+        note = f"✓ approved by {principal}" + (" (--approve)" if auto else "")
+        if call.kind == "child":
+            # The child's calls are not in this run's view: say it on a line of its own.
+            err.print(f"{note}: {call.tool} in child run of {call.agent}", style="green")
+        else:
+            view.note_call(call.effect_key, note)
     return True
 
 

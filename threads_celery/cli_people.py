@@ -43,6 +43,7 @@ from .live import STATUS_STYLES, RunView, format_args, shorten
 if TYPE_CHECKING:
     from .client import Threads
     from .interventions import PendingCall
+    from .records import Run
 
 
 class Resolution(str, Enum):
@@ -251,6 +252,18 @@ def resolve(
 # -- shared ------------------------------------------------------------------------------------
 
 
+def _top_run(threads: Threads, run: Run) -> Run:
+    """The run at the top of ``run``'s tree of agent-tool runs (``run`` itself for a root)."""
+    for _ in range(32):
+        if run.agent_tool_run_id is None:
+            return run
+        row = threads.inspect_agent_tool_run(run.agent_tool_run_id)
+        if row is None or row.parent_run_id is None:
+            return run
+        run = threads.get_run(row.parent_run_id)
+    return run
+
+
 def _require_principal(principal: str) -> None:
     if not principal.strip():
         raise UsageError("--principal must name who decides")
@@ -285,7 +298,9 @@ def _decide(
         elif threads.settings.agents:
             threads.registry.load(resolve_spec(s) for s in threads.settings.agents)  # for --args checks
         call = next((c for c in threads.parked() if c.effect_key == effect_key), None)
-        run = threads.get_run(call.run_id) if call is not None else None
+        # A child run's call: continue (and watch) the run at the top of its tree, which is
+        # the one the person started and waits on.
+        run = _top_run(threads, threads.get_run(call.run_id)) if call is not None else None
         here = threads.is_embedded and agent is not None and run is not None
         if here and run is not None and run.agent not in threads.registry:
             raise UsageError(f"run {run.id} belongs to agent {run.agent!r}, which {agent_spec!r} does not load")

@@ -14,10 +14,10 @@ from typing import Any, Literal
 from . import runs
 from .agents import AgentRegistry
 from .exceptions import CallNotFound, CallStateError, FenceLost, InvalidArguments
+from .pending import announce_answer
 from .records import CallRow, OutboxEntry, Run
 from .store import Tx
 from .store.repository import args_digest
-from .pending import announce_answer
 from .tools import ToolArgumentsError, render_result
 
 log = logging.getLogger("threads_celery.interventions")

@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .exceptions import FenceLost
 from .records import CallRow, Run
-from .store import Tx
+from .store import Store, Tx
 
 if TYPE_CHECKING:
     from .interventions import PendingCall
@@ -46,7 +47,29 @@ def _announce(tx: Tx, run: Run, event: str, payload: dict[str, Any], now: dateti
         tx.append_event(thread_id, run_id, event, {**payload, "kind": "child", "via": via}, now)
 
 
-def announce_pending(tx: Tx, run: Run, call: CallRow, *, status: str, reason: str, now: datetime) -> None:
+def wait_for_a_person(
+    store: Store, run: Run, call: CallRow, reason: str, *, status: str, now: datetime
+) -> None:
+    """The run waits for a person at ``call`` (approval, a variable's value, or parked after a
+    crash), holding no worker; a child run's call is announced to its ancestors."""
+    with store.transaction() as tx:
+        moved = tx.advance_run(
+            run.id, fence=run.fence, now=now, status=status, lease_owner=None, lease_expires_at=None
+        )
+        if moved is None:
+            raise FenceLost(run.id, run.fence)
+        if status == "parked":
+            tx.park_call(call.effect_key, reason=reason)
+        else:
+            tx.update_call(call.effect_key, status=status, park_reason=reason)
+        tx.delete_outbox(call.effect_key)
+        if run.agent_tool_run_id is not None:
+            announce_pending(tx, run, call, status=status, reason=reason, now=now)
+
+
+def announce_pending(
+    tx: Tx, run: Run, call: CallRow, *, status: str, reason: str, now: datetime
+) -> None:
     """A child run's call started to wait for a person: tell every ancestor's event log."""
     payload = {
         "effect_key": call.effect_key,
@@ -61,7 +84,12 @@ def announce_pending(tx: Tx, run: Run, call: CallRow, *, status: str, reason: st
 
 def announce_answer(tx: Tx, run: Run, call: CallRow, answer: str, now: datetime) -> None:
     """Someone answered a child run's waiting call: tell every ancestor's event log."""
-    payload = {"effect_key": call.effect_key, "tool": call.tool, "answer": answer, "child_run_id": run.id}
+    payload = {
+        "effect_key": call.effect_key,
+        "tool": call.tool,
+        "answer": answer,
+        "child_run_id": run.id,
+    }
     _announce(tx, run, "pending.answered", payload, now)
 
 

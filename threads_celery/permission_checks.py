@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .permissions import Layer, Permissions, PermissionDecision, decide_permission, decide_with_ceiling, may_be_remembered
+from .permissions import (
+    Layer,
+    PermissionDecision,
+    Permissions,
+    decide_permission,
+    decide_with_ceiling,
+    may_be_remembered,
+)
 from .records import CallRow, Run
 from .store.repository import args_digest
 
@@ -22,7 +29,12 @@ if TYPE_CHECKING:
 
 
 def check_call(
-    store: Store, registry: AgentRegistry, run: Run, agent: Agent, tool: Tool, call: CallRow | None = None
+    store: Store,
+    registry: AgentRegistry,
+    run: Run,
+    agent: Agent,
+    tool: Tool,
+    call: CallRow | None = None,
 ) -> PermissionDecision:
     """Allowed, asked or denied: the call's answer (with ``call``, its approval counts)."""
     approved = call is not None and call.approved_args_hash == args_digest(call.args)
@@ -30,7 +42,11 @@ def check_call(
     if run.agent_tool_run_id is None and not may_be_remembered(tool.name, tool.effect, own):
         return decide_permission(tool.name, tool.effect, own, approved_for_these_args=approved)
     with store.read() as tx:
-        chain = tx.thread_chain(run.thread_id) if run.agent_tool_run_id is not None else [(run.thread_id, run.agent)]
+        chain = (
+            tx.thread_chain(run.thread_id)
+            if run.agent_tool_run_id is not None
+            else [(run.thread_id, run.agent)]
+        )
         levels = [(thread_id, _permissions_of(registry, name)) for thread_id, name in chain]
         levels[0] = (levels[0][0], own)  # the calling agent as this worker defines it
         wanted = any(may_be_remembered(tool.name, tool.effect, p) for _, p in levels)

@@ -40,7 +40,7 @@ from .effects import (
 )
 from .exceptions import ConfigError, EffectUnknown, FenceLost, StoreUnavailable, UnknownAgent
 from .leases import LeaseKeeper
-from .pending import announce_pending
+from .pending import wait_for_a_person
 from .permission_checks import check_call
 from .permissions import Allow as PermissionAllow
 from .permissions import Ask, Deny
@@ -605,34 +605,10 @@ class Runtime:
 
     def _await_approval(self, run: Run, call: CallRow, reason: str, *, status: str = "awaiting_approval") -> None:
         """The run waits for a person (an approval, or a variable's value), holding no worker."""
-        with self.store.transaction() as tx:
-            moved = tx.advance_run(
-                run.id,
-                fence=run.fence,
-                now=self.clock(),
-                status=status,
-                lease_owner=None,
-                lease_expires_at=None,
-            )
-            if moved is None:
-                raise FenceLost(run.id, run.fence)
-            tx.update_call(call.effect_key, status=status, park_reason=reason)
-            tx.delete_outbox(call.effect_key)
-            if run.agent_tool_run_id is not None:
-                announce_pending(tx, run, call, status=status, reason=reason, now=self.clock())
+        wait_for_a_person(self.store, run, call, reason, status=status, now=self.clock())
 
     def _park(self, run: Run, call: CallRow, reason: str, *, fence: int | None = None) -> None:
-        fence = run.fence if fence is None else fence
-        with self.store.transaction() as tx:
-            moved = tx.advance_run(
-                run.id, fence=fence, now=self.clock(), status="parked", lease_owner=None, lease_expires_at=None
-            )
-            if moved is None:
-                raise FenceLost(run.id, fence)
-            tx.park_call(call.effect_key, reason=reason)
-            tx.delete_outbox(call.effect_key)
-            if run.agent_tool_run_id is not None:
-                announce_pending(tx, run, call, status="parked", reason=reason, now=self.clock())
+        wait_for_a_person(self.store, run, call, reason, status="parked", now=self.clock(), fence=fence)
         log.warning("run %s parked at call %s (%s): %s", run.id, call.effect_key, call.tool, reason)
 
     def _extend_call_lease(

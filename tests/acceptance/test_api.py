@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 from sqlalchemy import update
 
-from threads_celery import Agent, Threads, tool
+from threads_celery import Agent, Permissions, Threads, agent_tool, tool
 from threads_celery.api import create_api
 from threads_celery.exceptions import BrokerUnavailable, ConfigError, StoreUnavailable
 from threads_celery.runs import utcnow
@@ -65,11 +65,29 @@ mailer = Agent(
 )
 
 
+# A parent whose child would send mail freely: the parent's default permissions cap the child, so
+# the child's call waits for a person and shows at the parent as a pending entry of kind child.
+child_mailer = Agent(
+    name="api_child_mailer",
+    instructions="Send what you are asked to.",
+    model=ScriptedModel([call("send_email", to="cat@example.com"), say("Child sent it.")]),
+    tools=[send_email],
+    permissions=Permissions.allow_all(),
+)
+delegator = Agent(
+    name="api_delegator",
+    instructions="Delegate.",
+    model=ScriptedModel([call("mail_helper", message="mail cat"), say("Delegated.")]),
+    tools=[agent_tool(child_mailer, "Sends mail.", name="mail_helper")],
+)
+
+
 @pytest.fixture(scope="module")
 def threads() -> Iterator[Threads]:
     with Threads.embedded() as runtime:
         runtime.register(greeter)
         runtime.register(mailer)
+        runtime.register(delegator)
         yield runtime
 
 
@@ -285,6 +303,39 @@ def test_approve_with_edited_arguments_validates_them(client: TestClient, thread
     assert threads.wait(started["run_id"], 20).status == "completed"
     with SENT_LOCK:
         assert "bob@example.com" in SENT
+
+
+def test_a_childs_pending_call_is_listed_at_the_parent_run_and_approved_through_the_api(
+    client: TestClient, threads: Threads
+) -> None:
+    started = start(client, "api_delegator", "delegate")
+
+    def child_entry() -> list[dict[str, Any]]:
+        response = client.get(f"/v1/runs/{started['run_id']}/pending", headers=AUTH)
+        assert response.status_code == 200, response.text
+        return [p for p in response.json() if p["kind"] == "child"]
+
+    deadline = time.monotonic() + 20
+    while not (entries := child_entry()):
+        assert time.monotonic() < deadline, "the child's call never showed at the parent"
+        time.sleep(0.02)
+    [entry] = entries
+    assert (entry["tool"], entry["agent"], entry["status"]) == ("send_email", "api_child_mailer", "awaiting_approval")
+    assert entry["via"].startswith("agent-tool:")
+    approved = client.post(f"/v1/calls/{entry['effect_key']}/approve", json={"principal": "ops", "remember": True}, headers=AUTH)
+    assert approved.json() == {"effect_key": entry["effect_key"], "decision": "approved"}
+    assert threads.wait(started["run_id"], 20).status == "completed"
+    assert [g.tool for g in threads.permission_grants(entry["thread_id"])] == ["send_email"]
+    assert client.get(f"/v1/runs/{started['run_id']}/pending", headers=AUTH).json() == []
+
+
+def test_pending_of_an_unknown_run_is_404_and_remember_must_be_a_bool(client: TestClient, threads: Threads) -> None:
+    assert_error(client.get("/v1/runs/run_nope/pending", headers=AUTH), 404, "run_not_found")
+    started, key = awaiting_approval(client, threads)
+    bad = client.post(f"/v1/calls/{key}/approve", json={"principal": "ops", "remember": "always"}, headers=AUTH)
+    assert bad.status_code == 422 and "always" not in bad.text
+    assert threads.get_run(started["run_id"]).status == "awaiting_approval"
+    client.post(f"/v1/calls/{key}/deny", json={"reason": "cleanup"}, headers=AUTH)
 
 
 def test_deny_shows_the_model_the_reason(client: TestClient, threads: Threads) -> None:

@@ -289,3 +289,41 @@ def test_with_a_database_and_broker_run_enqueues_to_a_real_worker(worker_process
     listed = cli("runs", "list", "--status", "completed", "--json", cwd=tmp_path, **worker_process)
     assert listed.returncode == 0, explain(listed)
     assert [r["id"] for r in json.loads(listed.stdout)] == [payload["run_id"]]
+
+
+# -- a child run's approval, answered from the parent's command line ---------------------------
+
+CHILD_APPROVAL = f"{REPO / 'tests' / 'support' / 'child_approval_agent.py'}:agent"
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["live", "json"])
+def test_run_approve_answers_a_child_runs_pending_approval(tmp_path: Path, as_json: bool) -> None:
+    result = cli("run", CHILD_APPROVAL, "go", "--approve", *(["--json"] if as_json else []), cwd=tmp_path)
+
+    assert result.returncode == 0, explain(result)
+    assert "✓ approved by cli" in result.stderr and "send_note in child run of child_approval_child" in result.stderr
+    if as_json:
+        assert json.loads(result.stdout)["status"] == "completed"
+    else:
+        assert "parent done" in result.stdout
+    assert (tmp_path / "child-effects.txt").read_text().splitlines() == ["hello from the child"]
+
+
+def test_without_approve_a_childs_pending_approval_stops_with_exit_3_and_is_answered_from_the_parent(
+    tmp_path: Path,
+) -> None:
+    started = cli("run", CHILD_APPROVAL, "go", "--json", cwd=tmp_path)
+    assert started.returncode == 3, explain(started)
+    payload = json.loads(started.stdout)
+    assert (payload["status"], payload["timed_out"]) == ("waiting", False)
+    listed = cli("parked", "--run", payload["run_id"], "--json", cwd=tmp_path)
+    assert listed.returncode == 0, explain(listed)
+    [entry] = json.loads(listed.stdout)
+    assert (entry["kind"], entry["tool"], entry["agent"]) == ("child", "send_note", "child_approval_child")
+    assert not (tmp_path / "child-effects.txt").exists()
+
+    approved = cli("approve", entry["effect_key"], "--principal", "alice", "--agent", CHILD_APPROVAL, cwd=tmp_path)
+    assert approved.returncode == 0, explain(approved)
+    shown = json.loads(cli("runs", "show", payload["run_id"], "--json", cwd=tmp_path).stdout)
+    assert shown["status"] == "completed", shown
+    assert (tmp_path / "child-effects.txt").read_text().splitlines() == ["hello from the child"]

@@ -84,7 +84,8 @@ def webapp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebApp]:
     env.update(PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
     log_path = workdir / "app.log"
     argv = [sys.executable, "-m", "examples.webapp.app", "--host", "127.0.0.1", "--port", str(port),
-            "--db", str(workdir / "webapp.db")]  # fmt: skip
+            "--db", str(workdir / "webapp.db"),
+            "--agents", "examples.research,examples.demo,tests.support.child_approval_agent"]  # fmt: skip
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -199,6 +200,27 @@ def test_a_denied_call_is_reported_and_the_stream_resumes_after_last_event_id(we
     assert [f["id"] for f in resumed] == [i for i in ids if i > middle]
 
 
+def test_a_child_runs_pending_approval_shows_on_the_parents_page_and_is_answered_there(
+    webapp: WebApp, http: httpx.Client
+) -> None:
+    run_id = start(http, "child_approval_parent", "go")
+    [entry] = eventually(
+        lambda: [c for c in pending(http, run_id) if c["kind"] == "child"], what="the child's call at the parent"
+    )
+    assert (entry["tool"], entry["agent"], entry["status"]) == ("send_note", "child_approval_child", "awaiting_approval")
+    frames = read_frames(webapp, run_id, until=lambda f: f["event"] == "pending.child")
+    assert frames[-1]["data"]["payload"]["effect_key"] == entry["effect_key"]
+
+    key = quote(entry["effect_key"], safe="")
+    response = http.post(f"/calls/{key}/approve", data={"run_id": run_id, "remember": "1"})
+    assert response.status_code == 303 and response.headers["location"] == f"/runs/{run_id}"
+    frames = read_frames(webapp, run_id, until=run_ended)
+    assert frames[-1]["data"]["payload"]["status"] == "completed"
+    assert "pending.answered" in [f["event"] for f in frames]
+    assert pending(http, run_id) == []
+    assert (webapp.workdir / "child-effects.txt").read_text().splitlines() == ["hello from the child"]
+
+
 def test_the_app_module_imports_no_agent_code_and_no_model_layer() -> None:
     code = "import json, sys, examples.webapp.app; print(json.dumps(sorted(sys.modules)))"
     env = {k: v for k, v in os.environ.items() if not k.startswith("THREADS_")}
@@ -301,3 +323,25 @@ def test_the_run_page_shows_progress_moving_and_the_final_answer(webapp: WebApp,
     assert "sources_read" in milestones
     calls = [c.text for c in browser.find_elements(By.CSS_SELECTOR, ".call .call-name")]
     assert calls.count("research") == 2 and "start_import" in calls
+
+
+def test_a_child_runs_approval_is_shown_and_approved_on_the_parents_page(webapp: WebApp, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(webapp.url + "/")
+    agent = browser.find_element(By.ID, "agent")
+    agent.clear()
+    agent.send_keys("child_approval_parent")
+    browser.find_element(By.ID, "message").send_keys("go")
+    browser.find_element(By.ID, "start").click()
+    eventually(lambda: "/runs/run_" in browser.current_url, what="the redirect to the run's page")
+
+    def child_entry() -> Any:
+        items = browser.find_elements(By.CSS_SELECTOR, "#approvals .pending")
+        return next((i for i in items if i.is_displayed() and "in child run of child_approval_child" in i.text), None)
+
+    item = eventually(child_entry, what="the child's call listed on the parent's page")
+    assert "send_note" in item.text
+    item.find_element(By.CSS_SELECTOR, "button.button-approve").click()
+    answer = eventually(lambda: browser.find_element(By.ID, "final-answer").text, what="the parent's final answer")
+    assert answer == "parent done"

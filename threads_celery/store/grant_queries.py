@@ -27,7 +27,9 @@ class GrantQueries:
         ).first()
         if exists is None:
             self.conn.execute(
-                insert(permission_grants).values(thread_id=thread_id, tool=tool, granted_by=granted_by, granted_at=now)
+                insert(permission_grants).values(
+                    thread_id=thread_id, tool=tool, granted_by=granted_by, granted_at=now
+                )
             )
 
     def granted_threads(self, thread_ids: Sequence[str], tool: str) -> set[str]:
@@ -36,23 +38,30 @@ class GrantQueries:
             return set()
         rows = self.conn.execute(
             select(permission_grants.c.thread_id).where(
-                permission_grants.c.thread_id.in_(list(thread_ids)), permission_grants.c.tool == tool
+                permission_grants.c.thread_id.in_(list(thread_ids)),
+                permission_grants.c.tool == tool,
             )
         )
         return {str(r) for r in rows.scalars()}
 
     def list_grants(self, thread_id: str) -> list[PermissionGrant]:
         rows = self.conn.execute(
-            select(permission_grants).where(permission_grants.c.thread_id == thread_id).order_by(permission_grants.c.tool)
+            select(permission_grants)
+            .where(permission_grants.c.thread_id == thread_id)
+            .order_by(permission_grants.c.tool)
         )
         return [
-            PermissionGrant(thread_id=r.thread_id, tool=r.tool, granted_by=r.granted_by, granted_at=r.granted_at)
+            PermissionGrant(
+                thread_id=r.thread_id, tool=r.tool, granted_by=r.granted_by, granted_at=r.granted_at
+            )
             for r in rows
         ]
 
     def revoke_grant(self, thread_id: str, tool: str) -> bool:
         """Forget a remembered decision; whether there was one."""
         result = self.conn.execute(
-            delete(permission_grants).where(permission_grants.c.thread_id == thread_id, permission_grants.c.tool == tool)
+            delete(permission_grants).where(
+                permission_grants.c.thread_id == thread_id, permission_grants.c.tool == tool
+            )
         )
         return bool(result.rowcount)

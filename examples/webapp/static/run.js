@@ -219,7 +219,7 @@
     if (call.status !== "awaiting_approval") return item; // parked: resolve it with the CLI or the API
     const key = encodeURIComponent(call.effect_key);
     item.appendChild(decisionForm("/calls/" + key + "/approve", "Approve", "approve"));
-    const always = decisionForm("/calls/" + key + "/approve", "Always allow " + call.tool + " here", "approve");
+    const always = decisionForm("/calls/" + key + "/approve", "Always allow " + call.tool + " here", "always");
     const remember = el("input");
     remember.type = "hidden";
     remember.name = "remember";
