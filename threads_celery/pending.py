@@ -48,16 +48,18 @@ def _announce(tx: Tx, run: Run, event: str, payload: dict[str, Any], now: dateti
 
 
 def wait_for_a_person(
-    store: Store, run: Run, call: CallRow, reason: str, *, status: str, now: datetime
+    store: Store, run: Run, call: CallRow, reason: str, *, status: str, now: datetime, fence: int | None = None
 ) -> None:
     """The run waits for a person at ``call`` (approval, a variable's value, or parked after a
-    crash), holding no worker; a child run's call is announced to its ancestors."""
+    crash), holding no worker; a child run's call is announced to its ancestors. ``fence``: the
+    run's fence when a claim moved it past the one read with ``run``."""
+    fence = run.fence if fence is None else fence
     with store.transaction() as tx:
         moved = tx.advance_run(
-            run.id, fence=run.fence, now=now, status=status, lease_owner=None, lease_expires_at=None
+            run.id, fence=fence, now=now, status=status, lease_owner=None, lease_expires_at=None
         )
         if moved is None:
-            raise FenceLost(run.id, run.fence)
+            raise FenceLost(run.id, fence)
         if status == "parked":
             tx.park_call(call.effect_key, reason=reason)
         else:
