@@ -84,6 +84,46 @@ bench_noop = Agent(
 )
 
 
+def _turns_stream(messages: list[Any], _info: Any) -> Any:
+    """A model of constant cost: ``"turns <k>"`` gets k replies each calling ``noop_ro``, then ``done``.
+
+    Reads only the first and the last two messages (the prompt, and the previous reply's call id
+    ``t<i>``), so its cost does not grow with the history: what grows is ours.
+    """
+    from pydantic_ai.messages import ModelResponse, ToolCallPart, UserPromptPart
+    from pydantic_ai.models.function import DeltaToolCall
+
+    async def stream() -> Any:
+        prompt = next(p.content for p in messages[0].parts if isinstance(p, UserPromptPart))
+        total = int(str(prompt).split()[1])
+        done = 0
+        if len(messages) >= 2 and isinstance(messages[-2], ModelResponse):
+            call = next((p for p in messages[-2].parts if isinstance(p, ToolCallPart)), None)
+            done = int(call.tool_call_id[1:]) if call is not None else total
+        if done >= total:
+            yield "done"
+        else:
+            yield {0: DeltaToolCall(name="noop_ro", json_args="{}", tool_call_id=f"t{done + 1}")}
+
+    return stream()
+
+
+def _turns_model() -> Any:
+    from pydantic_ai.models.function import FunctionModel
+
+    return FunctionModel(stream_function=_turns_stream, model_name="bench-turns")
+
+
+#: K turns of one no-op read_only call each (``"turns <k>"``), then a closing reply: 2K+1 tasks.
+bench_turns = Agent(
+    name="bench_turns",
+    instructions="Call the no-op tool once per turn.",
+    model=_turns_model(),
+    tools=[noop_ro],
+    max_steps=100_000,
+)
+
+
 # -- the bare side and the instruments (worker only) ------------------------------------------
 
 
@@ -176,7 +216,8 @@ def _redis() -> Any:
     if client is None or client[0] != os.getpid():
         import redis
 
-        client = _trace["redis"] = (os.getpid(), redis.Redis.from_url(os.environ["THREADS_BROKER_URL"]))
+        url = os.environ.get("BENCH_DONE_URL") or os.environ["THREADS_BROKER_URL"]
+        client = _trace["redis"] = (os.getpid(), redis.Redis.from_url(url))
     return client[1]
 
 
@@ -203,7 +244,8 @@ def _install_worker_side() -> None:
     install_sql_counters()
     # A result backend for the "stored results" chain only (DESIGN section 11 measured a bare
     # chain with one); every other task ignores results (task_ignore_result).
-    app.conf.result_backend = os.environ["THREADS_BROKER_URL"]
+    if os.environ["THREADS_BROKER_URL"].startswith("redis"):
+        app.conf.result_backend = os.environ["THREADS_BROKER_URL"]
 
     def _chain(task: Any, name: str, remaining: int, key: str) -> str:
         noop()

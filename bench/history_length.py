@@ -1,0 +1,133 @@
+"""Per-turn overhead against history length: one run of many turns, early turns against late ones.
+
+One durable run of ``--turns`` turns (each a model step calling a no-op ``read_only`` tool, on the
+constant-cost model ``bench_turns`` of ``bench/bench_agents.py``) in a real prefork worker on
+Redis. The worker records each task's start, end and the CPU time of its pool process; a turn is
+a model step plus its tool call. Printed: per turn, the median wall time (between the ends of
+consecutive model steps) and the median CPU time (step plus call, in the pool process) over a
+window of turns near the start (turns 11-30 by default: after warm-up, about 10 turns of
+history) and near the end (the last 20 turns), and the ratio late / early.
+
+A model turn plus its tool call is also what DESIGN.md section 11 compares with two DBOS steps.
+
+Run by hand, never by CI::
+
+    .venv/bin/python bench/history_length.py --turns 1000
+
+It creates a fresh database (dropped at the end) and uses Redis DB 11, which it flushes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.tool_call_overhead import AGENTS_MODULE, fresh_database, read_traces, wait_done, worker  # noqa: E402
+
+TARGET_RATIO = 1.3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=1000, help="turns of the run (default 1000)")
+    parser.add_argument("--window", type=int, default=20, help="turns per window (default 20)")
+    parser.add_argument("--early", type=int, default=10, help="turns before the early window (default 10)")
+    parser.add_argument("--concurrency", type=int, default=2, help="worker prefork processes (default 2)")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/11", help="broker; this DB is flushed")
+    parser.add_argument("--pg-host", default="127.0.0.1")
+    parser.add_argument("--pg-port", type=int, default=5432)
+    parser.add_argument("--pg-user", default="postgres")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    args = parser.parse_args(argv)
+    if args.turns < args.early + 2 * args.window:
+        parser.error("--turns must be at least --early + 2 x --window")
+
+    import redis
+
+    redis_client = redis.Redis.from_url(args.redis_url)
+    redis_client.flushdb()
+    print(
+        f"history length: turns={args.turns} window={args.window} concurrency={args.concurrency} "
+        f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    with fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url, \
+            tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "THREADS_DATABASE_URL": database_url,
+            "THREADS_BROKER_URL": args.redis_url,
+            "THREADS_AGENTS": AGENTS_MODULE,
+            "BENCH_TRACE_DIR": trace_dir,
+        }
+        from threads_celery import Threads
+        from threads_celery.exceptions import UnknownAgent
+
+        threads = Threads(database_url=database_url, broker_url=args.redis_url)
+        log_path = Path(trace_dir) / "worker.log"
+        try:
+            with worker(env, args.concurrency, log_path):
+                deadline = time.monotonic() + 120
+                while True:  # the worker registers its agents when it comes up
+                    try:
+                        handle = threads.start("bench_turns", f"turns {args.turns}")
+                        break
+                    except UnknownAgent:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.5)
+                wait_done(redis_client, handle.run_id, args.timeout)
+                run = threads.get_run(handle.run_id)
+                if run.status != "completed":
+                    raise RuntimeError(f"run ended {run.status}: {run.error}")
+        except Exception:
+            if log_path.exists():
+                print(log_path.read_text()[-5000:], file=sys.stderr)
+            raise
+        finally:
+            threads.close()
+        records = read_traces(trace_dir, handle.run_id)
+        if os.environ.get("BENCH_DUMP"):
+            for r in records[:12]:
+                print(r["task"], f"{(r['t1'] - r['t0']) * 1000:.1f} ms in task, cpu {r['cpu'] * 1000:.1f}", r["retval"][:40])
+    redis_client.flushdb()
+
+    steps = [r for r in records if r["task"] == "threads.step" and r["retval"].startswith(("called", "completed"))]
+    tools = [r for r in records if r["task"] == "threads.tool"]
+    # Turn i: step i (asks for call i) and the call; wall = end of step i+1 - end of step i.
+    turns = []
+    for i in range(len(tools)):
+        wall = (steps[i + 1]["t1"] - steps[i]["t1"]) * 1000
+        cpu = (steps[i]["cpu"] + tools[i]["cpu"]) * 1000
+        step_cpu = steps[i]["cpu"] * 1000
+        turns.append((wall, cpu, step_cpu, tools[i]["cpu"] * 1000))
+
+    def window(rows: list[tuple[float, float, float, float]]) -> tuple[float, ...]:
+        return tuple(statistics.median(r[k] for r in rows) for k in range(4))
+
+    early = window(turns[args.early : args.early + args.window])
+    late = window(turns[-args.window :])
+    print(f"\nper turn (a model step and its tool call), median over {args.window} turns:")
+    print(f"{'':<30}{'wall ms':>9}{'cpu ms':>9}{'step cpu':>10}{'call cpu':>10}")
+    print(f"{f'turns {args.early + 1}-{args.early + args.window}':<30}" + "".join(f"{v:>9.2f}" for v in early[:2])
+          + "".join(f"{v:>10.2f}" for v in early[2:]))
+    print(f"{f'turns {len(turns) - args.window + 1}-{len(turns)}':<30}" + "".join(f"{v:>9.2f}" for v in late[:2])
+          + "".join(f"{v:>10.2f}" for v in late[2:]))
+    ratio_cpu, ratio_wall = late[1] / early[1], late[0] / early[0]
+    print(f"late / early: wall {ratio_wall:.2f}, cpu {ratio_cpu:.2f}; target cpu <= {TARGET_RATIO}: "
+          f"{'ok' if ratio_cpu <= TARGET_RATIO else 'MISSED'}")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,230 @@
+"""Throughput: N durable runs of K turns started at once, against N bare Celery chains of 2K tasks.
+
+Both sides run on the same broker and in the same real worker (``celery -A tasks worker -P
+prefork``, the project's Celery settings). A durable run of K turns is K model steps that each
+call a no-op ``read_only`` tool, then a closing model step: 2K+1 tasks. A bare chain of 2K is
+2K+1 tasks, each doing the same no-op and enqueueing the next. The model is a constant-cost
+function model (``bench_turns`` in ``bench/bench_agents.py``), so what the durable side pays
+beyond the bare one is the ledger, not the model.
+
+Printed per side (median of ``--repeat``): wall time from the first start to the last end,
+runs per second, and the CPU time the worker (main process plus pool processes, read from
+``/proc``) used per task. Then the ratios durable / bare.
+
+Run by hand, never by CI::
+
+    .venv/bin/python bench/throughput.py --runs 100 --turns 5 --concurrency 4
+    .venv/bin/python bench/throughput.py --broker-url amqp://guest:guest@127.0.0.1:5672//
+
+It creates a fresh PostgreSQL database (dropped at the end). With a Redis broker it flushes the
+broker's DB (default DB 12); with RabbitMQ the "finished" signals go to ``--done-url`` (Redis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.tool_call_overhead import AGENTS_MODULE, fresh_database, worker  # noqa: E402
+
+TARGET_RATIO = 2.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User plus system CPU of every live process in the process group ``pgid`` (the worker)."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # After the command name: state ppid pgrp ... utime(12) stime(13), counted from state.
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / CLOCK_TICKS
+
+
+@dataclass
+class Sample:
+    wall_s: float
+    cpu_s: float
+    tasks: int
+
+    @property
+    def cpu_ms_per_task(self) -> float:
+        return self.cpu_s * 1000 / self.tasks
+
+
+def wait_all(redis_client: Any, keys: list[str], timeout: float) -> None:
+    from bench.bench_agents import DONE_PREFIX
+
+    deadline = time.monotonic() + timeout
+    pending = [DONE_PREFIX + k for k in keys]
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{len(pending)} of {len(keys)} did not finish within {timeout}s")
+        popped = redis_client.blpop(pending, timeout=min(left, 1.0))
+        if popped is not None:
+            pending.remove(popped[0].decode())
+
+
+def run_bare(app: Any, redis_client: Any, pgid: int, runs: int, turns: int, timeout: float) -> Sample:
+    from bench.bench_agents import CHAIN_TASK
+
+    n = 2 * turns
+    keys = [f"chain_{uuid.uuid4().hex}" for _ in range(runs)]
+    cpu0, t0 = group_cpu_seconds(pgid), time.perf_counter()
+    for key in keys:
+        app.send_task(CHAIN_TASK, args=[n, key], task_id=f"{key}:{n}", argsrepr=f"{key}:{n}")
+    wait_all(redis_client, keys, timeout)
+    wall = time.perf_counter() - t0
+    return Sample(wall, group_cpu_seconds(pgid) - cpu0, runs * (n + 1))
+
+
+def run_durable(threads: Any, redis_client: Any, pgid: int, runs: int, turns: int, timeout: float) -> Sample:
+    cpu0, t0 = group_cpu_seconds(pgid), time.perf_counter()
+    handles = [threads.start("bench_turns", f"turns {turns}") for _ in range(runs)]
+    wait_all(redis_client, [h.run_id for h in handles], timeout)
+    wall = time.perf_counter() - t0
+    cpu = group_cpu_seconds(pgid) - cpu0
+    for handle in handles:
+        run = threads.get_run(handle.run_id)
+        if run.status != "completed":
+            raise RuntimeError(f"run {run.id} ended {run.status}: {run.error}")
+    return Sample(wall, cpu, runs * (2 * turns + 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=100, help="runs (and chains) started at once (default 100)")
+    parser.add_argument("--turns", type=int, default=5, help="turns per run; chains have 2K+1 tasks (default 5)")
+    parser.add_argument("--repeat", type=int, default=3, help="measured rounds of each side (default 3)")
+    parser.add_argument("--concurrency", type=int, default=4, help="worker prefork processes (default 4)")
+    parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/12",
+                        help="broker (a Redis DB is flushed; amqp://guest:guest@127.0.0.1:5672// for RabbitMQ)")
+    parser.add_argument("--done-url", default="redis://127.0.0.1:6379/12",
+                        help="Redis for the finished signals (the broker's DB when the broker is Redis)")
+    parser.add_argument("--pg-host", default="127.0.0.1")
+    parser.add_argument("--pg-port", type=int, default=5432)
+    parser.add_argument("--pg-user", default="postgres")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for one round")
+    parser.add_argument("--json", metavar="PATH", help="also write the samples as JSON")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="cProfile (CPU time) each pool process over the durable rounds only; stats to DIR")
+    args = parser.parse_args(argv)
+
+    import redis
+
+    on_redis = args.broker_url.startswith("redis")
+    done_url = args.broker_url if on_redis else args.done_url
+    redis_client = redis.Redis.from_url(done_url)
+    redis_client.flushdb()
+    print(
+        f"throughput: runs={args.runs} turns={args.turns} repeat={args.repeat} concurrency={args.concurrency} "
+        f"broker={args.broker_url.split('@')[-1]} cpus={os.cpu_count()} python={platform.python_version()} "
+        f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    results: dict[str, list[Sample]] = {"bare": [], "durable": []}
+    with fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url, \
+            tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "THREADS_DATABASE_URL": database_url,
+            "THREADS_BROKER_URL": args.broker_url,
+            "THREADS_AGENTS": AGENTS_MODULE,
+            "BENCH_TRACE_DIR": trace_dir,
+            "BENCH_DONE_URL": done_url,
+            **({"BENCH_PROFILE": "cpu"} if args.profile else {}),
+        }
+        from threads_celery import Threads
+
+        log_path = Path(trace_dir) / "worker.log"
+        threads = Threads(database_url=database_url, broker_url=args.broker_url)
+        try:
+            with worker(env, args.concurrency, log_path) as process:
+                pgid = process.pid  # the worker leads its own session and process group
+                # Warm up both sides: imports, connections in every pool process.
+                warm = max(args.concurrency * 2, 4)
+                run_bare(threads.app, redis_client, pgid, warm, 2, 120.0)
+                run_durable(threads, redis_client, pgid, warm, 2, 120.0)
+                for i in range(args.repeat):
+                    bare = (
+                        run_bare(threads.app, redis_client, pgid, args.runs, args.turns, args.timeout)
+                        if not args.profile
+                        else Sample(float("nan"), float("nan"), 1)
+                    )
+                    durable = run_durable(threads, redis_client, pgid, args.runs, args.turns, args.timeout)
+                    results["bare"].append(bare)
+                    results["durable"].append(durable)
+                    print(
+                        f"  round {i + 1}: bare {bare.wall_s:.2f} s ({bare.cpu_ms_per_task:.2f} cpu ms/task), "
+                        f"durable {durable.wall_s:.2f} s ({durable.cpu_ms_per_task:.2f} cpu ms/task), "
+                        f"ratio {durable.wall_s / bare.wall_s:.2f}"
+                    )
+                if process.poll() is not None:
+                    raise RuntimeError("the worker exited during the benchmark")
+        except Exception:
+            if log_path.exists():
+                print("--- worker log ---", file=sys.stderr)
+                print(log_path.read_text()[-5000:], file=sys.stderr)
+            raise
+        finally:
+            threads.close()
+        if args.profile:
+            import shutil
+
+            os.makedirs(args.profile, exist_ok=True)
+            for prof in Path(trace_dir).glob("*.prof"):
+                shutil.copy(prof, args.profile)
+            print(f"profiles in {args.profile} (python -m pstats)")
+            return 0
+    redis_client.flushdb()
+
+    def med(kind: str, field: str) -> float:
+        return statistics.median(getattr(s, field) for s in results[kind])
+
+    def low(kind: str, field: str) -> float:
+        return min(getattr(s, field) for s in results[kind])
+
+    tasks = args.runs * (2 * args.turns + 1)
+    print()
+    print(f"{args.runs} at once, {2 * args.turns + 1} tasks each ({tasks} tasks), median (min) of {args.repeat}:")
+    print(f"{'':<34}{'wall s':>14}{'runs/s':>9}{'cpu ms/task':>16}")
+    for kind, label in (("bare", f"bare chains of {2 * args.turns}"), ("durable", f"durable runs of {args.turns} turns")):
+        print(
+            f"{label:<34}{med(kind, 'wall_s'):>7.2f} ({low(kind, 'wall_s'):.2f}){args.runs / med(kind, 'wall_s'):>9.1f}"
+            f"{med(kind, 'cpu_ms_per_task'):>8.2f} ({low(kind, 'cpu_ms_per_task'):.2f})"
+        )
+    ratios = [d.wall_s / b.wall_s for b, d in zip(results["bare"], results["durable"], strict=True)]
+    cpu_ratios = [d.cpu_s / b.cpu_s for b, d in zip(results["bare"], results["durable"], strict=True)]
+    ratio = statistics.median(ratios)
+    print(f"ratio durable / bare: wall {ratio:.2f} (min {min(ratios):.2f}), worker cpu {statistics.median(cpu_ratios):.2f}"
+          f" (min {min(cpu_ratios):.2f}); target wall <= {TARGET_RATIO}: {'ok' if ratio <= TARGET_RATIO else 'MISSED'}")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({k: [vars(s) for s in v] for k, v in results.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
