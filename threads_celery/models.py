@@ -112,46 +112,79 @@ def resolve_model(model: Any) -> Any:
 
 def to_model_messages(system_prompt: str, history: Sequence[Message]) -> list[Any]:
     """Stored messages as pydantic-ai request/response messages, in order."""
-    from pydantic_ai.messages import (
-        ModelRequest,
-        ModelResponse,
-        SystemPromptPart,
-        TextPart,
-        ToolCallPart,
-        ToolReturnPart,
-        UserPromptPart,
-    )
+    return ModelHistory().messages(system_prompt, history)
 
-    out: list[Any] = []
-    pending: list[Any] = [SystemPromptPart(content=system_prompt)] if system_prompt else []
-    for message in history:
-        if message.role == "assistant":
-            if pending:
-                out.append(ModelRequest(parts=pending))
-                pending = []
-            parts: list[Any] = []
-            if message.text:
-                parts.append(TextPart(content=message.text))
-            parts.extend(
-                ToolCallPart(tool_name=c.name, args=c.args or "{}", tool_call_id=c.id)
-                for c in message.tool_calls
-            )
-            out.append(ModelResponse(parts=parts or [TextPart(content="")]))
-        elif message.role == "tool" and message.tool_result is not None:
-            result = message.tool_result
-            pending.append(
-                ToolReturnPart(
-                    tool_name=result.name,
-                    content=result.content,
-                    tool_call_id=result.call_id,
-                    outcome="failed" if result.is_error else "success",
+
+class ModelHistory:
+    """Stored messages converted to pydantic-ai messages, extended as the thread grows.
+
+    A thread's history only grows, so the messages converted for one model step are converted
+    again for none of the next: :meth:`messages` converts only the messages after those it saw.
+    The converted requests and responses are shared between steps and never changed after they
+    are closed (a request stays open until the next assistant message).
+    """
+
+    def __init__(self) -> None:
+        self._closed: list[Any] = []
+        self._pending: list[Any] = []
+        self._seen = 0
+        self._lock = threading.Lock()
+
+    def messages(self, system_prompt: str, history: Sequence[Message]) -> list[Any]:
+        """``history`` (which starts with every message seen before) for the model, in order."""
+        from pydantic_ai.messages import ModelRequest, SystemPromptPart
+
+        with self._lock:
+            if len(history) < self._seen:  # not the history this conversion followed: start over
+                self._closed, self._pending, self._seen = [], [], 0
+            self._extend(history[self._seen :])
+            self._seen = len(history)
+            out = list(self._closed)
+            if self._pending:
+                out.append(ModelRequest(parts=list(self._pending)))
+        if system_prompt:
+            system = SystemPromptPart(content=system_prompt)
+            if out and isinstance(out[0], ModelRequest):
+                out[0] = ModelRequest(parts=[system, *out[0].parts])
+            else:
+                out.insert(0, ModelRequest(parts=[system]))
+        return out
+
+    def _extend(self, added: Sequence[Message]) -> None:
+        from pydantic_ai.messages import (
+            ModelRequest,
+            ModelResponse,
+            TextPart,
+            ToolCallPart,
+            ToolReturnPart,
+            UserPromptPart,
+        )
+
+        for message in added:
+            if message.role == "assistant":
+                if self._pending:
+                    self._closed.append(ModelRequest(parts=self._pending))
+                    self._pending = []
+                parts: list[Any] = []
+                if message.text:
+                    parts.append(TextPart(content=message.text))
+                parts.extend(
+                    ToolCallPart(tool_name=c.name, args=c.args or "{}", tool_call_id=c.id)
+                    for c in message.tool_calls
                 )
-            )
-        else:
-            pending.append(UserPromptPart(content=message.text))
-    if pending:
-        out.append(ModelRequest(parts=pending))
-    return out
+                self._closed.append(ModelResponse(parts=parts or [TextPart(content="")]))
+            elif message.role == "tool" and message.tool_result is not None:
+                result = message.tool_result
+                self._pending.append(
+                    ToolReturnPart(
+                        tool_name=result.name,
+                        content=result.content,
+                        tool_call_id=result.call_id,
+                        outcome="failed" if result.is_error else "success",
+                    )
+                )
+            else:
+                self._pending.append(UserPromptPart(content=message.text))
 
 
 def tool_definitions(tools: Sequence[Tool]) -> list[Any]:
@@ -159,9 +192,7 @@ def tool_definitions(tools: Sequence[Tool]) -> list[Any]:
     from pydantic_ai.tools import ToolDefinition
 
     return [
-        ToolDefinition(
-            name=t.name, description=t.description, parameters_json_schema=t.parameters_json_schema()
-        )
+        ToolDefinition(name=t.name, description=t.description, parameters_json_schema=t.parameters_json_schema())
         for t in tools
     ]
 
@@ -173,10 +204,15 @@ def request_turn(
     tools: Sequence[Tool],
     *,
     on_stream: OnStream | None = None,
+    converted: ModelHistory | None = None,
 ) -> ModelTurn:
-    """Call the model once, streaming, and return what it said and which tools it called."""
+    """Call the model once, streaming, and return what it said and which tools it called.
+
+    ``converted`` carries the conversion of this thread's earlier messages over from the last
+    step (see :class:`ModelHistory`).
+    """
     return run_coroutine(
-        request_turn_async(model, system_prompt, history, tools, on_stream=on_stream)
+        request_turn_async(model, system_prompt, history, tools, on_stream=on_stream, converted=converted)
     )
 
 
@@ -187,6 +223,7 @@ async def request_turn_async(
     tools: Sequence[Tool],
     *,
     on_stream: OnStream | None = None,
+    converted: ModelHistory | None = None,
 ) -> ModelTurn:
     from pydantic_ai.direct import model_request_stream
     from pydantic_ai.messages import (
@@ -200,7 +237,7 @@ async def request_turn_async(
     from pydantic_ai.models import ModelRequestParameters
 
     params = ModelRequestParameters(function_tools=tool_definitions(tools), allow_text_output=True)
-    messages = to_model_messages(system_prompt, history)
+    messages = (converted or ModelHistory()).messages(system_prompt, history)
     async with model_request_stream(
         resolve_model(model), messages, model_request_parameters=params
     ) as stream:

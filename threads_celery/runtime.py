@@ -39,6 +39,7 @@ from .effects import (
     run_lookup,
 )
 from .exceptions import ConfigError, EffectUnknown, FenceLost, StoreUnavailable, UnknownAgent
+from .history import HistoryCache
 from .leases import LeaseKeeper
 from .pending import wait_for_a_person
 from .permission_checks import check_call
@@ -104,6 +105,7 @@ class Runtime:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self.clock = clock
         self.keeper = LeaseKeeper()
+        self.history = HistoryCache()
         from .progress import ProgressReporter
 
         self.progress = ProgressReporter(self)
@@ -129,7 +131,7 @@ class Runtime:
             tx.delete_outbox(runs.step_key(run_id, step))
             if run.status == "queued":
                 tx.append_event(run.thread_id, run_id, "run", {"run_id": run_id, "status": "running"}, now)
-            history = tx.list_messages(run.thread_id)
+            history = self.history.load(tx, run.thread_id)
         if (run.input_meta or {}).get("narrate"):
             # A narrated status line: its message is in the thread already; no model turn.
             self._finish(run, fence, "completed", output=run.input)
@@ -160,7 +162,12 @@ class Runtime:
         try:
             with self.keeper.hold(lambda: self._extend_run_lease(run.id, fence, lease), lease.total_seconds() / 3):
                 turn = models.request_turn(
-                    agent.model, instructions, history, agent.runtime_tools, on_stream=starts.feed
+                    agent.model,
+                    instructions,
+                    history.messages,
+                    agent.runtime_tools,
+                    on_stream=starts.feed,
+                    converted=history.model_history(),
                 )
             starts.finish()
         except Exception as exc:  # noqa: BLE001 - the provider failed: retry with backoff, then fail the run

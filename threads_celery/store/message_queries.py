@@ -102,6 +102,11 @@ class MessageQueries:
             is not None
         )
 
+    def list_message_ends(self, thread_id: str, *, first_seq: int, last_seq: int) -> list[Message]:
+        """The message at ``first_seq`` and those from ``last_seq`` on, in order (two index ranges)."""
+        params = {"b_thread": thread_id, "b_first": first_seq, "b_last": last_seq}
+        return [_message(row) for row in self.conn.execute(statements.MESSAGE_ENDS, params)]
+
     def list_messages(self, thread_id: str, *, after: int = -1, limit: int | None = None) -> list[Message]:
         query = (
             select(messages)

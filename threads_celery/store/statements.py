@@ -46,6 +46,16 @@ INSERT_NEXT_MESSAGE = (
     .returning(messages.c.seq)
 )
 
+#: A thread's message at ``b_first`` and its messages from ``b_last`` on (the history cache's check).
+MESSAGE_ENDS = (
+    select(messages)
+    .where(
+        messages.c.thread_id == bindparam("b_thread"),
+        (messages.c.seq == bindparam("b_first")) | (messages.c.seq >= bindparam("b_last")),
+    )
+    .order_by(messages.c.seq)
+)
+
 BUMP_EVENT_SEQ = (
     update(threads)
     .where(threads.c.id == bindparam("b_thread"))
