@@ -31,7 +31,7 @@ import importlib
 import inspect
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -52,6 +52,7 @@ from pydantic_ai.tools import ToolDefinition
 from .agents import Agent
 from .effects import Reconcile
 from .exceptions import ConfigError
+from .mcp_servers import MCPServer
 from .permissions import Permissions
 from .schema_tools import EffectChoice, SchemaTool, ToolArguments, schema_tool, stated_effect
 from .tools import ToolArgumentsError, describe_validation_error
@@ -132,6 +133,7 @@ def from_pydantic_ai(
     model: Any = None,
     permissions: Permissions | None = None,
     max_steps: int | None = None,
+    mcp_servers: Sequence[MCPServer] | None = None,
 ) -> PydanticAIAgent:
     """A durable threads-celery agent that does what the Pydantic AI ``agent`` does.
 
@@ -141,7 +143,8 @@ def from_pydantic_ai(
     name). ``deps`` names the factory of the tools' dependencies (a module-level function or a
     ``"module:function"`` path). ``name`` and ``model`` default to the agent's own. Tools built
     with ``requires_approval=True`` ask first whatever their effect, unless ``permissions`` is
-    given.
+    given. ``mcp_servers`` adds the tools of MCP servers (see
+    :class:`~threads_celery.mcp_servers.MCPServer`), in place of Pydantic AI's MCP toolsets.
     """
     from pydantic_ai import Agent as PydanticAgent
 
@@ -203,6 +206,7 @@ def from_pydantic_ai(
         tools=tools,
         permissions=permissions,
         max_steps=max_steps,
+        mcp_servers=mcp_servers,
         output_type=agent.output_type,
         deps_factory=factory_path,
     )
@@ -326,8 +330,8 @@ def _durable_tool(
 def _refuse_what_does_not_carry_over(agent: Any, owner: str) -> None:
     if getattr(agent, "_user_toolsets", None) or getattr(agent, "_dynamic_toolsets", None):
         raise ConfigError(
-            f"{owner}: the Pydantic AI agent has toolsets, which do not carry over; give MCP servers to "
-            "threads_celery.Agent(mcp_servers=[MCPServer(...)]) and plain functions as tools"
+            f"{owner}: the Pydantic AI agent has toolsets, which do not carry over; give MCP servers as "
+            "from_pydantic_ai(..., mcp_servers=[threads_celery.MCPServer(...)]) and plain functions as tools"
         )
     for tool_name, pai_tool in agent._function_toolset.tools.items():
         if getattr(pai_tool, "prepare", None) is not None:

@@ -133,6 +133,16 @@ def test_an_unannotated_mcp_tool_asks_first_then_runs_once(threads: Threads, led
     assert assistant[0].tool_calls[0].effect_key == pending.effect_key
 
 
+def test_the_calls_effect_key_reaches_the_server_in_meta(threads: Threads, ledger: Path) -> None:
+    agent = agent_with(stdio_server(ledger), call("echo_effect_key"), say("done"))
+    handle = threads.start(agent, "Which key?")
+    assert threads.wait(handle.run_id, WAIT_S).status == "completed"
+    [result] = tool_results(threads, handle.thread_id)
+    [request] = [c for m in threads.messages(handle.thread_id) for c in m.tool_calls]
+    assert result.tool_result is not None
+    assert result.tool_result.content == request.effect_key
+
+
 def test_an_overridden_effect_changes_the_permission_check(threads: Threads, ledger: Path) -> None:
     server = stdio_server(ledger, effects={"send_note": "read_only"})
     agent = agent_with(server, call("send_note", to="bo", text="x"), say("sent"))
@@ -305,3 +315,32 @@ def test_an_http_server_that_dies_mid_call_parks_the_unguarded_call(
     [pending] = [p for p in threads.parked() if p.run_id == handle.run_id]
     assert "whether the tool acted is unknown" in pending.reason
     assert ledger_lines(ledger) == ["die_after_sending ivy"]
+
+
+def test_an_adapted_pydantic_ai_agent_takes_mcp_servers(threads: Threads, ledger: Path) -> None:
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelResponse,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+    )
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from threads_celery import from_pydantic_ai
+
+    def look_up_then_answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returned = [
+            p for m in messages for p in getattr(m, "parts", ()) if isinstance(p, ToolReturnPart)
+        ]
+        if not returned:
+            return ModelResponse(parts=[ToolCallPart("lookup_city", {"city": "Nice"})])
+        return ModelResponse(parts=[TextPart(f"found: {returned[0].content}")])
+
+    source = PydanticAgent(FunctionModel(look_up_then_answer), name=f"pai_mcp_{next(_names)}")
+    agent = from_pydantic_ai(source, mcp_servers=[stdio_server(ledger)])
+    assert "lookup_city" in [t.name for t in agent.tools]
+    run = threads.wait(threads.start(agent, "Nice?").run_id, WAIT_S)
+    assert run.status == "completed", run.error
+    assert run.output == "found: Nice: 2100000 people"

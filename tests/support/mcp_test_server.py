@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
 server = MCPServer("threads-test-tools")
@@ -96,6 +96,13 @@ def garbage_sending(to: str) -> str:
     sys.stdout.flush()
     time.sleep(3600)
     return "never"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def echo_effect_key(ctx: Context) -> str:
+    """Answer with the effect key the client sent in the request's _meta."""
+    meta = ctx.request_context.meta or {}
+    return str(meta.get("io.threads-celery/effect-key", "none"))
 
 
 if os.environ.get("MCP_TEST_EXTRA_TOOL") == "1":
