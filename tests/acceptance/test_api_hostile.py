@@ -198,3 +198,51 @@ def test_a_shortened_result_is_fetched_whole_over_http(client: TestClient, threa
     body = response.json()
     assert body["result"] == "r" * 300_000 and body["shortened_for_model"] is True and body["is_error"] is False
     assert client.get("/v1/calls/run_none:0:0/result", headers=AUTH).status_code == 404
+
+
+# -- stateful fuzzing --------------------------------------------------------------------------
+#
+# Schemathesis infers links between operations (POST /v1/runs answers a run_id that GET
+# /v1/runs/{run_id} takes, a thread_id that the thread routes take, and so on) and walks them as a
+# Hypothesis state machine: each scenario starts runs, reads, cancels, approves and clears with
+# the ids real responses gave. No step may answer 5xx. The SSE streams never end by design (they
+# have their own tests) and are left out.
+
+
+def test_no_sequence_of_linked_requests_is_a_server_error(client: TestClient, threads: Threads) -> None:
+    schemathesis = pytest.importorskip("schemathesis")
+    from hypothesis import HealthCheck, Phase, settings
+
+    schema = schemathesis.openapi.from_asgi("/openapi.json", client.app).exclude(path_regex=r".*/events$")
+    calls: list[tuple[str, int]] = []
+
+    class Workflow(schema.as_state_machine()):  # type: ignore[misc]
+        def before_call(self, case: Any) -> None:
+            # Random agent names are all unknown (404): name a registered one, so runs start.
+            if case.method == "POST" and case.path == "/v1/runs" and isinstance(case.body, dict) and "agent" in case.body:
+                case.body["agent"] = "chatty_mailer"
+
+        def get_call_kwargs(self, case: Any) -> dict[str, Any]:
+            return {"headers": AUTH}
+
+        def validate_response(self, response: Any, case: Any, *args: Any, **kwargs: Any) -> None:
+            calls.append((f"{case.method} {case.path}", response.status_code))
+            assert response.status_code < 500, (case.method, case.formatted_path, response.status_code, response.text)
+
+    Workflow.run(
+        settings=settings(
+            max_examples=40,
+            stateful_step_count=6,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+            # Generation only: the ids a step draws come from what the live API answered
+            # earlier, so replaying a recorded example (or shrinking one) is not deterministic.
+            phases=[Phase.generate],
+        )
+    )
+    # The walk reached the routes that need an id from an earlier answer, with real ids.
+    reached = {label for label, status in calls if status < 400}
+    assert "POST /v1/runs" in reached, sorted(set(calls))
+    assert {"GET /v1/runs/{run_id}", "POST /v1/runs/{run_id}/cancel"} & reached, sorted(set(calls))
