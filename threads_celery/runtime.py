@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, assert_never
 
-from . import batches, child_runs, hooks, models, runs
+from . import batches, child_runs, hooks, models, provider_retry, runs
 from .agents import Agent, AgentRegistry
 from .context import ToolContext
 from .decisions import (  # re-exported: the step machine's decisions
@@ -45,6 +45,7 @@ from .pending import wait_for_a_person
 from .permission_checks import check_call
 from .permissions import Allow as PermissionAllow
 from .permissions import Ask, Deny
+from .provider_limits import provider_of
 from .records import CallRow, OutboxEntry, Run
 from .redaction import (
     describe_exception,
@@ -106,6 +107,9 @@ class Runtime:
         self.clock = clock
         self.keeper = LeaseKeeper()
         self.history = HistoryCache()
+        from .rate_limiter import rate_limiter_for
+
+        self.rate_limiter = rate_limiter_for(self.settings.rate_limits, self.settings.broker_url)
         from .progress import ProgressReporter
 
         self.progress = ProgressReporter(self)
@@ -158,6 +162,8 @@ class Runtime:
             if reached is not None:
                 self._finish(run, fence, "interrupted", error=reached.message)
                 return f"interrupted: {LIMIT_REASON}"
+        provider = provider_of(agent.model_identity())
+        provider_retry.wait_for_window(self, run, fence, provider)
         starts = ToolCallStarts(agent.runtime_tools, lambda started: self._tool_call_started(run, step, agent, started))
         try:
             with self.keeper.hold(lambda: self._extend_run_lease(run.id, fence, lease), lease.total_seconds() / 3):
@@ -171,7 +177,10 @@ class Runtime:
                 )
             starts.finish()
         except Exception as exc:  # noqa: BLE001 - the provider failed: retry with backoff, then fail the run
-            return self._step_failed(run, fence, step, attempt, exc)
+            ended = provider_retry.provider_failed(self, run, fence, step, exc)
+            return ended if ended is not None else self._step_failed(run, fence, step, attempt, exc)
+        used = int(turn.usage.get("input_tokens", 0)) + int(turn.usage.get("output_tokens", 0))
+        self.rate_limiter.spend_tokens(provider, used, self.clock())
         try:
             return self._commit_step(run, fence, step, agent, models.bounded_turn(turn))
         except (FenceLost, StoreUnavailable):

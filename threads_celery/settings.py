@@ -9,6 +9,14 @@ from typing import Any
 
 from .celery_settings import user_celery_settings
 from .exceptions import ConfigError
+from .provider_limits import (
+    DEFAULT_RETRY_FOR_S,
+    RATE_LIMITS_VARIABLE,
+    RETRY_FOR_VARIABLE,
+    RateLimit,
+    rate_limits_from_json,
+    retry_for_from_env,
+)
 from .usage import PRICES_VARIABLE, Prices
 
 DEFAULT_BROKER_VISIBILITY_TIMEOUT_S = 3600
@@ -77,6 +85,10 @@ class Settings:
     extra_celery: dict[str, Any] = field(default_factory=dict)
     # THREADS_MODEL_PRICES: what a million input and output tokens cost, per model (usage.py).
     model_prices: Prices = field(default_factory=lambda: Prices({}))
+    # THREADS_RATE_LIMITS: requests and tokens per minute per provider, for the whole fleet.
+    rate_limits: dict[str, RateLimit] = field(default_factory=dict)
+    # THREADS_PROVIDER_RETRY_FOR_S: how long a step waits out a provider's 429s and 5xx.
+    provider_retry_for_s: float = DEFAULT_RETRY_FOR_S
 
     def __post_init__(self) -> None:
         if self.task_time_limit_s >= self.visibility_timeout_s:
@@ -128,6 +140,8 @@ class Settings:
             # THREADS_CELERY_CONFIG (a module or object) and THREADS_CELERY_<SETTING> variables.
             "extra_celery": user_celery_settings(env),
             "model_prices": Prices.from_json(env.get(PRICES_VARIABLE, "")),
+            "rate_limits": rate_limits_from_json(env.get(RATE_LIMITS_VARIABLE, "")),
+            "provider_retry_for_s": retry_for_from_env(env.get(RETRY_FOR_VARIABLE)),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

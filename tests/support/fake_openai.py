@@ -39,6 +39,8 @@ tool calls or an error):
 ``error`` / ``status``
     Answer with an OpenAI-style JSON error instead: ``{"error": "boom", "status": 429}``.
     Note the ``openai`` SDK retries 408/409/429/5xx by itself unless ``max_retries=0``.
+``retry_after``
+    With ``error``: the ``Retry-After`` header to send (e.g. ``"2"``).
 
 A bare string is shorthand for ``{"text": that_string}``.
 
@@ -73,7 +75,7 @@ Reply = Mapping[str, Any] | str
 Script = Sequence[Reply] | Callable[[dict[str, Any]], Reply]
 
 _REPLY_KEYS = frozenset(
-    {"text", "tool_calls", "finish_reason", "usage", "delay", "chunk_delay", "abort_after", "error", "status"}
+    {"text", "tool_calls", "finish_reason", "usage", "delay", "chunk_delay", "abort_after", "error", "status", "retry_after"}
 )
 
 
@@ -107,7 +109,10 @@ def _prompt_tokens(body: Mapping[str, Any]) -> int:
 
 
 class _NormalizedReply:
-    __slots__ = ("text", "tool_calls", "finish_reason", "usage_override", "delay", "chunk_delay", "abort_after", "error", "status")
+    __slots__ = (
+        "text", "tool_calls", "finish_reason", "usage_override", "delay", "chunk_delay", "abort_after", "error",
+        "status", "retry_after",
+    )  # fmt: skip
 
     def __init__(self, raw: Reply, call_counter: Iterator[int]) -> None:
         if isinstance(raw, str):
@@ -124,6 +129,9 @@ class _NormalizedReply:
             self.error = str(raw["error"])
         elif "status" in raw:
             raise ScriptError("'status' is only meaningful together with 'error'")
+        self.retry_after: str | None = str(raw["retry_after"]) if "retry_after" in raw else None
+        if self.retry_after is not None and self.error is None:
+            raise ScriptError("'retry_after' is only meaningful together with 'error'")
 
         text = raw.get("text")
         if text is not None and not isinstance(text, str):
@@ -364,9 +372,11 @@ def _make_handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
         def _path(self) -> str:
             return urlsplit(self.path).path.rstrip("/") or "/"
 
-        def _send_json(self, status: int, payload: Mapping[str, Any]) -> None:
+        def _send_json(self, status: int, payload: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> None:
             data = json.dumps(payload).encode()
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -426,7 +436,11 @@ def _make_handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             if reply.delay:
                 time.sleep(reply.delay)
             if reply.error is not None:
-                self._send_json(reply.status, _error_body(reply.error, "server_error" if reply.status >= 500 else "api_error"))
+                self._send_json(
+                    reply.status,
+                    _error_body(reply.error, "server_error" if reply.status >= 500 else "api_error"),
+                    {"Retry-After": reply.retry_after} if reply.retry_after is not None else None,
+                )
                 return
             if body.get("stream"):
                 self._stream(reply, body)

@@ -75,6 +75,16 @@ class MessageQueries:
         )
         return int(seq)
 
+    def last_event_of(self, thread_id: str, run_id: str, type: str) -> dict[str, Any] | None:
+        """The payload of the run's latest event of ``type`` in the thread's log, or None."""
+        payload = self.conn.execute(
+            select(events.c.payload)
+            .where(events.c.thread_id == thread_id, events.c.run_id == run_id, events.c.type == type)
+            .order_by(events.c.seq.desc())
+            .limit(1)
+        ).scalar()
+        return dict(payload) if isinstance(payload, dict) else None
+
     def list_events(self, thread_id: str, *, after: int = 0, limit: int = 500) -> list[Event]:
         rows = self.conn.execute(
             select(events)
