@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Insert, Table, insert, select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -227,10 +227,8 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries):
         )
 
     def get_run(self, run_id: str, *, lock: bool = False) -> Run | None:
-        query = select(runs).where(runs.c.id == run_id)
-        if lock:
-            query = query.with_for_update()
-        row = self.conn.execute(query).first()
+        query = statements.GET_RUN_LOCKED if lock else statements.GET_RUN
+        row = self.conn.execute(query, {"b_id": run_id}).first()
         return _run(row) if row is not None else None
 
     def next_queued_run(self, thread_id: str, *, after: str) -> Run | None:
@@ -292,7 +290,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries):
 
     def insert_tool_calls(self, rows: Sequence[dict[str, Any]]) -> None:
         if rows:
-            self.conn.execute(insert(tool_calls), list(rows))
+            self.conn.execute(statements.INSERT_TOOL_CALLS, list(rows))
 
     def get_call_and_run(self, effect_key: str, *, lock: bool = False) -> tuple[CallRow, Run] | None:
         """The call's ledger row (with the next call of its reply) and its run's row, in one statement."""
@@ -491,16 +489,16 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries):
     def insert_outbox(self, entry: OutboxEntry, now: datetime) -> None:
         """Record the intent to publish ``entry`` (a no-op if that key is already pending)."""
         values = {
-            "key": entry.key,
-            "task": entry.task,
-            "args": list(entry.args),
-            "queue": entry.queue,
-            "argsrepr": entry.argsrepr,
-            "created_at": now,
-            "due_at": now + self._outbox_grace(entry.task),
-            "publish_count": 0,
+            "b_key": entry.key,
+            "b_task": entry.task,
+            "b_args": list(entry.args),
+            "b_queue": entry.queue,
+            "b_argsrepr": entry.argsrepr,
+            "b_created_at": now,
+            "b_due_at": now + self._outbox_grace(entry.task),
+            "b_publish_count": 0,
         }
-        self.conn.execute(_insert_ignoring_duplicates(self.dialect, outbox, values, ["key"]))
+        self.conn.execute(statements.insert_outbox(self.dialect), values)
 
     def delete_outbox(self, key: str) -> None:
         self.conn.execute(statements.DELETE_OUTBOX, {"b_key": key})
@@ -547,16 +545,6 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries):
 
     def outbox_keys(self) -> list[str]:
         return list(self.conn.execute(select(outbox.c.key).order_by(outbox.c.key)).scalars())
-
-
-def _insert_ignoring_duplicates(dialect: str, table: Table, values: dict[str, Any], keys: list[str]) -> Insert:
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        return pg_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
-    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-    return sqlite_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
 
 
 # -- row conversion ----------------------------------------------------------------------------

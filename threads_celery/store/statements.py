@@ -94,6 +94,31 @@ SETTLE_CALL = (
 
 DELETE_OUTBOX = delete(outbox).where(outbox.c.key == bindparam("b_key"))
 
+GET_RUN = select(runs).where(runs.c.id == bindparam("b_id"))
+#: The run's row, locked: the first statement of every model step.
+GET_RUN_LOCKED = GET_RUN.with_for_update()
+
+INSERT_TOOL_CALLS = insert(tool_calls)
+
+_OUTBOX_COLUMNS = ("key", "task", "args", "queue", "argsrepr", "created_at", "due_at", "publish_count")
+_INSERT_OUTBOX: dict[str, Any] = {}
+
+
+def insert_outbox(dialect: str) -> Any:
+    """An outbox row, or nothing if its key is pending already (one statement per dialect)."""
+    statement = _INSERT_OUTBOX.get(dialect)
+    if statement is None:
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        values = {name: bindparam(f"b_{name}", type_=outbox.c[name].type) for name in _OUTBOX_COLUMNS}
+        if dialect == "postgresql":
+            statement = pg_insert(outbox).values(**values).on_conflict_do_nothing(index_elements=["key"])
+        else:
+            statement = sqlite_insert(outbox).values(**values).on_conflict_do_nothing(index_elements=["key"])
+        _INSERT_OUTBOX[dialect] = statement
+    return statement
+
 CLAIM_RUN = (
     update(runs)
     .where(runs.c.id == bindparam("b_id"), runs.c.fence == bindparam("b_fence"))
