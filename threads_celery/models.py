@@ -192,9 +192,26 @@ def tool_definitions(tools: Sequence[Tool]) -> list[Any]:
     from pydantic_ai.tools import ToolDefinition
 
     return [
-        ToolDefinition(name=t.name, description=t.description, parameters_json_schema=t.parameters_json_schema())
+        ToolDefinition(name=t.name, description=t.description, parameters_json_schema=_schema_of(t))
         for t in tools
     ]
+
+
+_schemas: dict[int, tuple[Tool, dict[str, Any]]] = {}
+
+
+def _schema_of(tool: Tool) -> dict[str, Any]:
+    """A tool's JSON schema, built once per tool object: pydantic builds it anew on every call
+    (about 0.1 ms per tool and step here), and a tool does not change. pydantic-ai copies a
+    schema before transforming it, so sharing it between steps is safe."""
+    cached = _schemas.get(id(tool))
+    if cached is not None and cached[0] is tool:
+        return cached[1]
+    schema = tool.parameters_json_schema()
+    if len(_schemas) >= 4096:  # tools made on the fly: keep the memory bounded
+        _schemas.clear()
+    _schemas[id(tool)] = (tool, schema)
+    return schema
 
 
 def request_turn(
