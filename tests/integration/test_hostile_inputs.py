@@ -137,6 +137,18 @@ def hostile(name: str, *turns: Any) -> Agent:
     return _agent(name, call("echo", text="before"), *turns)
 
 
+# -- from a caller -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["\x00", "\ud800"], ids=["nul", "lone-surrogate"])
+def test_a_callers_message_the_ledger_cannot_hold_is_refused_and_writes_nothing(threads: Threads, bad: str) -> None:
+    agent = _agent(f"caller_{ord(bad)}", say("ok"))
+    threads.register(agent)
+    with pytest.raises(ValueError, match="message must not contain"):
+        threads.start(agent, f"hi{bad}")
+    assert threads.runs() == []
+
+
 # -- from the model ---------------------------------------------------------------------------
 
 
@@ -302,6 +314,31 @@ def test_a_failed_statement_shows_no_parameters_in_its_error_or_the_logs(
     assert secret not in caplog.text
     with threads.store.read() as tx:
         assert tx.conn.execute(select(schema.agents.c.name).where(schema.agents.c.name == "dup")).first() is None
+
+
+def test_a_task_failing_on_a_statement_logs_no_parameters(
+    threads: Threads, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "tool-output-that-must-not-reach-a-log"
+    original = Runtime._execute
+
+    def refused_statement(self: Runtime, run: Run, call: Any, agent: Agent, tool: Any, now: Any) -> str:
+        if call.tool != "unprintable":
+            return original(self, run, call, agent, tool, now)
+        with self.store.transaction() as tx:  # a statement the database refuses, carrying conversation text
+            row = {"name": "twice", "config_hash": secret, "description": {"x": secret}, "updated_at": now}
+            tx.conn.execute(insert(schema.agents).values(**row))
+            tx.conn.execute(insert(schema.agents).values(**row))
+        return "unreachable"
+
+    monkeypatch.setattr(Runtime, "_execute", refused_statement)
+    caplog.set_level(logging.DEBUG)
+    run = run_to_end(threads, hostile("sql_in_task", call("unprintable"), say("never")))
+    assert run.status == "error" and run.error is not None and "IntegrityError" in run.error
+    assert secret not in run.error
+    assert "IntegrityError" in caplog.text  # the worker did log the failures ...
+    assert secret not in caplog.text  # ... without the statement's parameters
+    assert_history_whole(threads, run)
 
 
 def _now() -> Any:

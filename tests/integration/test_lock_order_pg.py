@@ -137,6 +137,55 @@ def test_a_child_step_commit_and_the_reconcile_tick_do_not_deadlock(store: Store
     assert run_after is not None and run_after.step == 1
 
 
+def test_a_child_step_commit_and_cancelling_its_agent_tool_run_do_not_deadlock(store: Store, pg_url: str) -> None:
+    from threads_celery import Threads
+
+    rows = _three_levels(store)
+    middle_run = rows["middle_run"]
+    client = Threads(database_url=pg_url, broker_url="memory://", migrate=False)
+    pids: list[int] = []
+    errors: list[BaseException] = []
+    original_begin = client.store.transaction
+
+    def remember_pid() -> Any:
+        context = original_begin()
+        tx = context.__enter__()
+        pids.append(int(tx.conn.execute(text("SELECT pg_backend_pid()")).scalar_one()))
+        return _Entered(context, tx)
+
+    def cancel() -> None:
+        try:
+            client.cancel_agent_tool(rows["middle_row"].run_id, reason="stop")
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            errors.append(exc)
+
+    canceller = threading.Thread(target=cancel, name="cancel-agent-tool")
+    now = run_ledger.utcnow()
+    try:
+        with store.transaction() as commit:
+            moved = commit.advance_run(middle_run.id, fence=middle_run.fence, now=now, step=1)
+            assert moved is not None
+            commit.insert_message(thread_id=middle_run.thread_id, run_id=middle_run.id, role="assistant", text="thinking", now=now)
+            client.store.transaction = remember_pid  # type: ignore[method-assign]
+            canceller.start()
+            deadline = time.monotonic() + WAIT_S
+            while not (pids and _waiting_on_a_lock(store, pids[-1])):
+                assert canceller.is_alive(), f"the cancel ended without waiting on the commit: {errors}"
+                assert time.monotonic() < deadline, "the cancel never reached the commit's locks"
+                time.sleep(0.02)
+            client.store.transaction = original_begin  # type: ignore[method-assign]
+            agent_tools.child_signal(commit, rows["middle_row"].run_id, now, chunk={"role": "assistant", "text": "thinking"})
+        canceller.join(WAIT_S)
+        assert not canceller.is_alive() and errors == []
+        with store.read() as tx:
+            middle_after = tx.get_run(middle_run.id)
+            row_after = tx.get_agent_tool_run(rows["middle_row"].run_id)
+        assert middle_after is not None and middle_after.status == "aborted" and middle_after.step == 1
+        assert row_after is not None and row_after.status == "aborted"
+    finally:
+        client.close()
+
+
 class _Entered:
     """A transaction context that was entered already (so the wrapper could read its pid)."""
 
