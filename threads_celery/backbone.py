@@ -35,16 +35,29 @@ CONTROL_TASKS: Final = frozenset({RECONCILE_TASK, DELIVER_TASK, SCHEDULED_RUN_TA
 __all__ = [
     "CONTROL_QUEUE",
     "CONTROL_TASKS",
+    "URGENT_PRIORITY",
+    "WORK_PRIORITY",
     "DELIVER_TASK",
     "RECONCILE_TASK",
     "SCHEDULED_RUN_TASK",
     "WORK_QUEUE",
     "check_queue_name",
     "control_queue_for",
+    "message_priority",
     "queue_for",
     "republish_delay",
     "tick_is_covered",
 ]
+
+WORK_PRIORITY: Final = 3
+"""Redis priority of ordinary work messages (Redis serves lower numbers first)."""
+URGENT_PRIORITY: Final = 0
+"""Redis priority of control messages and of the work the backbone re-dispatches.
+
+Kombu's Redis transport pops the lowest priority number first *across all the queues a worker
+consumes*, so the control queue's messages must be at least as urgent as any work message, or a
+worker busy with a backlog would never get to them.
+"""
 
 REPUBLISH_BACKOFF_CAP: Final = 4
 """A row republished again and again waits at most this many graces between republishes."""
@@ -106,3 +119,17 @@ def republish_delay(grace: timedelta, republished: int) -> timedelta:
     comes back after one grace.
     """
     return grace * min(1 << (max(republished, 0) + 1), REPUBLISH_BACKOFF_CAP)
+
+
+def message_priority(task: str, *, recovered: bool, broker_url: str) -> int | None:
+    """The priority a message is published with, or None (the broker's default).
+
+    On Redis, control messages and recovered work (a dead worker's run re-dispatched, a lost
+    message republished) go ahead of the work waiting in the queues: behind a backlog,
+    recovered work would otherwise wait its turn, and an idempotent call could outlive its dedup
+    window and park. Other brokers keep their own order (RabbitMQ counts priorities the other
+    way round, and only on queues declared with a maximum priority).
+    """
+    if not broker_url.startswith(("redis://", "rediss://", "redis+socket://")):
+        return None
+    return URGENT_PRIORITY if recovered or task in CONTROL_TASKS else WORK_PRIORITY

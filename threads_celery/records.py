@@ -195,6 +195,9 @@ class OutboxEntry:
     queue: str | None = None
     argsrepr: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Set (never stored) on what the reconcile backbone re-dispatches or republishes, so that
+    #: it is published ahead of the work waiting in the queue (see backbone.message_priority).
+    recovered: bool = False
 
 
 @dataclass(frozen=True, slots=True)

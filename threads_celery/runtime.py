@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, assert_never
 
@@ -680,10 +681,10 @@ class Runtime:
                 tx.insert_outbox(entry, now)
                 redispatched.append(entry)
                 log.warning("run %s: lease of %s expired; re-dispatching %s", run.id, run.lease_owner, entry.key)
-        self.publish(redispatched)
+        self.publish([replace(e, recovered=True) for e in redispatched])
         with self.store.transaction() as tx:
             due = tx.due_outbox(now=now, limit=limit)
-        self.publish(due)
+        self.publish([replace(e, recovered=True) for e in due])
         from .delivery import reconcile_agent_tools
 
         counts = {"expired_runs": len(redispatched), "republished": len(due)}

@@ -26,8 +26,10 @@ from .backbone import (
     DELIVER_TASK,
     RECONCILE_TASK,
     SCHEDULED_RUN_TASK,
+    WORK_PRIORITY,
     WORK_QUEUE,
     control_queue_for,
+    message_priority,
     queue_for,
     tick_is_covered,
 )
@@ -105,6 +107,10 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
             }
         },
     }
+    if message_priority(STEP_TASK, recovered=False, broker_url=broker_url) is not None:
+        # What Celery sends itself (a task's retry) queues as ordinary work, behind recoveries;
+        # the control tasks carry their own priority (see install_tasks).
+        config["task_default_priority"] = WORK_PRIORITY
     if broker_url.startswith("memory://"):
         # The memory transport polls; a short interval keeps each hop near a few milliseconds.
         config["broker_transport_options"] = {"polling_interval": 0.005}
@@ -124,6 +130,7 @@ class Publisher:
         self.app = app
         # The embedded worker consumes one work queue: all work goes there, whatever its routing.
         self.single_queue = single_queue
+        self.broker_url = str(app.conf.broker_url or "")
         self.control_queue = control_queue_for(app.conf.task_default_queue or WORK_QUEUE)
 
     def __call__(self, entries: Sequence[OutboxEntry]) -> None:
@@ -138,6 +145,9 @@ class Publisher:
         queue = queue_for(entry.task, entry.queue, work_queue=self.single_queue, control_queue=self.control_queue)
         if queue:
             options["queue"] = queue
+        priority = message_priority(entry.task, recovered=entry.recovered, broker_url=self.broker_url)
+        if priority is not None:
+            options["priority"] = priority
         self.app.send_task(
             entry.task,
             args=list(entry.args),
@@ -249,6 +259,8 @@ def create_app(
 
 def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
     """Register ``threads.step``, ``threads.tool`` and ``threads.reconcile`` on ``app``."""
+    # Control tasks go ahead of all work on Redis, however they are sent (Beat, a retry).
+    control_priority = message_priority(RECONCILE_TASK, recovered=False, broker_url=str(app.conf.broker_url or ""))
 
     # The bound tasks' ``self`` is the Task the decorator builds; its call signature is Any there.
     def _run(task: Task[Any, Any], work: Callable[[], str], poison_key: str | None = None) -> str:
@@ -291,13 +303,13 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         runtime = holder.get()
         return _run(self, lambda: runtime.run_tool(effect_key), effect_key)
 
-    @app.task(name=DELIVER_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
+    @app.task(name=DELIVER_TASK, bind=True, shared=False, priority=control_priority, acks_late=True, reject_on_worker_lost=True)
     def deliver(self: Task[Any, Any], run_id: str, status: str) -> str:
         """Deliver an agent-tool run's finish: the parent's tool result, on_finish or notify."""
         runtime = holder.get()
         return _run(self, lambda: runtime.deliver(run_id, status))
 
-    @app.task(name=RECONCILE_TASK, bind=True, shared=False, acks_late=False)
+    @app.task(name=RECONCILE_TASK, bind=True, shared=False, priority=control_priority, acks_late=False)
     def reconcile(self: Task[Any, Any], published_at: float | None = None) -> str:
         """Beat's backbone tick: re-dispatch runs whose worker died, republish lost outbox rows.
 
@@ -310,7 +322,7 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         holder.last_tick_started_at = time.time()
         return _run(self, lambda: str(runtime.reconcile_tick()))
 
-    @app.task(name=SCHEDULED_RUN_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
+    @app.task(name=SCHEDULED_RUN_TASK, bind=True, shared=False, priority=control_priority, acks_late=True, reject_on_worker_lost=True)
     def scheduled_run(self: Task[Any, Any], schedule_name: str, slot_iso: str | None = None) -> str:
         """Start the run of one slot of a schedule (Beat publishes it); idempotent by slot."""
         from .schedules import start_scheduled_run

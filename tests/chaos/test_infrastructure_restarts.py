@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.chaos import chaos_agents
+from tests.support.processes import queued_messages
 from tests.support.waiting import eventually
 from threads_celery.runs import effect_key_for
 
@@ -146,13 +147,7 @@ def wait_for_running_tools(
 
 
 def queue_length(cluster: ChaosCluster) -> int:
-    import redis
-
-    client = redis.Redis.from_url(cluster.broker_url, socket_timeout=5)
-    try:
-        return int(client.llen("threads"))
-    finally:
-        client.close()
+    return queued_messages(cluster.broker_url)
 
 
 # -- 5. Redis restarted mid-run ------------------------------------------------------------------

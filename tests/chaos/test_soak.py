@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import socket
 import statistics
 import threading
 import time
@@ -39,6 +40,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.chaos import chaos_agents
+from tests.support.processes import queued_messages
 
 if TYPE_CHECKING:  # the conftest is pytest's to import; tests only name its types
     from tests.chaos.conftest import ChaosCluster, WorkerProcess
@@ -72,20 +74,22 @@ SETTLED = {
     "awaiting_variable",
 }
 # When (fraction of runs settled) each outage happens.
-FREEZE_AT = (0.05, 0.7)
+FREEZE_AT = (0.05, 0.45, 0.75)
 REDIS_RESTART_AT = 0.3
 POSTGRES_RESTART_AT = 0.5
 
 
 @dataclass
 class Freeze:
-    """One SIGSTOP: the worker, when, and the calls its pool processes were running."""
+    """One SIGSTOP: the worker, when, and the runs its pool processes held leases on."""
 
     worker: WorkerProcess
     at: float
-    held: list[str]
+    held: list[str]  # run ids
+    owners: list[str]  # the lease owners (host:pid) of its pool processes
     log_offset: int  # the length of its log when it was frozen: what follows is its late work
     resumed_at: float = 0.0
+    log_end: int = 0  # the length of its log a few seconds after it resumed
 
 
 @dataclass
@@ -103,7 +107,7 @@ class Chaos:
     postgres_restarts: int = 0
     peak_queued: int = 0
     freezes: list[Freeze] = field(default_factory=list)
-    #: (kill time, effect keys its pool processes were running) per whole-worker kill
+    #: (kill time, the lease owners of its pool processes) per whole-worker kill
     whole_kill_log: list[tuple[float, list[str]]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     _strikes: int = 0
@@ -130,17 +134,7 @@ class Chaos:
     # -- workers ----------------------------------------------------------------------------
 
     def _sample_queue(self) -> None:
-        import redis
-
-        client = redis.Redis.from_url(
-            self.cluster.broker_url, socket_timeout=1, socket_connect_timeout=1
-        )
-        try:
-            self.peak_queued = max(self.peak_queued, int(client.llen("threads")))
-        except redis.RedisError:
-            pass  # Redis is restarting
-        finally:
-            client.close()
+        self.peak_queued = max(self.peak_queued, queued_messages(self.cluster.broker_url))
 
     def _replace_dead(self) -> None:
         for slot, worker in enumerate(self.workers):
@@ -162,16 +156,6 @@ class Chaos:
             and time.monotonic() >= self._spared_until.get(id(worker), 0.0)
         )
 
-    def _in_flight(self, worker: WorkerProcess) -> list[str]:
-        """The effect keys its pool processes started last, within the last second."""
-        pids = set(worker.child_pids())
-        latest: dict[int, Any] = {}
-        for entry in self.cluster.ledger.entries()[-200:]:
-            if entry.kind == "start" and entry.pid in pids:
-                latest[entry.pid] = entry
-        now = time.time()
-        return [e.effect_key for e in latest.values() if now - e.at < 1.0]
-
     def _strike(self) -> None:
         self._strikes += 1
         # A whole worker every other strike, only while every worker is up and none is frozen:
@@ -186,9 +170,9 @@ class Chaos:
             return
         slot = self.rng.randrange(len(self.workers))
         victim = self.workers[slot]
-        held = self._in_flight(victim)
+        owners = self._owners(victim)
         victim.kill()
-        self.whole_kill_log.append((time.time(), held))
+        self.whole_kill_log.append((time.time(), owners))
         self.whole_kills += 1
         self.workers[slot] = self.cluster.start_worker(wait=False)
 
@@ -223,22 +207,44 @@ class Chaos:
             services.postgres.start()
             self.postgres_restarts += 1
 
+    @staticmethod
+    def _owners(worker: WorkerProcess) -> list[str]:
+        """The lease owners of the worker's pool processes (the runtime's is ``host:pid``)."""
+        return [f"{socket.gethostname()}:{pid}" for pid in worker.child_pids()]
+
+    def _claims(self, worker: WorkerProcess) -> list[str]:
+        """The runs whose lease one of the worker's pool processes holds."""
+        owners = self._owners(worker)
+        with self.cluster.threads.store.engine.connect() as conn:
+            rows = conn.execute(
+                text("select id from runs where lease_owner = any(:owners) and status = 'running'"),
+                {"owners": owners},
+            )
+            return [row.id for row in rows]
+
     def _freeze(self) -> None:
-        """SIGSTOP a worker running tool calls for FREEZE_S, then resume it and spare it from
-        kills while it tries its late writes."""
+        """SIGSTOP a worker while it holds run leases, for FREEZE_S (longer than a lease: the
+        backbone re-dispatches its runs meanwhile), then resume it and spare it from kills while
+        it tries its late writes."""
         for worker in self.rng.sample(self.workers, len(self.workers)):
-            held = self._in_flight(worker) if self._strikable(worker) else []
+            if not self._strikable(worker) or not self._claims(worker):
+                continue
+            worker.stop()
+            held = self._claims(worker)  # what it holds now that it cannot move
             if held:
                 break
+            worker.cont()
         else:
-            return  # nobody is mid-call right now: try again on the next loop
-        worker.stop()
-        freeze = Freeze(worker, time.time(), held, len(worker.log_text()))
+            return  # nobody holds a lease right now: try again on the next loop
+        freeze = Freeze(worker, time.time(), held, self._owners(worker), len(worker.log_text()))
         self.freezes.append(freeze)
         self._stop.wait(FREEZE_S)
         worker.cont()
         freeze.resumed_at = time.time()
         self._spared_until[id(worker)] = time.monotonic() + 10.0
+        # Its late writes come within a second or two (the tools sleep at most 0.3 s more).
+        self._stop.wait(3.0)
+        freeze.log_end = len(worker.log_text())
 
 
 def _soak(cluster: ChaosCluster, runs: int) -> None:
@@ -324,42 +330,65 @@ def test_large_soak_backlog_under_kills_freezes_and_restarts(cluster: ChaosClust
 LATE_OUTCOME = re.compile(r"threads\.(?:tool|step)\[([^\]]+)\] succeeded in ([\d.]+)s: '([^']*)'")
 
 
-def _late_writes(cluster: ChaosCluster, chaos: Chaos) -> dict[str, Any]:
-    """What each frozen worker did once resumed with the work it was running when frozen.
+REDISPATCHED = re.compile(r"run (run_\w+): lease of (\S+) expired; re-dispatching")
 
-    That work is recognised by its duration: it ran across the freeze, so Celery reports it
-    took at least FREEZE_S (work the worker took up after it resumed takes well under a second).
-    Every such write must have been refused by the fence ('fence lost'): the backbone
-    re-dispatched its run while the worker was frozen.
+
+def _late_writes(cluster: ChaosCluster, chaos: Chaos) -> dict[str, Any]:
+    """What each frozen worker did, once resumed, with the runs it held leases on.
+
+    A late write is one for a run the backbone re-dispatched while the worker was frozen (a
+    worker's log says ``lease of <its host:pid> expired``): every one must have been refused by
+    the fence ('fence lost'). The frozen worker's own attempt is what ran across the freeze
+    (Celery reports it as taking at least FREEZE_S; work taken up after the resume takes well
+    under a second). A run the worker froze *inside a transaction* keeps its row locked, so the
+    backbone (SKIP LOCKED) leaves it alone and the worker's commit is not late: those are
+    counted apart.
     """
+    logs = "".join(w.log_text() for w in cluster.workers())
     refused: list[str] = []
     accepted: list[str] = []
+    not_fenced: list[str] = []
     for freeze in chaos.freezes:
-        after = freeze.worker.log_text()[freeze.log_offset :]
+        fenced = {run for run, owner in REDISPATCHED.findall(logs) if owner in freeze.owners}
+        after = freeze.worker.log_text()[freeze.log_offset : freeze.log_end or None]
         for task_id, seconds, outcome in LATE_OUTCOME.findall(after):
-            if float(seconds) >= FREEZE_S - 0.5:
-                (refused if outcome == "fence lost" else accepted).append(f"{task_id}: {outcome}")
+            run_id = next((r for r in freeze.held if r in task_id), None)
+            if float(seconds) < FREEZE_S - 0.5 or run_id is None:
+                continue
+            line = f"{task_id} ({seconds} s): {outcome}"
+            if run_id not in fenced:
+                not_fenced.append(line)
+            else:
+                (refused if outcome == "fence lost" else accepted).append(line)
     return {
         "held": sum(len(f.held) for f in chaos.freezes),
         "refused": len(refused),
         "accepted": accepted,
+        "not_fenced": not_fenced,
         "all_refusals": len(cluster.fence_refusals()),
     }
 
 
+REDISPATCHED_AT = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): WARNING/[^\]]+\] run run_\w+: lease of (\S+) expired",
+    re.M,
+)
+
+
 def _recovery_times(cluster: ChaosCluster, chaos: Chaos) -> list[float]:
-    """Seconds from each whole-worker kill to the next start of a call that worker was running
-    (the calls that run again: read_only, idempotent, reconcilable before their effect)."""
-    starts: dict[str, list[float]] = defaultdict(list)
-    for entry in cluster.ledger.entries():
-        if entry.kind == "start":
-            starts[entry.effect_key].append(entry.at)
+    """Seconds from each whole-worker kill to each re-dispatch of a run it held (a worker's log
+    says ``lease of <its host:pid> expired; re-dispatching``; log times are local)."""
+    redispatched: dict[str, list[float]] = {}
+    for worker in cluster.workers():
+        for stamp, owner in REDISPATCHED_AT.findall(worker.log_text()):
+            at = (
+                time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:]) / 1000
+            )
+            redispatched.setdefault(owner, []).append(at)
     times = []
-    for killed_at, held in chaos.whole_kill_log:
-        for key in held:
-            later = [at for at in starts[key] if at > killed_at]
-            if later:
-                times.append(min(later) - killed_at)
+    for killed_at, owners in chaos.whole_kill_log:
+        for owner in owners:
+            times.extend(at - killed_at for at in redispatched.get(owner, []) if at >= killed_at)
     return times
 
 
@@ -544,12 +573,13 @@ def _table(
         ("tool calls / effects in the ledger", f"{report['calls']} / {report['effects']}"),
         ("kills: pool process / whole worker", f"{chaos.child_kills} / {chaos.whole_kills}"),
         ("workers that died otherwise, replaced", chaos.replaced),
-        ("freezes (SIGSTOP) / calls held", f"{len(chaos.freezes)} / {late['held']}"),
+        ("freezes (SIGSTOP) / run leases held", f"{len(chaos.freezes)} / {late['held']}"),
         ("late writes refused by the fence (frozen)", late["refused"]),
         ("late writes accepted (must be 0)", len(late["accepted"])),
+        ("frozen inside a transaction, committed on resume", len(late["not_fenced"])),
         ("fence refusals in all worker logs", late["all_refusals"]),
         ("Redis / PostgreSQL restarts", f"{chaos.redis_restarts} / {chaos.postgres_restarts}"),
-        ("kill to re-dispatch of held calls", recovered),
+        ("whole-worker kill to re-dispatch of its runs", recovered),
         *[(f"reruns (effect > 1): {c}", report["reruns"][c]) for c in classes],
         *[(f"parks: {c}", report["parks"][c]) for c in classes],
         *[

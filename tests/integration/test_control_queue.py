@@ -25,7 +25,7 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from tests.support.processes import BeatProcess, WorkerProcess, subprocess_env
+from tests.support.processes import BeatProcess, WorkerProcess, queued_messages, subprocess_env
 from tests.support.waiting import eventually
 from threads_celery.agents import AgentRegistry
 from threads_celery.backbone import WORK_QUEUE
@@ -33,7 +33,7 @@ from threads_celery.records import OutboxEntry
 from threads_celery.runs import STEP_TASK, utcnow
 from threads_celery.settings import Settings
 from threads_celery.store.schema import outbox
-from threads_celery.worker import create_app, open_store
+from threads_celery.worker import Publisher, create_app, open_store
 
 BACKLOG = 10_000
 INTERVAL_S = 0.5
@@ -99,7 +99,7 @@ def test_ticks_keep_beats_pace_behind_ten_thousand_queued_tasks(
         tx.insert_outbox(lost, utcnow() - timedelta(hours=1))
 
     queue_backlog(integration_redis_url, BACKLOG)
-    assert broker.llen(WORK_QUEUE) == BACKLOG
+    assert queued_messages(integration_redis_url, WORK_QUEUE) == BACKLOG
 
     worker = WorkerProcess("backlog", env=env, log_path=tmp_path / "worker.log", concurrency=2)
     beat = BeatProcess(
@@ -129,7 +129,7 @@ def test_ticks_keep_beats_pace_behind_ten_thousand_queued_tasks(
         # Read Beat's count first: a tick it sends after this read cannot inflate ``ran``.
         sent = beat.ticks_sent()
         ran = ticks_run(worker)
-        remaining = broker.llen(WORK_QUEUE)
+        remaining = queued_messages(integration_redis_url, WORK_QUEUE)
         print(f"\nticks sent {sent}, run {ran}, work still queued {remaining} of {BACKLOG}")
         assert remaining >= BACKLOG // 2, (
             f"the backlog drained first ({remaining} left): the ticks waited behind it"

@@ -47,6 +47,7 @@ __all__ = [
     "WorkerProcess",
     "free_port",
     "kill_all",
+    "queued_messages",
     "started_processes",
     "subprocess_env",
 ]
@@ -91,6 +92,21 @@ def subprocess_env(
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
+
+
+def queued_messages(broker_url: str, queue: str = "threads") -> int:
+    """How many messages wait in a Redis queue, over every priority list kombu keeps for it
+    (``threads``, ``threads\\x06\\x163``, ...); 0 while Redis does not answer."""
+    import redis
+
+    client = redis.Redis.from_url(broker_url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        keys = [queue, *(f"{queue}\x06\x16{priority}" for priority in (3, 6, 9))]
+        return sum(int(client.llen(key)) for key in keys)
+    except redis.RedisError:
+        return 0
+    finally:
+        client.close()
 
 
 class ManagedProcess:

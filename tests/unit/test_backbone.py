@@ -257,3 +257,47 @@ def test_the_store_spaces_the_republishes_of_a_row_nobody_consumes() -> None:
                 assert tx.due_outbox(now=now, limit=10) == []
             now = due_at
         assert gaps == [2, 4, 4]
+
+
+def test_on_redis_control_and_recovered_work_are_published_ahead_of_waiting_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    from threads_celery.backbone import URGENT_PRIORITY, WORK_PRIORITY, message_priority
+
+    assert URGENT_PRIORITY < WORK_PRIORITY  # kombu's Redis transport serves lower numbers first
+    assert message_priority(STEP_TASK, recovered=True, broker_url="redis://h/0") == URGENT_PRIORITY
+    assert message_priority(TOOL_TASK, recovered=False, broker_url="rediss://h/0") == WORK_PRIORITY
+    # Redis pops by priority across every queue a worker consumes: control must never be
+    # below work, or a worker with a backlog would never reach a tick.
+    for task in CONTROL_TASKS:
+        assert message_priority(task, recovered=False, broker_url="redis://h/0") == URGENT_PRIORITY
+    assert message_priority(STEP_TASK, recovered=True, broker_url="amqp://guest@h//") is None
+    assert message_priority(RECONCILE_TASK, recovered=False, broker_url="memory://") is None
+
+    app = _app()
+    assert app.conf.task_default_priority == WORK_PRIORITY  # a task's own retry waits its turn
+    for task in CONTROL_TASKS:  # what Beat sends with apply_async
+        assert app.tasks[task].priority == URGENT_PRIORITY
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(app, "send_task", lambda name, **options: sent.append(options))
+    Publisher(app)([
+        OutboxEntry(key="step:r:1", task=STEP_TASK, args=("r", 1)),
+        OutboxEntry(key="step:r:2", task=STEP_TASK, args=("r", 2), recovered=True),
+        OutboxEntry(key="deliver:r:completed", task=DELIVER_TASK, args=("r", "completed")),
+    ])  # fmt: skip
+    assert [options["priority"] for options in sent] == [WORK_PRIORITY, URGENT_PRIORITY, URGENT_PRIORITY]
+
+
+def test_the_backbone_marks_what_it_redispatches_and_republishes_as_recovered() -> None:
+    from datetime import timedelta
+
+    from threads_celery import Threads
+    from threads_celery.runs import utcnow
+
+    with Threads.embedded(reconcile_interval=None) as threads:
+        runtime = threads.app.threads_runtime.get()
+        published: list[OutboxEntry] = []
+        runtime.publish = published.extend
+        lost = OutboxEntry(key="step:run_lost:0", task=STEP_TASK, args=("run_lost", 0))
+        with threads.store.transaction() as tx:
+            tx.insert_outbox(lost, utcnow() - timedelta(hours=1))
+        assert runtime.reconcile_tick()["republished"] == 1
+        assert [(e.key, e.recovered) for e in published] == [(lost.key, True)]
