@@ -35,11 +35,11 @@ CONTROL_TASKS: Final = frozenset({RECONCILE_TASK, DELIVER_TASK, SCHEDULED_RUN_TA
 __all__ = [
     "CONTROL_QUEUE",
     "CONTROL_TASKS",
-    "URGENT_PRIORITY",
-    "WORK_PRIORITY",
     "DELIVER_TASK",
     "RECONCILE_TASK",
     "SCHEDULED_RUN_TASK",
+    "URGENT_PRIORITY",
+    "WORK_PRIORITY",
     "WORK_QUEUE",
     "check_queue_name",
     "control_queue_for",
