@@ -121,6 +121,8 @@ class Run:
     lease_expires_at: datetime | None = None
     input_meta: dict[str, Any] | None = None
     agent_tool_run_id: str | None = None
+    #: The W3C traceparent of the run's span (see :mod:`threads_celery.tracing`), None untraced.
+    traceparent: str | None = None
 
     @property
     def is_terminal(self) -> bool:

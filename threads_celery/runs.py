@@ -13,6 +13,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from . import tracing
 from .exceptions import ConfigError, FenceLost, ThreadNotFound
 from .records import TERMINAL_STATUSES, CallRow, OutboxEntry, Run
 from .store import Tx
@@ -119,8 +120,18 @@ def submit_run(
                     f"agent {agent!r} changed since thread {thread_id!r} began; "
                     "a config change starts a new thread"
                 )
+    # The run's span, under whatever is current (a request, a parent's tool call): its context
+    # is stored, so every task of the run joins the same trace (threads_celery.tracing).
+    traceparent = tracing.start_run_span(run_id, thread_id, agent, parent_run_id=agent_tool_run_id)
     tx.insert_run(
-        run_id, thread_id, agent, message, now, agent_tool_run_id=agent_tool_run_id, input_meta=input_meta
+        run_id,
+        thread_id,
+        agent,
+        message,
+        now,
+        agent_tool_run_id=agent_tool_run_id,
+        input_meta=input_meta,
+        traceparent=traceparent,
     )
     run = tx.get_run(run_id)
     assert run is not None

@@ -22,7 +22,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, assert_never
 
-from . import batches, child_runs, hooks, models, provider_retry, runs
+from . import batches, child_runs, hooks, models, provider_retry, runs, tracing
 from .agents import Agent, AgentRegistry
 from .context import ToolContext
 from .decisions import (  # re-exported: the step machine's decisions
@@ -167,7 +167,10 @@ class Runtime:
         provider_retry.wait_for_window(self, run, fence, provider)
         starts = ToolCallStarts(agent.runtime_tools, lambda started: self._tool_call_started(run, step, agent, started))
         try:
-            with self.keeper.hold(lambda: self._extend_run_lease(run.id, fence, lease), lease.total_seconds() / 3):
+            with (
+                tracing.step_span(run.traceparent, run_id=run.id, step=step, agent=agent.name),
+                self.keeper.hold(lambda: self._extend_run_lease(run.id, fence, lease), lease.total_seconds() / 3),
+            ):
                 turn = models.request_turn(
                     agent.model,
                     instructions,
@@ -380,7 +383,10 @@ class Runtime:
         if isinstance(decision, RecordFound):
             return self._commit_call(run, run.fence, call, tool, render_result(decision.value), is_error=False)
         if isinstance(decision, (Proceed, RunAgain)):
-            return self._execute(run, call, agent, tool, now)
+            with tracing.tool_span(
+                run.traceparent, run_id=run.id, effect_key=effect_key, tool=call.tool, effect=call.effect
+            ):
+                return self._execute(run, call, agent, tool, now)
         assert_never(decision)
 
     def _execute(self, run: Run, call: CallRow, agent: Agent, tool: Tool | None, now: datetime) -> str:

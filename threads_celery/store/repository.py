@@ -208,6 +208,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries):
         *,
         agent_tool_run_id: str | None = None,
         input_meta: dict[str, Any] | None = None,
+        traceparent: str | None = None,
     ) -> None:
         self.append_event(thread_id, run_id, "run", {"run_id": run_id, "status": "queued", "agent": agent}, now)
         self.conn.execute(
@@ -219,6 +220,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries):
                 input=input,
                 input_meta=input_meta,
                 agent_tool_run_id=agent_tool_run_id,
+                traceparent=traceparent,
                 step=0,
                 fence=0,
                 created_at=now,
@@ -572,6 +574,7 @@ def _run_from_mapping(m: Any) -> Run:
         lease_expires_at=m["lease_expires_at"],
         input_meta=m["input_meta"],
         agent_tool_run_id=m["agent_tool_run_id"],
+        traceparent=m.get("traceparent"),
     )
 
 

@@ -140,6 +140,8 @@ runs = Table(
     Column("started_at", UTCDateTime, nullable=True),
     Column("finished_at", UTCDateTime, nullable=True),
     Column("updated_at", UTCDateTime, nullable=False),
+    # The W3C traceparent of the run's span: every task of the run opens its spans under it.
+    Column("traceparent", String(64), nullable=True),
     Index(None, "thread_id", "created_at"),
     Index(None, "status", "lease_expires_at"),
 )

@@ -1,0 +1,26 @@
+"""runs.traceparent: the W3C trace context of the run's span.
+
+Revision ID: 0006
+Revises: 0005
+Create Date: 2026-12-01 01:00:00
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0006"
+down_revision = "0005"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("runs", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("traceparent", sa.String(64), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("runs", schema=None) as batch_op:
+        batch_op.drop_column("traceparent")
