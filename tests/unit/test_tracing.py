@@ -24,22 +24,34 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 RUN_TIMEOUT_S = 30.0
 _exporter = InMemorySpanExporter()
 _provider: Any = None
+_recording = False
+
+
+class _WhileRecording(SimpleSpanProcessor):
+    """Exports only while a test of this module runs: the provider stays for the whole session
+    (it cannot be replaced), and later tests must not fill the exporter."""
+
+    def on_end(self, span: Any) -> None:
+        if _recording:
+            super().on_end(span)
 
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
     """The process's tracer provider (set once: OpenTelemetry refuses to replace it), cleared."""
-    global _provider
+    global _provider, _recording
     if _provider is None:
         _provider = sdk.TracerProvider()
-        _provider.add_span_processor(SimpleSpanProcessor(_exporter))
+        _provider.add_span_processor(_WhileRecording(_exporter))
         trace.set_tracer_provider(_provider)
-    assert trace.get_tracer_provider() is _provider, (
-        "another tracer provider was set in this process"
-    )
+    assert trace.get_tracer_provider() is _provider, "another tracer provider was set in this process"
     _exporter.clear()
-    yield _exporter
-    _exporter.clear()
+    _recording = True
+    try:
+        yield _exporter
+    finally:
+        _recording = False
+        _exporter.clear()
 
 
 class EchoIn(BaseModel):
