@@ -62,11 +62,12 @@ def create_store_engine(url: URL, **overrides: Any) -> Engine:
     """An engine for ``url`` with the settings the ledger relies on."""
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(url, **overrides)
+    url, prepare_threshold = _prepare_threshold(url)
     options: dict[str, Any] = {
         "pool_pre_ping": False,
         "pool_size": 5,
         "max_overflow": 10,
-        "connect_args": {"connect_timeout": 5},
+        "connect_args": {"connect_timeout": 5, "prepare_threshold": prepare_threshold},
         "json_serializer": storable.dumps,
         # Parameters are conversation text and tool arguments: never in logs or error messages.
         "hide_parameters": True,
@@ -75,6 +76,36 @@ def create_store_engine(url: URL, **overrides: Any) -> Engine:
     engine = create_engine(url, **options)
     storable.install(engine)
     return engine
+
+
+#: psycopg's default: a statement is prepared on the server after its fifth execution.
+DEFAULT_PREPARE_THRESHOLD = 5
+
+
+def _prepare_threshold(url: URL) -> tuple[URL, int | None]:
+    """The URL without our ``prepare_threshold`` option, and the option's value.
+
+    ``?prepare_threshold=none`` turns psycopg's server-side prepared statements off, for a pooler
+    in transaction mode that does not track them (PgBouncer before 1.21, or with
+    ``max_prepared_statements = 0``): there a statement prepared on one server connection is run
+    on another ("prepared statement _pg3_0 does not exist").
+    """
+    raw = url.query.get("prepare_threshold")
+    if raw is None:
+        return url, DEFAULT_PREPARE_THRESHOLD
+    value = raw[-1] if isinstance(raw, tuple) else raw
+    if value.strip().lower() in ("none", "off", "false"):
+        threshold = None
+    else:
+        try:
+            threshold = int(value)
+        except ValueError:
+            raise ConfigError(
+                f"prepare_threshold in the database URL must be a whole number or 'none', not {value!r}"
+            ) from None
+        if threshold < 0:
+            raise ConfigError(f"prepare_threshold in the database URL must not be negative, not {threshold}")
+    return url.difference_update_query(["prepare_threshold"]), threshold
 
 
 def _sqlite_engine(url: URL, **overrides: Any) -> Engine:
