@@ -14,8 +14,8 @@ its first one:
 
 So a step sees exactly the rows a full read in its transaction would see, and another worker
 appending to the thread in between is picked up by the same statement. The cache is bounded by
-an estimate of its size in bytes (least recently used threads go first) and lives in one
-process; pool processes do not share it.
+an estimate of its size in bytes and by a number of threads (least recently used threads go
+first) and lives in one process; pool processes do not share it.
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ if TYPE_CHECKING:
     from .models import ModelHistory
     from .store.repository import Tx
 
-#: Default bound of one process's cache (an estimate of the bytes its messages hold).
+#: Default bounds of one process's cache: an estimate of the bytes its messages hold, and the
+#: number of threads (a worker's working set is the runs it is driving; finished threads age out).
 DEFAULT_MAX_BYTES = 64 * 2**20
+DEFAULT_MAX_THREADS = 256
 
 #: What one message costs beyond its text, roughly (the objects around it).
 _OVERHEAD_BYTES = 400
@@ -70,8 +72,9 @@ class ThreadHistory:
 class HistoryCache:
     """Thread histories of one worker process, checked against the store on every read."""
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_threads: int = DEFAULT_MAX_THREADS) -> None:
         self.max_bytes = max_bytes
+        self.max_threads = max_threads
         self._entries: OrderedDict[str, ThreadHistory] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -135,7 +138,7 @@ class HistoryCache:
             self._bytes -= previous.size
         self._entries[entry.thread_id] = entry
         self._bytes += entry.size
-        while self._bytes > self.max_bytes and self._entries:
+        while (self._bytes > self.max_bytes or len(self._entries) > self.max_threads) and self._entries:
             _, evicted = self._entries.popitem(last=False)
             self._bytes -= evicted.size
 
@@ -151,4 +154,4 @@ def as_messages(history: ThreadHistory | Sequence[Message]) -> Sequence[Message]
     return history.messages if isinstance(history, ThreadHistory) else history
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "HistoryCache", "ThreadHistory", "message_size"]
+__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_THREADS", "HistoryCache", "ThreadHistory", "message_size"]

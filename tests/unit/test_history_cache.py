@@ -120,6 +120,12 @@ def test_the_cache_stays_within_its_bound(open_store) -> None:  # type: ignore[n
     _append(store, big, "x" * (4 * one))
     assert _load(cache, store, big) == _full(store, big)
     assert len(cache) == 3  # too big to keep: read in full each time, never cached
+    by_count = HistoryCache(max_threads=2)
+    for thread_id in threads:
+        _load(by_count, store, thread_id)
+    assert len(by_count) == 2
+    _load(by_count, store, threads[-1])
+    assert by_count.hits == 1  # the most recent threads stay
 
 
 def _random_history(rng: random.Random, n: int) -> list[Message]:
