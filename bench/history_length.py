@@ -125,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     ratio_cpu, ratio_wall = late[1] / early[1], late[0] / early[0]
     print(f"late / early: wall {ratio_wall:.2f}, cpu {ratio_cpu:.2f}; target cpu <= {TARGET_RATIO}: "
           f"{'ok' if ratio_cpu <= TARGET_RATIO else 'MISSED'}")
+    for label, rows in (("model step", steps[:-1]), ("tool call", tools)):
+        trips = [r["statements"] + r["commits"] + r["begins"] + r["rollbacks"] + r["pings"] for r in rows]
+        print(f"{label}: statements {statistics.median(r['statements'] for r in rows):.0f}, "
+              f"commits {statistics.median(r['commits'] for r in rows):.0f}, round trips {statistics.median(trips):.0f} (median)")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

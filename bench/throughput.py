@@ -45,6 +45,15 @@ TARGET_RATIO = 2.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def count_connections(database_url: str) -> int:
+    """Sessions open on the bench's database (the worker's pools and the driver's)."""
+    import psycopg
+
+    with psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://").split("?")[0]) as conn:
+        row = conn.execute("SELECT count(*) - 1 FROM pg_stat_activity WHERE datname = current_database()").fetchone()
+    return int(row[0]) if row else 0
+
+
 def group_cpu_seconds(pgid: int) -> float:
     """User plus system CPU of every live process in the process group ``pgid`` (the worker)."""
     total = 0
@@ -126,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg-host", default="127.0.0.1")
     parser.add_argument("--pg-port", type=int, default=5432)
     parser.add_argument("--pg-user", default="postgres")
+    parser.add_argument("--pg-options", default="",
+                        help="query string added to the database URL, e.g. prepare_threshold=none behind PgBouncer")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for one round")
     parser.add_argument("--json", metavar="PATH", help="also write the samples as JSON")
     parser.add_argument("--profile", metavar="DIR",
@@ -144,8 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     results: dict[str, list[Sample]] = {"bare": [], "durable": []}
+    connections = 0
     with fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url, \
             tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir:
+        if args.pg_options:
+            database_url = f"{database_url}?{args.pg_options}"
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -183,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 if process.poll() is not None:
                     raise RuntimeError("the worker exited during the benchmark")
+                connections = count_connections(database_url)
         except Exception:
             if log_path.exists():
                 print("--- worker log ---", file=sys.stderr)
@@ -220,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = statistics.median(ratios)
     print(f"ratio durable / bare: wall {ratio:.2f} (min {min(ratios):.2f}), worker cpu {statistics.median(cpu_ratios):.2f}"
           f" (min {min(cpu_ratios):.2f}); target wall <= {TARGET_RATIO}: {'ok' if ratio <= TARGET_RATIO else 'MISSED'}")
+    print(f"PostgreSQL sessions open on the database at the end (worker of {args.concurrency} and driver): {connections}")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         Path(args.json).write_text(json.dumps({k: [vars(s) for s in v] for k, v in results.items()}, indent=1))
