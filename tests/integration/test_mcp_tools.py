@@ -31,9 +31,22 @@ def threads() -> Iterator[Threads]:
         yield runtime
 
 
+@pytest.fixture(scope="module")
+def module_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mcp") / "effects.log"
+
+
 @pytest.fixture
-def ledger(tmp_path: Path) -> Path:
-    return tmp_path / "effects.log"
+def ledger(module_ledger: Path) -> Path:
+    """The effects file of the shared server, emptied for each test."""
+    module_ledger.write_text("")
+    return module_ledger
+
+
+@pytest.fixture(scope="module")
+def server(module_ledger: Path) -> MCPServer:
+    """The test server over stdio, listed once for the module (each call starts it anew)."""
+    return stdio_server(module_ledger, timeout_s=HANG_TIMEOUT_S)
 
 
 def agent_with(
@@ -55,11 +68,10 @@ def tool_results(threads: Threads, thread_id: str) -> list[Message]:
 # -- the tool list ------------------------------------------------------------------------------
 
 
-def test_annotations_pick_each_tools_effect(ledger: Path) -> None:
-    server = stdio_server(ledger, dedup_window_ms=30_000)
+def test_annotations_pick_each_tools_effect(server: MCPServer) -> None:
     effects = {t.name: (t.effect, t.dedup_window_ms) for t in server.tools()}
     assert effects["lookup_city"] == ("read_only", None)
-    assert effects["set_flag"] == ("idempotent", 30_000)
+    assert effects["set_flag"] == ("idempotent", 60_000)
     assert effects["send_note"] == ("unguarded", None)
     lookup = next(t for t in server.tools() if t.name == "lookup_city")
     assert lookup.parameters_json_schema()["required"] == ["city"]
@@ -84,12 +96,10 @@ def test_an_effect_for_a_tool_the_server_does_not_list_is_a_config_error() -> No
 
 
 def test_the_tool_list_is_pinned_with_the_threads_configuration(
-    threads: Threads, ledger: Path
+    threads: Threads, ledger: Path, server: MCPServer
 ) -> None:
     name = f"mcp_pinned_{next(_names)}"
-    before = Agent(
-        name, "Use the tools.", ScriptedModel([say("ok")]), mcp_servers=[stdio_server(ledger)]
-    )
+    before = Agent(name, "Use the tools.", ScriptedModel([say("ok")]), mcp_servers=[server])
     after = Agent(
         name,
         "Use the tools.",
@@ -107,8 +117,10 @@ def test_the_tool_list_is_pinned_with_the_threads_configuration(
 # -- calls over stdio ---------------------------------------------------------------------------
 
 
-def test_a_read_only_mcp_tool_runs_without_asking(threads: Threads, ledger: Path) -> None:
-    agent = agent_with(stdio_server(ledger), call("lookup_city", city="Paris"), say("done"))
+def test_a_read_only_mcp_tool_runs_without_asking(
+    threads: Threads, ledger: Path, server: MCPServer
+) -> None:
+    agent = agent_with(server, call("lookup_city", city="Paris"), say("done"))
     handle = threads.start(agent, "How many people live in Paris?")
     run = threads.wait(handle.run_id, WAIT_S)
     assert run.status == "completed", run.error
@@ -118,8 +130,10 @@ def test_a_read_only_mcp_tool_runs_without_asking(threads: Threads, ledger: Path
     assert not result.tool_result.is_error
 
 
-def test_an_unannotated_mcp_tool_asks_first_then_runs_once(threads: Threads, ledger: Path) -> None:
-    agent = agent_with(stdio_server(ledger), call("send_note", to="ann", text="hi"), say("sent"))
+def test_an_unannotated_mcp_tool_asks_first_then_runs_once(
+    threads: Threads, ledger: Path, server: MCPServer
+) -> None:
+    agent = agent_with(server, call("send_note", to="ann", text="hi"), say("sent"))
     handle = threads.start(agent, "Tell Ann hi")
     run = threads.wait(handle.run_id, WAIT_S)
     assert run.status == "awaiting_approval"
@@ -133,8 +147,10 @@ def test_an_unannotated_mcp_tool_asks_first_then_runs_once(threads: Threads, led
     assert assistant[0].tool_calls[0].effect_key == pending.effect_key
 
 
-def test_the_calls_effect_key_reaches_the_server_in_meta(threads: Threads, ledger: Path) -> None:
-    agent = agent_with(stdio_server(ledger), call("echo_effect_key"), say("done"))
+def test_the_calls_effect_key_reaches_the_server_in_meta(
+    threads: Threads, ledger: Path, server: MCPServer
+) -> None:
+    agent = agent_with(server, call("echo_effect_key"), say("done"))
     handle = threads.start(agent, "Which key?")
     assert threads.wait(handle.run_id, WAIT_S).status == "completed"
     [result] = tool_results(threads, handle.thread_id)
@@ -152,10 +168,10 @@ def test_an_overridden_effect_changes_the_permission_check(threads: Threads, led
 
 
 def test_arguments_that_fail_the_servers_schema_never_reach_it(
-    threads: Threads, ledger: Path
+    threads: Threads, ledger: Path, server: MCPServer
 ) -> None:
     agent = agent_with(
-        stdio_server(ledger),
+        server,
         call("send_note", to="ann"),  # no text
         say("gave up"),
         permissions=Permissions.allow_all(),
@@ -170,8 +186,10 @@ def test_arguments_that_fail_the_servers_schema_never_reach_it(
     assert ledger_lines(ledger) == []
 
 
-def test_an_error_result_from_the_server_is_a_tool_error(threads: Threads, ledger: Path) -> None:
-    agent = agent_with(stdio_server(ledger), call("broken_lookup", city="Oslo"), say("no data"))
+def test_an_error_result_from_the_server_is_a_tool_error(
+    threads: Threads, ledger: Path, server: MCPServer
+) -> None:
+    agent = agent_with(server, call("broken_lookup", city="Oslo"), say("no data"))
     handle = threads.start(agent, "Oslo?")
     assert threads.wait(handle.run_id, WAIT_S).status == "completed"
     [result] = tool_results(threads, handle.thread_id)
@@ -191,11 +209,9 @@ def test_an_error_result_from_the_server_is_a_tool_error(threads: Threads, ledge
     ],
 )
 def test_a_read_only_call_whose_server_fails_mid_call_is_a_tool_error(
-    threads: Threads, ledger: Path, tool_name: str, why: str
+    threads: Threads, ledger: Path, tool_name: str, why: str, server: MCPServer
 ) -> None:
-    agent = agent_with(
-        stdio_server(ledger, timeout_s=HANG_TIMEOUT_S), call(tool_name), say("could not tell")
-    )
+    agent = agent_with(server, call(tool_name), say("could not tell"))
     handle = threads.start(agent, "Go")
     run = threads.wait(handle.run_id, WAIT_S)
     assert run.status == "completed", run.error
@@ -214,9 +230,13 @@ def test_a_read_only_call_whose_server_fails_mid_call_is_a_tool_error(
     ],
 )
 def test_a_non_read_only_call_whose_server_fails_mid_call_parks(
-    threads: Threads, ledger: Path, tool_name: str, args: dict[str, str], effect_line: str
+    threads: Threads,
+    ledger: Path,
+    tool_name: str,
+    args: dict[str, str],
+    effect_line: str,
+    server: MCPServer,
 ) -> None:
-    server = stdio_server(ledger, timeout_s=HANG_TIMEOUT_S)
     agent = agent_with(
         server, call(tool_name, args), say("unreachable"), permissions=Permissions.allow_all()
     )
@@ -317,7 +337,9 @@ def test_an_http_server_that_dies_mid_call_parks_the_unguarded_call(
     assert ledger_lines(ledger) == ["die_after_sending ivy"]
 
 
-def test_an_adapted_pydantic_ai_agent_takes_mcp_servers(threads: Threads, ledger: Path) -> None:
+def test_an_adapted_pydantic_ai_agent_takes_mcp_servers(
+    threads: Threads, ledger: Path, server: MCPServer
+) -> None:
     from pydantic_ai import Agent as PydanticAgent
     from pydantic_ai.messages import (
         ModelMessage,
@@ -339,7 +361,7 @@ def test_an_adapted_pydantic_ai_agent_takes_mcp_servers(threads: Threads, ledger
         return ModelResponse(parts=[TextPart(f"found: {returned[0].content}")])
 
     source = PydanticAgent(FunctionModel(look_up_then_answer), name=f"pai_mcp_{next(_names)}")
-    agent = from_pydantic_ai(source, mcp_servers=[stdio_server(ledger)])
+    agent = from_pydantic_ai(source, mcp_servers=[server])
     assert "lookup_city" in [t.name for t in agent.tools]
     run = threads.wait(threads.start(agent, "Nice?").run_id, WAIT_S)
     assert run.status == "completed", run.error
