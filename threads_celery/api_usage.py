@@ -1,4 +1,5 @@
-"""The HTTP API's usage routes: model usage per run, per thread and per agent per UTC day.
+"""The HTTP API's usage routes: model usage per run, per thread and per agent per UTC day, and
+Prometheus metrics (``GET /v1/metrics``, behind the same bearer token).
 
 ``GET /v1/runs/{id}/usage``, ``GET /v1/threads/{id}/usage`` and ``GET /v1/usage?agent=&day=``
 answer :class:`UsageOut`: requests, input, output and total tokens, and cost (null when no call
@@ -10,7 +11,7 @@ from __future__ import annotations
 from datetime import date
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel
 
 from .api_models import ID_PATTERN, ErrorOut
@@ -61,6 +62,23 @@ def add_usage_routes(router: APIRouter, threads: Threads, *, last_event_seq: Any
         """The thread's model usage over all its runs."""
         last_event_seq(threads, thread_id)  # ThreadNotFound: 404
         return UsageOut.of(threads.usage(thread_id=thread_id))
+
+    @router.get(
+        "/metrics",
+        tags=["usage"],
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format."}},
+    )
+    def metrics() -> Response:
+        """Prometheus metrics: runs by status, waiting calls and runs, outbox depth, reconcile lag
+        (from the ledger), and the latencies this process observed (see threads_celery.metrics)."""
+        from .metrics import render
+
+        try:
+            body, content_type = render(threads.store)
+        except ImportError:
+            return Response("prometheus-client is not installed: pip install 'threads-celery[metrics]'\n", 501)
+        return Response(body, media_type=content_type)
 
     @router.get("/usage", response_model=UsageOut, tags=["usage"])
     def usage(

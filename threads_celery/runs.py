@@ -13,7 +13,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from . import tracing
+from . import metrics, tracing
 from .exceptions import ConfigError, FenceLost, ThreadNotFound
 from .records import TERMINAL_STATUSES, CallRow, OutboxEntry, Run
 from .store import Tx
@@ -190,6 +190,7 @@ def finish(
     )
     if moved is None:
         raise FenceLost(run.id, fence)
+    metrics.run_finished(status)
     entries = release_thread(tx, run, now)
     if run.agent_tool_run_id is not None:
         from .agent_tools import child_finished

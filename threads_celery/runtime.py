@@ -22,7 +22,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, assert_never
 
-from . import batches, child_runs, hooks, models, provider_retry, runs, tracing
+from . import batches, child_runs, hooks, metrics, models, provider_retry, runs, tracing
 from .agents import Agent, AgentRegistry
 from .context import ToolContext
 from .decisions import (  # re-exported: the step machine's decisions
@@ -169,6 +169,7 @@ class Runtime:
         try:
             with (
                 tracing.step_span(run.traceparent, run_id=run.id, step=step, agent=agent.name),
+                metrics.timed_step(agent.name),
                 self.keeper.hold(lambda: self._extend_run_lease(run.id, fence, lease), lease.total_seconds() / 3),
             ):
                 turn = models.request_turn(
@@ -383,8 +384,9 @@ class Runtime:
         if isinstance(decision, RecordFound):
             return self._commit_call(run, run.fence, call, tool, render_result(decision.value), is_error=False)
         if isinstance(decision, (Proceed, RunAgain)):
-            with tracing.tool_span(
-                run.traceparent, run_id=run.id, effect_key=effect_key, tool=call.tool, effect=call.effect
+            with (
+                tracing.tool_span(run.traceparent, run_id=run.id, effect_key=effect_key, tool=call.tool, effect=call.effect),
+                metrics.timed_tool(call.tool),
             ):
                 return self._execute(run, call, agent, tool, now)
         assert_never(decision)

@@ -34,7 +34,7 @@ from .backbone import (
     tick_is_covered,
 )
 from .celery_settings import merge_celery_settings
-from .exceptions import BrokerUnavailable, FenceLost, StoreUnavailable
+from .exceptions import BrokerUnavailable, ConfigError, FenceLost, StoreUnavailable
 from .preflight import Ready, check_database, check_models, exit_on_failure, require_database_url
 from .records import OutboxEntry
 from .runs import STEP_TASK, TOOL_TASK, utcnow
@@ -320,7 +320,10 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
             return "covered by a later tick"
         runtime = holder.get()
         holder.last_tick_started_at = time.time()
-        return _run(self, lambda: str(runtime.reconcile_tick()))
+        from .metrics import timed_tick
+
+        with timed_tick():
+            return _run(self, lambda: str(runtime.reconcile_tick()))
 
     @app.task(name=SCHEDULED_RUN_TASK, bind=True, shared=False, priority=control_priority, acks_late=True, reject_on_worker_lost=True)
     def scheduled_run(self: Task[Any, Any], schedule_name: str, slot_iso: str | None = None) -> str:
@@ -357,6 +360,23 @@ def consume_control_queue(app: Celery) -> None:
         app.amqp.queues.select_add(task_queue(control))
 
 
+def serve_metrics(store: Store) -> None:
+    """Serve Prometheus metrics on THREADS_METRICS_PORT, when it is set (see threads_celery.metrics)."""
+    from .metrics import METRICS_PORT_VARIABLE, serve
+
+    raw = os.environ.get(METRICS_PORT_VARIABLE, "").strip()
+    if not raw:
+        return
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ConfigError(f"{METRICS_PORT_VARIABLE} must be a port number, not {raw!r}")
+    try:
+        serve(store, int(raw))
+    except ImportError:
+        raise ConfigError(f"{METRICS_PORT_VARIABLE} needs prometheus-client: pip install 'threads-celery[metrics]'") from None
+    except OSError as exc:
+        raise ConfigError(f"{METRICS_PORT_VARIABLE}={raw}: cannot listen: {exc}") from None
+
+
 def app_from_environment() -> ThreadsCelery:
     """The worker app for ``celery -A tasks``: settings and agents from ``THREADS_*`` variables.
 
@@ -365,8 +385,6 @@ def app_from_environment() -> ThreadsCelery:
     """
     settings = Settings.from_env()
     if not settings.broker_url:
-        from .exceptions import ConfigError
-
         raise ConfigError("THREADS_BROKER_URL is not set (e.g. redis://127.0.0.1:6379/0)")
     registry = AgentRegistry()
     app = create_app(settings, registry)
@@ -385,6 +403,7 @@ def app_from_environment() -> ThreadsCelery:
         with exit_on_failure("worker"):
             preflight(app, service="worker")
             runtime = app.threads_runtime.get()
+            serve_metrics(runtime.store)
             for agent in runtime.registry:
                 with runtime.store.transaction() as tx:
                     tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), utcnow())

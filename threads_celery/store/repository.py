@@ -25,6 +25,7 @@ from .agent_tool_queries import AgentToolQueries
 from .engine import safe_url
 from .grant_queries import GrantQueries
 from .message_queries import MessageQueries
+from .metrics_queries import MetricsQueries
 from .schema import agents, outbox, runs, threads, tool_calls, variables
 from .usage_queries import UsageQueries
 
@@ -131,7 +132,7 @@ def args_digest(args: str) -> str:
     return hashlib.sha256(storable_text(args).encode()).hexdigest()
 
 
-class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries):
+class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQueries):
     """The named queries of one transaction."""
 
     def __init__(self, conn: Connection, store: Store) -> None:
