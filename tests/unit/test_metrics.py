@@ -13,7 +13,7 @@ from threads_celery.records import OutboxEntry
 from threads_celery.testing import ScriptedModel, call, say
 
 pytest.importorskip("prometheus_client", reason="prometheus-client is in the test extra")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
 
 RUN_TIMEOUT_S = 30.0
 
