@@ -105,6 +105,28 @@ def echo_effect_key(ctx: Context) -> str:
     return str(meta.get("io.threads-celery/effect-key", "none"))
 
 
+@server.tool()
+def slow_once(ref: str) -> str:
+    """Record an effect; the first time for a ref, stay busy until the calling process dies.
+
+    The ledger line names the calling process (this server's parent), so a chaos test can
+    SIGKILL the worker process that is in the middle of the call.
+    """
+    ledger = os.environ.get("MCP_TEST_LEDGER", "")
+    earlier = 0
+    if ledger and os.path.exists(ledger):
+        with open(ledger, encoding="utf-8") as f:
+            earlier = sum(1 for line in f if line.startswith(f"slow_once {ref} "))
+    parent = os.getppid()
+    _record(f"slow_once {ref} caller={parent}")
+    if earlier == 0:
+        deadline = time.monotonic() + 120
+        while os.getppid() == parent and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os._exit(0)  # the caller is gone: nobody is left to answer
+    return f"done {ref}"
+
+
 if os.environ.get("MCP_TEST_EXTRA_TOOL") == "1":
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))
