@@ -1,162 +1,178 @@
-"""Recovery time after a whole worker is SIGKILLed mid-call: the backbone against the broker.
+"""Recovery after a whole worker is SIGKILLed mid-call, with a backlog of work queued.
 
-A real worker (prefork, Redis broker, PostgreSQL ledger) starts an idempotent tool call that
-sleeps; the bench SIGKILLs the worker's whole process group and starts a second worker at once.
+Each trial, on a PostgreSQL and a Redis of the bench's own (``tests/support/processes.py``:
+``initdb`` and ``redis-server`` on free ports, never the machine's services):
 
-- backbone: a reconcile tick every ``--tick`` seconds; the run moves again once the call's
-  lease (``--lease``) has lapsed.
-- broker: no reconcile tick; the run moves again only when Redis hands the unacknowledged
-  message to the second worker after the visibility timeout (``--visibility``; Celery's default
-  is 3600 s, shortened here so the bench finishes).
+1. two real prefork workers (``celery -A tasks worker``, concurrency 2) and a real Beat
+   (``celery -A tasks beat``, a tick every ``--tick`` s) run with ``--lease`` s leases;
+2. a run of ``bench.bench_recovery_agents`` starts an idempotent call that sleeps;
+3. ``--backlog`` work messages are queued (steps of runs that do not exist: each reads the ledger
+   and does nothing, as a duplicate delivery does; published as the runtime publishes work);
+4. the worker running the call is SIGKILLed as a process group, and the bench measures, from
+   the kill:
 
-"Moves again" means the call's second attempt started (attempt 2 in the ledger). Prints the
-seconds for each and their ratio.
+   - **re-dispatch**: the backbone fenced the dead worker off and put the call back in the queue
+     (the run's fence moved on);
+   - **re-run**: the call's second attempt started on the surviving worker (the effect decision
+     ran: the message did not wait behind the backlog);
+   - how much of the backlog was still queued at the re-run.
 
-    .venv/bin/python bench/recovery.py --lease 2 --tick 0.5 --visibility 20 --repeat 3
+Target: median re-dispatch at most lease + 2 ticks with 1,000 queued. Prints the medians and their
+ratio to that target.
+
+    .venv/bin/python bench/recovery.py --backlog 1000 --lease 2 --tick 0.5 --repeat 5
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
-import redis
 from sqlalchemy import select
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from threads_celery import Threads  # noqa: E402
-from threads_celery.store.schema import tool_calls  # noqa: E402
-
 ROOT = Path(__file__).resolve().parents[1]
-ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
-BROKER = "redis://127.0.0.1:6379/11"
+sys.path.insert(0, str(ROOT))
+
+from tests.support.processes import (  # noqa: E402
+    BeatProcess,
+    PrivatePostgres,
+    PrivateRedis,
+    WorkerProcess,
+    queued_messages,
+    subprocess_env,
+)
+from tests.support.waiting import eventually  # noqa: E402
+from threads_celery import Settings, Threads  # noqa: E402
+from threads_celery.agents import AgentRegistry  # noqa: E402
+from threads_celery.records import OutboxEntry  # noqa: E402
+from threads_celery.runs import STEP_TASK  # noqa: E402
+from threads_celery.store.schema import runs, tool_calls  # noqa: E402
+from threads_celery.worker import Publisher, create_app  # noqa: E402
+
+AGENTS = "bench.bench_recovery_agents"
 
 
-def start_worker(env: dict[str, str], log: Path, name: str) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "prefork", "--concurrency", "1",
-        "-n", f"{name}@%h", "--without-mingle", "--without-gossip", "--loglevel", "INFO",
-    ]
-    handle = log.open("wb")
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while b"ready." not in log.read_bytes():
-        if time.monotonic() > deadline or process.poll() is not None:
-            raise RuntimeError(f"worker {name} did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.05)
-    return process
+@dataclass(frozen=True)
+class Trial:
+    redispatch_s: float
+    rerun_s: float
+    queued_at_kill: int
+    queued_at_rerun: int
 
 
-def kill_group(process: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait(10)
+def queue_backlog(broker_url: str, count: int) -> None:
+    """``count`` work messages, published as the runtime publishes work."""
+    app = create_app(Settings(), AgentRegistry(), broker_url=broker_url)
+    tag = uuid.uuid4().hex[:8]
+    Publisher(app)(
+        [OutboxEntry(key=f"step:run_backlog_{tag}_{i}:0", task=STEP_TASK, args=(f"run_backlog_{tag}_{i}", 0)) for i in range(count)]
+    )
 
 
-def poll(predicate, timeout: float, step: float = 0.02) -> float:
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            raise TimeoutError("condition not met in time")
-        time.sleep(step)
-    return time.monotonic() - started
+def one_trial(threads: Threads, env: dict[str, str], broker_url: str, *, backlog: int, workdir: Path) -> Trial:
+    import redis
 
-
-def attempt(threads: Threads, effect_key_prefix: str) -> int:
-    with threads.store.read() as tx:
-        rows = tx.conn.execute(
-            select(tool_calls.c.attempt).where(tool_calls.c.effect_key.like(f"{effect_key_prefix}%"))
-        ).scalars().all()
-    return max(rows, default=0)
-
-
-def one_trial(database_url: str, *, lease: float, tick: float | None, visibility: int, workdir: Path) -> float:
-    redis.Redis.from_url(BROKER).flushdb()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "THREADS_DATABASE_URL": database_url,
-        "THREADS_BROKER_URL": BROKER,
-        "THREADS_AGENTS": "bench.bench_recovery_agents",
-        "THREADS_TOOL_LEASE_S": str(lease),
-        "THREADS_STEP_LEASE_S": str(lease),
-        "THREADS_VISIBILITY_TIMEOUT_S": str(visibility),
-        "THREADS_TASK_TIME_LIMIT_S": str(max(1, visibility // 2)),
-        "THREADS_TASK_SOFT_TIME_LIMIT_S": str(max(1, visibility // 2 - 1)),
-    }
-    os.environ.update({k: env[k] for k in ("THREADS_TOOL_LEASE_S", "THREADS_STEP_LEASE_S")})
     from bench.bench_recovery_agents import agent
 
-    threads = Threads(database_url=database_url, broker_url=BROKER, migrate=True)
-    threads.register(agent)
-    first = start_worker(env, workdir / f"a-{uuid.uuid4().hex[:6]}.log", f"a{uuid.uuid4().hex[:6]}")
-    second = None
-    stop_ticks = threading.Event()
-    ticker = None
+    redis.Redis.from_url(broker_url).flushdb()
+    name = uuid.uuid4().hex[:6]
+    workers = [
+        WorkerProcess(f"a{name}", env=env, log_path=workdir / f"a{name}.log", concurrency=2),
+        WorkerProcess(f"b{name}", env=env, log_path=workdir / f"b{name}.log", concurrency=2),
+    ]
+    beat = BeatProcess(f"beat{name}", env=env, log_path=workdir / f"beat{name}.log", schedule_path=workdir / f"beat{name}")
     try:
+        for process in (*workers, beat):
+            process.start()
+        for worker in workers:
+            worker.wait_ready()
+        beat.wait_ready()
         handle = threads.start(agent, "go")
-        poll(lambda: attempt(threads, handle.run_id) >= 1, 30)
-        kill_group(first)
-        killed_at = time.monotonic()
-        second = start_worker(env, workdir / f"b-{uuid.uuid4().hex[:6]}.log", f"b{uuid.uuid4().hex[:6]}")
-        if tick is not None:
-            def tick_loop() -> None:
-                while not stop_ticks.wait(tick):
-                    try:
-                        threads.reconcile()
-                    except Exception as exc:  # noqa: BLE001 - a bench keeps ticking
-                        print("tick failed:", exc, file=sys.stderr)
 
-            ticker = threading.Thread(target=tick_loop, daemon=True)
-            ticker.start()
-        poll(lambda: attempt(threads, handle.run_id) >= 2, visibility * 3 + 60)
-        return time.monotonic() - killed_at
+        def running_call() -> tuple[str, int] | None:
+            with threads.store.read() as tx:
+                row = tx.conn.execute(select(runs.c.lease_owner, runs.c.fence).where(runs.c.id == handle.run_id)).one()
+                attempt = tx.conn.execute(
+                    select(tool_calls.c.attempt).where(tool_calls.c.run_id == handle.run_id)
+                ).scalar()
+            return (row.lease_owner, row.fence) if attempt and row.lease_owner else None
+
+        owner, fence = eventually(running_call, timeout=60, what="the call running")
+        pid = int(owner.rsplit(":", 1)[1])
+        victim = next(w for w in workers if w.owns(pid))
+        queue_backlog(broker_url, backlog)
+        queued_at_kill = queued_messages(broker_url)
+        victim.kill()
+        killed = time.monotonic()
+
+        def fence_moved() -> bool:
+            with threads.store.read() as tx:
+                return tx.conn.execute(select(runs.c.fence).where(runs.c.id == handle.run_id)).scalar_one() > fence
+
+        eventually(fence_moved, timeout=300, what="re-dispatch", interval=0.01)
+        redispatch = time.monotonic() - killed
+
+        def rerun() -> bool:
+            with threads.store.read() as tx:
+                return (
+                    tx.conn.execute(select(tool_calls.c.attempt).where(tool_calls.c.run_id == handle.run_id)).scalar_one()
+                    >= 2
+                )
+
+        eventually(rerun, timeout=300, what="the second attempt", interval=0.01)
+        return Trial(redispatch, time.monotonic() - killed, queued_at_kill, queued_messages(broker_url))
     finally:
-        stop_ticks.set()
-        if ticker is not None:
-            ticker.join(5)
-        kill_group(first)
-        if second is not None:
-            kill_group(second)
-        threads.close()
+        for process in (*workers, beat):
+            process.kill()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lease", type=float, default=2.0)
-    parser.add_argument("--tick", type=float, default=0.5)
-    parser.add_argument("--visibility", type=int, default=20)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--backlog", type=int, default=1000, help="work messages queued before the kill")
+    parser.add_argument("--lease", type=float, default=2.0, help="step and tool lease, seconds")
+    parser.add_argument("--tick", type=float, default=0.5, help="Beat's reconcile interval, seconds")
+    parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    name = f"bench_recovery_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    database_url = f"postgresql://postgres@127.0.0.1:5432/{name}"
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            backbone = [one_trial(database_url, lease=args.lease, tick=args.tick, visibility=args.visibility, workdir=Path(tmp)) for _ in range(args.repeat)]
-            broker = [one_trial(database_url, lease=args.lease, tick=None, visibility=args.visibility, workdir=Path(tmp)) for _ in range(args.repeat)]
-    finally:
-        with psycopg.connect(ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    b, r = statistics.median(backbone), statistics.median(broker)
-    print(f"lease {args.lease}s, tick {args.tick}s, visibility timeout {args.visibility}s, {args.repeat} trials each")
-    print(f"backbone (lease + tick): median {b:.2f}s  {[round(x, 2) for x in backbone]}")
-    print(f"broker redelivery:       median {r:.2f}s  {[round(x, 2) for x in broker]}")
-    print(f"ratio backbone / broker: {b / r:.3f} (with Celery's default 3600 s visibility timeout the broker path takes an hour)")
+
+    with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp, PrivatePostgres() as postgres, PrivateRedis() as broker:
+        database_url = postgres.create_database("bench_recovery")
+        broker_url = broker.url(0)
+        env = subprocess_env(
+            {
+                "THREADS_DATABASE_URL": database_url,
+                "THREADS_BROKER_URL": broker_url,
+                "THREADS_AGENTS": AGENTS,
+                "THREADS_TOOL_LEASE_S": str(args.lease),
+                "THREADS_STEP_LEASE_S": str(args.lease),
+                "THREADS_RECONCILE_INTERVAL_S": str(args.tick),
+            }
+        )
+        os.environ.update({k: env[k] for k in ("THREADS_TOOL_LEASE_S", "THREADS_STEP_LEASE_S")})
+        from bench.bench_recovery_agents import agent
+
+        threads = Threads(database_url=database_url, broker_url=broker_url, migrate=True)
+        threads.register(agent)
+        try:
+            load = os.getloadavg()[0]
+            trials = [one_trial(threads, env, broker_url, backlog=args.backlog, workdir=Path(tmp)) for _ in range(args.repeat)]
+        finally:
+            threads.close()
+    target = args.lease + 2 * args.tick
+    redispatch = statistics.median(t.redispatch_s for t in trials)
+    rerun = statistics.median(t.rerun_s for t in trials)
+    print(f"backlog {args.backlog}, lease {args.lease} s, tick {args.tick} s, {args.repeat} trials")
+    print(f"load average (1 min) before {load:.1f}, after {os.getloadavg()[0]:.1f}")
+    print(f"re-dispatch: median {redispatch:.2f} s  {[round(t.redispatch_s, 2) for t in trials]}")
+    print(f"re-run:      median {rerun:.2f} s  {[round(t.rerun_s, 2) for t in trials]}")
+    print(f"queued at kill {[t.queued_at_kill for t in trials]}, at re-run {[t.queued_at_rerun for t in trials]}")
+    print(f"target lease + 2 ticks = {target:.2f} s; re-dispatch / target = {redispatch / target:.2f}, re-run / target = {rerun / target:.2f}")
 
 
 if __name__ == "__main__":
