@@ -15,12 +15,7 @@ The worker loads ``tests.support.agent_tool_agents`` and uses a Redis database o
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +23,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support.agent_tool_agents import RecordingParent, eventually, quick_child, unique
+from tests.support.agent_tool_agents import RecordingParent, quick_child, unique
+from tests.support.processes import WorkerProcess, subprocess_env
+from tests.support.waiting import eventually
 from threads_celery import Detached, Settings, Threads
 from threads_celery.runtime import Runtime
 
@@ -119,57 +116,6 @@ def test_two_launches_at_once_past_a_cap_of_one_refuse_exactly_one_on_postgres(l
 # -- recovery with real workers --------------------------------------------------------------
 
 
-class Worker:
-    """A ``celery -A tasks worker`` subprocess in a process group of its own."""
-
-    def __init__(self, name: str, env: dict[str, str], log_path: Path) -> None:
-        self.name = name
-        self.log_path = log_path
-        argv = [
-            sys.executable, "-m", "celery", "-A", "tasks", "worker",
-            "--pool", "prefork", "--concurrency", "2", "--loglevel", "INFO",
-            "-n", f"{name}@%h", "--without-mingle", "--without-gossip",
-        ]  # fmt: skip
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        pattern = re.compile(rf"{re.escape(self.name)}@\S+ ready\.")
-        deadline = time.monotonic() + timeout
-        while not pattern.search(self.log_path.read_text(errors="replace") if self.log_path.exists() else ""):
-            if self.proc.poll() is not None:
-                raise AssertionError(f"worker {self.name} exited before it was ready:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"worker {self.name} not ready within {timeout:g}s:\n{self.log_tail()}")
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        """SIGKILL the whole group (the main process and its pool children) and reap it."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=15)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
-
-
 @pytest.fixture
 def worker_broker_url(redis_url: str) -> str:
     import redis
@@ -188,22 +134,22 @@ def worker_broker_url(redis_url: str) -> str:
 
 @pytest.fixture
 def start_worker(migrated_pg_url: str, worker_broker_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
-    started: list[Worker] = []
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("THREADS_", "CELERY_"))}
-    env.update(
-        THREADS_DATABASE_URL=migrated_pg_url,
-        THREADS_BROKER_URL=worker_broker_url,
-        THREADS_AGENTS=WORKER_AGENTS,
-        # A killed read_only call is taken over once its lease (2 s) runs out unrenewed.
-        THREADS_TOOL_LEASE_S="2",
-        THREADS_STEP_LEASE_S="5",
-        THREADS_OUTBOX_STALE_AFTER_S="2",
-        PYTHONPATH=str(REPO_ROOT),
-        PYTHONUNBUFFERED="1",
+    started: list[WorkerProcess] = []
+    env = subprocess_env(
+        {
+            "THREADS_DATABASE_URL": migrated_pg_url,
+            "THREADS_BROKER_URL": worker_broker_url,
+            "THREADS_AGENTS": WORKER_AGENTS,
+            # A killed read_only call is taken over once its lease (2 s) runs out unrenewed.
+            "THREADS_TOOL_LEASE_S": "2",
+            "THREADS_STEP_LEASE_S": "5",
+            "THREADS_OUTBOX_STALE_AFTER_S": "2",
+        }
     )
 
-    def start(name: str) -> Worker:
-        worker = Worker(name, env, tmp_path / f"{name}.log")
+    def start(name: str) -> WorkerProcess:
+        worker = WorkerProcess(name, env=env, log_path=tmp_path / f"{name}.log")
+        worker.start()
         started.append(worker)
         worker.wait_ready()
         return worker
@@ -213,7 +159,7 @@ def start_worker(migrated_pg_url: str, worker_broker_url: str, tmp_path: Path, r
     for worker in started:
         if failed is not None and failed.failed:
             print(f"--- last lines of worker {worker.name} ---\n{worker.log_tail()}")
-        worker.stop()
+        worker.terminate()
 
 
 @pytest.fixture

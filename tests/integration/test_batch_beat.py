@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +24,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.integration.conftest import REPO_ROOT, WorkerProcess
+from tests.support.processes import (
+    REPO_ROOT,
+    BeatProcess,
+    ManagedProcess,
+    WorkerProcess,
+    subprocess_env,
+)
+from tests.support.waiting import eventually
 
 T = TypeVar("T")
 WAIT_S = 60.0
@@ -50,21 +55,7 @@ AGENTS_SOURCE = textwrap.dedent(
 PUBLISHED = re.compile(r"schedule (it-tick|it-acc): publishing slot (\S+)( \(after a gap)?")
 
 
-def eventually(
-    probe: Callable[[], T], *, timeout: float = WAIT_S, what: str, detail: Callable[[], Any] | None = None
-) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            seen = detail() if detail is not None else value
-            raise AssertionError(f"{what} did not happen within {timeout:g}s: {seen!r}")
-        time.sleep(0.1)
-
-
-def published(process: WorkerProcess, schedule: str) -> list[str]:
+def published(process: ManagedProcess, schedule: str) -> list[str]:
     """The slots (ISO) that a Beat's log says it published for ``schedule``, in order."""
     return [m.group(2) for m in PUBLISHED.finditer(process.log_text()) if m.group(1) == schedule]
 
@@ -91,36 +82,31 @@ def batch_redis_url(redis_url: str) -> str:
 @pytest.fixture
 def services(
     migrated_pg_url: str, batch_redis_url: str, tmp_path: Path
-) -> Iterator[Callable[..., WorkerProcess]]:
+) -> Iterator[Callable[..., ManagedProcess]]:
     """``start(kind, name, cwd=None)`` starts ``celery -A tasks <kind>``; all are stopped after the test."""
     modules = tmp_path / "modules"
     modules.mkdir()
     (modules / f"{AGENTS_MODULE}.py").write_text(AGENTS_SOURCE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("THREADS_", "CELERY_"))}
-    env.update(
-        THREADS_DATABASE_URL=migrated_pg_url,
-        THREADS_BROKER_URL=batch_redis_url,
-        THREADS_AGENTS=AGENTS_MODULE,
-        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(modules)]),
-        PYTHONUNBUFFERED="1",
+    env = subprocess_env(
+        {
+            "THREADS_DATABASE_URL": migrated_pg_url,
+            "THREADS_BROKER_URL": batch_redis_url,
+            "THREADS_AGENTS": AGENTS_MODULE,
+            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(modules)]),
+        }
     )
-    started: list[WorkerProcess] = []
+    started: list[ManagedProcess] = []
 
-    def start(kind: str, name: str, *, cwd: Path | None = None) -> WorkerProcess:
+    def start(kind: str, name: str, *, cwd: Path | None = None) -> ManagedProcess:
         workdir = cwd or tmp_path / name
         workdir.mkdir(exist_ok=True)
-        if kind == "worker":
-            extra = ["--pool", "prefork", "--concurrency", "2", "-n", f"{name}@%h", "--without-mingle", "--without-gossip"]
-        else:
-            extra = ["--schedule", str(workdir / "beat-schedule")]
-        argv = [sys.executable, "-m", "celery", "-A", "tasks", kind, "--loglevel", "INFO", *extra]
         log_path = tmp_path / f"{name}.log"
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        process = WorkerProcess(name, proc, log_path, migrated_pg_url, batch_redis_url)
+        process: ManagedProcess
+        if kind == "worker":
+            process = WorkerProcess(name, env=env, log_path=log_path, concurrency=2, cwd=workdir)
+        else:
+            process = BeatProcess(name, env=env, log_path=log_path, schedule_path=workdir / "beat-schedule", cwd=workdir)
+        process.start()
         started.append(process)
         return process
 
@@ -174,7 +160,7 @@ def progress(client: Any, schedule: str, slots: set[str]) -> Callable[[], dict[s
 
 
 def test_two_beats_start_one_run_per_slot_and_a_restarted_beat_applies_the_missed_policy(
-    services: Callable[..., WorkerProcess], client: Any, tmp_path: Path
+    services: Callable[..., ManagedProcess], client: Any, tmp_path: Path
 ) -> None:
     worker = services("worker", "w-batch")
     worker.wait_ready()

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,54 +23,35 @@ from typing import Any
 import pytest
 from celery.signals import before_task_publish
 
-from tests.integration.conftest import REPO_ROOT, TEST_AGENTS, WorkerProcess
+from tests.integration.conftest import TEST_AGENTS
+from tests.support.processes import (
+    REPO_ROOT,
+    THREADS_CELERY,
+    ManagedProcess,
+    WorkerProcess,
+    free_port,
+    subprocess_env,
+)
+from tests.support.waiting import eventually
 
 FLOWER_USER, FLOWER_PASSWORD = "flower-user", "flower-pass"
 DEADLINE_S = 60.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def service_env(database_url: str, broker_url: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("THREADS_", "CELERY_"))}
-    env.update(
-        THREADS_DATABASE_URL=database_url,
-        THREADS_BROKER_URL=broker_url,
-        THREADS_AGENTS=TEST_AGENTS,
-        PYTHONPATH=str(REPO_ROOT),
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
-def spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tasks", *argv],
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    return subprocess_env({"THREADS_DATABASE_URL": database_url, "THREADS_BROKER_URL": broker_url, "THREADS_AGENTS": TEST_AGENTS})
 
 
 @pytest.fixture(scope="module")
 def worker(migrated_pg_url: str, integration_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     """Overrides the package's worker: one with task events switched on explicitly (``-E``)."""
-    name = "flower-w1"
-    log_path = tmp_path_factory.mktemp("worker") / f"{name}.log"
-    argv = [
-        "worker", "-E", "--pool", "prefork", "--concurrency", "2", "--loglevel", "INFO",
-        "-n", f"{name}@%h", "--without-mingle", "--without-gossip",
-    ]  # fmt: skip
-    proc = spawn(argv, service_env(migrated_pg_url, integration_redis_url), log_path)
-    process = WorkerProcess(name, proc, log_path, migrated_pg_url, integration_redis_url)
+    process = WorkerProcess(
+        "flower-w1",
+        env=service_env(migrated_pg_url, integration_redis_url),
+        log_path=tmp_path_factory.mktemp("worker") / "flower-w1.log",
+        extra_args=["-E"],
+    )
+    process.start()
     try:
         process.wait_ready()
         yield process
@@ -84,8 +62,8 @@ def worker(migrated_pg_url: str, integration_redis_url: str, tmp_path_factory: p
 class Flower:
     """A Flower process and a tiny client for its JSON API."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
-        self.proc, self.port, self.log_path = proc, port, log_path
+    def __init__(self, process: ManagedProcess, port: int) -> None:
+        self.process, self.port = process, port
 
     def get(self, path: str, *, auth: bool = True) -> tuple[int, str]:
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}")
@@ -105,42 +83,39 @@ class Flower:
         return text, json.loads(text)
 
     def log_tail(self) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-60:])
+        return self.process.log_tail(60)
 
 
 @pytest.fixture(scope="module")
-def flower(worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flower]:
+def flower(
+    worker: WorkerProcess, migrated_pg_url: str, integration_redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Flower]:
     pytest.importorskip("flower")
     port = free_port()
-    log_path = tmp_path_factory.mktemp("flower") / "flower.log"
     # Started the way docker-compose and the README start it: our launcher, credentials from the environment.
-    env = service_env(worker.database_url, worker.broker_url)
+    env = service_env(migrated_pg_url, integration_redis_url)
     env.update(FLOWER_USER=FLOWER_USER, FLOWER_PASSWORD=FLOWER_PASSWORD)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "threads-celery"), "flower", f"--port={port}", "--address=127.0.0.1"],
-            cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    flower = Flower(proc, port, log_path)
+    process = ManagedProcess(
+        "flower",
+        [THREADS_CELERY, "flower", f"--port={port}", "--address=127.0.0.1"],
+        env=env,
+        log_path=tmp_path_factory.mktemp("flower") / "flower.log",
+    )
+    process.start()
+    flower = Flower(process, port)
+
+    def answers() -> bool:
+        assert process.alive(), f"flower exited:\n{flower.log_tail()}"
+        try:
+            return flower.get("/healthcheck", auth=False)[0] == 200  # open, as the compose health check needs
+        except OSError:
+            return False
+
     try:
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
-            assert proc.poll() is None, f"flower exited:\n{flower.log_tail()}"
-            try:
-                if flower.get("/healthcheck", auth=False)[0] == 200:  # open, as the compose health check needs
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"flower did not answer within {DEADLINE_S:g}s:\n{flower.log_tail()}"
-            time.sleep(0.1)
+        eventually(answers, timeout=DEADLINE_S, what="flower answering", detail=flower.log_tail)
         yield flower
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+        process.terminate()
 
 
 def wait_for_task(flower: Flower, task_id: str, *, state: str = "SUCCESS") -> dict[str, Any]:
@@ -177,11 +152,11 @@ def test_flower_metrics_need_the_same_basic_auth(flower: Flower) -> None:
     assert flower.get("/healthcheck", auth=False)[0] == 200  # the health probe stays open
 
 
-def test_flower_refuses_to_start_with_empty_credentials(worker: WorkerProcess) -> None:
-    env = service_env(worker.database_url, worker.broker_url)
+def test_flower_refuses_to_start_with_empty_credentials(migrated_pg_url: str, integration_redis_url: str) -> None:
+    env = service_env(migrated_pg_url, integration_redis_url)
     env.update(FLOWER_USER="", FLOWER_PASSWORD="")
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "threads-celery"), "flower", f"--port={free_port()}"],
+        [THREADS_CELERY, "flower", f"--port={free_port()}"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE_S,
     )  # fmt: skip
     assert done.returncode != 0

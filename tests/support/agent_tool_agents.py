@@ -3,7 +3,7 @@
 Two halves:
 
 * Helpers for the embedded tests (``tests/unit/test_agent_tool*.py``, ``test_progress.py``):
-  :func:`eventually` (poll with a deadline), :class:`Gate` (a tool that blocks on a
+  :func:`eventually` (re-exported from :mod:`tests.support.waiting`), :class:`Gate` (a tool that blocks on a
   ``threading.Event`` until the test opens it) and :class:`CountingScript` (a scripted model
   entry that counts the turns it answers).
 * Agents for worker subprocesses (``THREADS_AGENTS=tests.support.agent_tool_agents``), used by
@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 
+from tests.support.waiting import eventually  # noqa: F401 - re-exported for the agent-tool tests
 from threads_celery import Agent, agent_tool, tool
 from threads_celery.permissions import Permissions
 from threads_celery.testing import Reply, ScriptedModel, call, say
@@ -34,20 +35,6 @@ WAIT_S = 30.0
 
 
 # -- helpers for embedded tests ----------------------------------------------------------------
-
-
-def eventually(probe: Callable[[], T], *, timeout: float = WAIT_S, what: str = "the condition") -> T:
-    """Call ``probe`` until it returns something truthy; AssertionError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    delay = 0.005
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:g}s (last value: {value!r})")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.1)
 
 
 class Gate:
