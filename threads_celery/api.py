@@ -8,6 +8,10 @@ Serve it with the CLI or any ASGI server::
 Every route under ``/v1`` needs ``Authorization: Bearer <token>`` with a token from
 ``THREADS_API_TOKENS`` (comma-separated). With no token configured the API refuses to start,
 unless ``THREADS_API_AUTH=off`` says, explicitly, that something in front of it authenticates.
+Each token maps to a principal and a tenant (``principal@tenant=token``; a bare token is an
+anonymous principal of the ``default`` tenant): a caller sees and acts on its tenant's threads,
+runs and calls only, another tenant's ids answer 404, and decisions are recorded under the
+token's principal (see :mod:`threads_celery.tenancy`).
 ``/healthz`` (the process is up) and ``/readyz`` (the database and the broker answer) are open.
 
 Errors always have the shape ``{"error": {"type": ..., "message": ...}}``: 401 unauthenticated,
@@ -34,7 +38,7 @@ import hmac
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from itertools import islice
 from typing import TYPE_CHECKING, Annotated, Any
@@ -79,6 +83,15 @@ from .exceptions import (
     UnknownAgent,
 )
 from .records import Event, RunStatus
+from .tenancy import (
+    UNAUTHENTICATED,
+    Caller,
+    callers_from_tokens,
+    only_theirs,
+    owned_call,
+    owned_run,
+    owned_thread,
+)
 
 if TYPE_CHECKING:
     from .client import Threads
@@ -139,8 +152,14 @@ def error_response(status: int, type: str, message: str, *, headers: Mapping[str
 # -- configuration -----------------------------------------------------------------------------
 
 
+def callers_from_env(env: Mapping[str, str]) -> dict[str, Caller]:
+    """Token -> caller as ``THREADS_API_TOKENS`` defines them (see :mod:`threads_celery.tenancy`)."""
+    return callers_from_tokens(env.get("THREADS_API_TOKENS", "").split(","))
+
+
 def tokens_from_env(env: Mapping[str, str]) -> set[str]:
-    return {t.strip() for t in env.get("THREADS_API_TOKENS", "").split(",") if t.strip()}
+    """The bearer tokens ``THREADS_API_TOKENS`` defines."""
+    return set(callers_from_env(env))
 
 
 def auth_from_env(env: Mapping[str, str]) -> bool:
@@ -236,7 +255,7 @@ class BodyLimit:
 def create_api(
     threads: Threads,
     *,
-    tokens: set[str] | None = None,
+    tokens: Iterable[str] | Mapping[str, Caller] | None = None,
     auth: bool | None = None,
     max_body_bytes: int | None = None,
     keepalive_s: float = DEFAULT_KEEPALIVE_S,
@@ -247,14 +266,15 @@ def create_api(
     """The FastAPI app serving ``threads``.
 
     ``tokens``, ``auth`` and ``max_body_bytes`` default to ``THREADS_API_TOKENS``,
-    ``THREADS_API_AUTH`` and ``THREADS_API_MAX_BODY_BYTES``. With authentication on (the
-    default) and no token, this raises ConfigError: an API that anyone can drive is never the
-    result of a missing variable.
+    ``THREADS_API_AUTH`` and ``THREADS_API_MAX_BODY_BYTES``. ``tokens`` entries are read as
+    ``THREADS_API_TOKENS`` entries are, or given as a mapping of token to :class:`Caller`. With
+    authentication on (the default) and no token, this raises ConfigError: an API that anyone
+    can drive is never the result of a missing variable.
     """
     env = os.environ if env is None else env
     auth = auth_from_env(env) if auth is None else auth
-    tokens = tokens_from_env(env) if tokens is None else {t for t in tokens if t}
-    check_auth_config(auth, tokens)
+    callers = callers_from_env(env) if tokens is None else callers_from_tokens(tokens)
+    check_auth_config(auth, set(callers))
     max_body_bytes = max_body_from_env(env) if max_body_bytes is None else max_body_bytes
     if max_body_bytes <= 0:
         raise ConfigError(f"max_body_bytes must be positive, not {max_body_bytes}")
@@ -277,18 +297,25 @@ def create_api(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     _install_error_handlers(app)
     _install_health(app, threads)
-    dependencies = [Depends(_bearer_auth(frozenset(tokens)))] if auth else []
-    app.include_router(_v1(threads, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s), dependencies=dependencies)
+    caller_of = _bearer_auth(callers) if auth else _unauthenticated
+    # At the router too, so that no route can forget it; FastAPI runs it once per request.
+    app.include_router(
+        _v1(threads, caller_of, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s), dependencies=[Depends(caller_of)]
+    )
     return app
 
 
-def _bearer_auth(tokens: frozenset[str]) -> Callable[..., None]:
+def _unauthenticated() -> Caller:
+    return UNAUTHENTICATED
+
+
+def _bearer_auth(callers: Mapping[str, Caller]) -> Callable[..., Caller]:
     scheme = HTTPBearer(auto_error=False, description="A token from THREADS_API_TOKENS.")
-    known = [t.encode() for t in tokens]
+    known = [(t.encode(), caller) for t, caller in callers.items()]
 
     # A default, not Annotated[...]: with postponed annotations FastAPI resolves names in the
     # module's globals, where this closure's ``scheme`` is not.
-    def require_token(credentials: HTTPAuthorizationCredentials | None = Depends(scheme)) -> None:  # noqa: B008
+    def require_token(credentials: HTTPAuthorizationCredentials | None = Depends(scheme)) -> Caller:  # noqa: B008
         if credentials is None:
             raise HTTPException(
                 401, "missing bearer token (send Authorization: Bearer <token>)",
@@ -296,14 +323,16 @@ def _bearer_auth(tokens: frozenset[str]) -> Callable[..., None]:
             )  # fmt: skip
         given = credentials.credentials.encode()
         # Compare against every token, always, so timing says nothing about which one is close.
-        matched = False
-        for token in known:
-            matched |= hmac.compare_digest(given, token)
-        if not matched:
+        matched: Caller | None = None
+        for token, caller in known:
+            if hmac.compare_digest(given, token):
+                matched = caller
+        if matched is None:
             raise HTTPException(
                 401, "invalid bearer token",
                 headers={"WWW-Authenticate": 'Bearer realm="threads-celery", error="invalid_token"'},
             )  # fmt: skip
+        return matched
 
     return require_token
 
@@ -388,16 +417,16 @@ ThreadId = Annotated[str, Path(pattern=ID_PATTERN, description="A thread id.")]
 EffectKey = Annotated[str, Path(pattern=EFFECT_KEY_PATTERN, description="A tool call's effect key.")]
 
 
-def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIRouter:
+def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: float, poll_interval_s: float) -> APIRouter:
     router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
     # FastAPI's own type for extra OpenAPI responses.
     not_found: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "No such agent, run, thread or call."}}
     conflict: dict[int | str, dict[str, Any]] = {409: {"model": ErrorOut, "description": "The call is not in a state that allows this."}}
 
     @router.post("/runs", status_code=202, response_model=RunStarted, tags=["runs"], responses={**not_found, **conflict, 413: {"model": ErrorOut}})
-    def start_run(body: StartRun) -> JSONResponse:
+    def start_run(body: StartRun, caller: Caller = Depends(caller_of)) -> JSONResponse:  # noqa: B008
         """Record a run and enqueue its first step; answers at once with its ids."""
-        handle = threads.start(body.agent, body.message, thread_id=body.thread_id, run_id=body.run_id)
+        handle = threads.start(body.agent, body.message, thread_id=body.thread_id, run_id=body.run_id, tenant=caller.tenant)
         started = RunStarted(run_id=handle.run_id, thread_id=handle.thread_id, status=handle.status)
         return JSONResponse(started.model_dump(mode="json"), status_code=202, headers={"Location": f"/v1/runs/{handle.run_id}"})
 
@@ -406,24 +435,29 @@ def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIR
         thread_id: Annotated[str | None, Query(pattern=ID_PATTERN)] = None,
         status: RunStatus | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        caller: Caller = Depends(caller_of),  # noqa: B008
     ) -> list[RunOut]:
-        """Recent runs, newest first."""
-        return [RunOut.of(r) for r in threads.runs(thread_id=thread_id, status=status, limit=limit)]
+        """Recent runs of the caller's tenant, newest first."""
+        return [RunOut.of(r) for r in threads.runs(thread_id=thread_id, status=status, limit=limit, tenant=caller.tenant)]
 
     @router.get("/runs/{run_id}", response_model=RunOut, tags=["runs"], responses=not_found)
-    def get_run(run_id: RunId) -> RunOut:
+    def get_run(run_id: RunId, caller: Caller = Depends(caller_of)) -> RunOut:  # noqa: B008
         """One run's current snapshot."""
+        owned_run(threads, caller, run_id)
         return RunOut.of(threads.get_run(run_id))
 
     @router.post("/runs/{run_id}/cancel", response_model=RunOut, tags=["runs"], responses=not_found)
-    def cancel_run(run_id: RunId) -> RunOut:
+    def cancel_run(run_id: RunId, caller: Caller = Depends(caller_of)) -> RunOut:  # noqa: B008
         """Abort a run that has not ended; one that has is returned as it is."""
-        return RunOut.of(threads.cancel(run_id, reason="cancelled through the HTTP API"))
+        owned_run(threads, caller, run_id)
+        return RunOut.of(threads.cancel(run_id, reason=f"cancelled through the HTTP API by {caller.principal}"))
 
     @router.get("/threads/{thread_id}/messages", response_model=list[MessageOut], tags=["threads"], responses=not_found)
-    def thread_messages(thread_id: ThreadId, after: Annotated[int, Query(ge=-1, le=MAX_SEQ)] = -1) -> list[MessageOut]:
+    def thread_messages(
+        thread_id: ThreadId, after: Annotated[int, Query(ge=-1, le=MAX_SEQ)] = -1, caller: Caller = Depends(caller_of)  # noqa: B008
+    ) -> list[MessageOut]:
         """The thread's messages in order, those with ``seq`` greater than ``after``."""
-        _last_event_seq(threads, thread_id)  # 404 for a thread that does not exist
+        owned_thread(threads, caller, thread_id)  # 404 for a thread that does not exist or is not the caller's
         return [MessageOut.of(m) for m in threads.messages(thread_id, after=after)]
 
     @router.get(
@@ -443,6 +477,7 @@ def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIR
         thread_id: ThreadId,
         after: Annotated[int | None, Query(ge=0, le=MAX_SEQ, description="Resume after this seq (Last-Event-ID wins).")] = None,
         last_event_id: Annotated[str | None, Header(description="The id of the last frame seen.")] = None,
+        caller: Caller = Depends(caller_of),  # noqa: B008
     ) -> StreamingResponse:
         """Server-Sent Events: the thread's event log after the cursor, then tailed live.
 
@@ -450,6 +485,7 @@ def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIR
         every ~15 s of silence to keep proxies from closing the connection.
         """
         cursor = _parse_cursor(last_event_id, after)
+        await run_in_threadpool(owned_thread, threads, caller, thread_id)
         last = await run_in_threadpool(_last_event_seq, threads, thread_id)
         if cursor > last:
             raise ApiError(
@@ -463,36 +499,42 @@ def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIR
         )
 
     @router.get("/parked", response_model=list[PendingCallOut], tags=["calls"])
-    def parked() -> list[PendingCallOut]:
-        """Calls that wait for a person: parked after an interruption, or awaiting approval."""
-        return [PendingCallOut.of(c) for c in threads.parked()]
+    def parked(caller: Caller = Depends(caller_of)) -> list[PendingCallOut]:  # noqa: B008
+        """The caller's calls that wait for a person: parked after an interruption, or awaiting approval."""
+        return [PendingCallOut.of(c) for c in only_theirs(threads, caller, threads.parked())]
 
     @router.get("/runs/{run_id}/pending", response_model=list[PendingCallOut], tags=["calls"], responses=not_found)
-    def run_pending(run_id: RunId) -> list[PendingCallOut]:
+    def run_pending(run_id: RunId, caller: Caller = Depends(caller_of)) -> list[PendingCallOut]:  # noqa: B008
         """What waits for a person under a run: its own calls, then its child runs' (kind "child")."""
+        owned_run(threads, caller, run_id)
         return [PendingCallOut.of(c) for c in threads.pending(run_id)]
 
+    # Decisions are recorded under the token's principal; a principal in the body is ignored.
     @router.post("/calls/{effect_key}/approve", response_model=Decision, tags=["calls"], responses={**not_found, **conflict})
-    def approve(effect_key: EffectKey, body: Approve) -> Decision:
+    def approve(effect_key: EffectKey, body: Approve, caller: Caller = Depends(caller_of)) -> Decision:  # noqa: B008
         """Approve a call awaiting approval, for its arguments or for edited (re-validated) ones."""
-        threads.approve(effect_key, principal=body.principal, override_args=body.override_args, remember=body.remember)
+        owned_call(threads, caller, effect_key)
+        threads.approve(effect_key, principal=caller.principal, override_args=body.override_args, remember=body.remember)
         return Decision(effect_key=effect_key, decision="approved")
 
     @router.post("/calls/{effect_key}/deny", response_model=Decision, tags=["calls"], responses={**not_found, **conflict})
-    def deny(effect_key: EffectKey, body: Deny) -> Decision:
+    def deny(effect_key: EffectKey, body: Deny, caller: Caller = Depends(caller_of)) -> Decision:  # noqa: B008
         """Deny a call awaiting approval; the model sees ``denied: <reason>`` and goes on."""
-        threads.deny(effect_key, body.reason, principal=body.principal)
+        owned_call(threads, caller, effect_key)
+        threads.deny(effect_key, body.reason, principal=caller.principal)
         return Decision(effect_key=effect_key, decision="denied")
 
     @router.post("/calls/{effect_key}/resolve", response_model=Decision, tags=["calls"], responses={**not_found, **conflict})
-    def resolve(effect_key: EffectKey, body: Resolve) -> Decision:
+    def resolve(effect_key: EffectKey, body: Resolve, caller: Caller = Depends(caller_of)) -> Decision:  # noqa: B008
         """Settle a parked call: assume_done records ``result``; assume_not_done runs it again."""
-        threads.resolve(effect_key, body.resolution, principal=body.principal, result=body.result)
+        owned_call(threads, caller, effect_key)
+        threads.resolve(effect_key, body.resolution, principal=caller.principal, result=body.result)
         return Decision(effect_key=effect_key, decision=body.resolution)
 
     @router.get("/calls/{effect_key}/result", response_model=CallResultOut, tags=["calls"], responses=not_found)
-    def call_result(effect_key: EffectKey) -> CallResultOut:
+    def call_result(effect_key: EffectKey, caller: Caller = Depends(caller_of)) -> CallResultOut:  # noqa: B008
         """A tool call's whole result, also when the model was shown it shortened."""
+        owned_call(threads, caller, effect_key)
         with threads.store.read() as tx:
             found = tx.tool_result(effect_key)
         if found is None:
@@ -511,6 +553,7 @@ def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIR
     add_agent_tool_routes(
         router,
         threads,
+        caller_of=caller_of,
         stream=lambda thread_id, cursor: _event_stream(
             threads, thread_id, cursor, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s
         ),
@@ -520,7 +563,7 @@ def _v1(threads: Threads, *, keepalive_s: float, poll_interval_s: float) -> APIR
     )
     from .api_usage import add_usage_routes
 
-    add_usage_routes(router, threads, last_event_seq=_last_event_seq)
+    add_usage_routes(router, threads, caller_of=caller_of)
     return router
 
 
@@ -600,7 +643,7 @@ def app_from_environment() -> FastAPI:
 
     env = os.environ
     # Refuse a misconfigured API before opening any connection.
-    check_auth_config(auth_from_env(env), tokens_from_env(env))
+    check_auth_config(auth_from_env(env), set(callers_from_env(env)))
     max_body_from_env(env)
     settings = Settings.from_env()
     threads = Threads(settings=settings)

@@ -1,20 +1,23 @@
 """HTTP routes for a thread's agent-tool runs and variables: list, clear, drill in, set env.
 
 Drill-in is gated by the parent's registry: a run id that the parent thread never started is a
-404, and nothing is spawned for it.
+404, and nothing is spawned for it. Every route first checks that the thread belongs to the
+caller's tenant (a child thread belongs to its parent's), so another tenant's thread is a 404 too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Path, Query
+from fastapi import APIRouter, Depends, Header, Path, Query
 from fastapi.responses import StreamingResponse
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from .api_models import EFFECT_KEY_PATTERN, ID_PATTERN, MAX_SEQ, ErrorOut
+from .tenancy import Caller, owned_thread
 
 if TYPE_CHECKING:
     from .agent_tools import AgentToolRun
@@ -92,6 +95,7 @@ def add_agent_tool_routes(
     router: APIRouter,
     threads: Threads,
     *,
+    caller_of: Callable[..., Caller],
     stream: Any,
     parse_cursor: Any,
     last_event_seq: Any,
@@ -109,10 +113,10 @@ def add_agent_tool_routes(
 
     @router.get("/threads/{thread_id}/agent-tool-runs", response_model=list[AgentToolRunOut], tags=["agent tools"], responses=not_found)
     def list_agent_tool_runs(
-        thread_id: ThreadId, status: Annotated[list[AgentToolStatus] | None, Query()] = None
+        thread_id: ThreadId, status: Annotated[list[AgentToolStatus] | None, Query()] = None, caller: Caller = Depends(caller_of)  # noqa: B008
     ) -> list[AgentToolRunOut]:
         """The thread's retained agent-tool runs, oldest first, with progress and milestones."""
-        last_event_seq(threads, thread_id)  # 404 for a thread that does not exist
+        owned_thread(threads, caller, thread_id)  # 404 for a thread that does not exist or is not the caller's
         rows = threads.agent_tool_runs(thread_id, status=status)
         return [AgentToolRunOut.of(threads.inspect_agent_tool_run(r.run_id) or r) for r in rows]
 
@@ -123,9 +127,10 @@ def add_agent_tool_routes(
         older_than: Annotated[
             AwareDatetime | None, Query(description="Only runs started before this instant (with its UTC offset).")
         ] = None,
+        caller: Caller = Depends(caller_of),  # noqa: B008
     ) -> Cleared:
         """Delete retained runs and their child threads; running ones are cancelled first."""
-        last_event_seq(threads, thread_id)
+        owned_thread(threads, caller, thread_id)
         return Cleared(cleared=threads.clear_agent_tool_runs(thread_id, status=status, older_than=older_than))
 
     @router.get(
@@ -139,8 +144,10 @@ def add_agent_tool_routes(
         run_id: AgentToolRunId,
         after: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
         last_event_id: Annotated[str | None, Header()] = None,
+        caller: Caller = Depends(caller_of),  # noqa: B008
     ) -> StreamingResponse:
         """The child's own event stream, only for a run the parent's registry holds."""
+        await run_in_threadpool(owned_thread, threads, caller, thread_id)
         row = await run_in_threadpool(registry_row, thread_id, run_id)
         if row.child_thread_id is None:
             raise api_error(404, "not_found", f"agent-tool run {run_id} has no child thread yet")
@@ -151,6 +158,7 @@ def add_agent_tool_routes(
         return StreamingResponse(stream(row.child_thread_id, cursor), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @router.post("/threads/{thread_id}/env", response_model=EnvSet, tags=["threads"], responses=not_found)
-    def set_env(thread_id: ThreadId, body: SetEnv) -> EnvSet:
+    def set_env(thread_id: ThreadId, body: SetEnv, caller: Caller = Depends(caller_of)) -> EnvSet:  # noqa: B008
         """Give the thread a variable's value (secrets are encrypted); waiting runs go on."""
+        owned_thread(threads, caller, thread_id)
         return EnvSet(name=body.name, resumed_calls=threads.set_env(thread_id, body.name, body.value))

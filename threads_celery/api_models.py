@@ -78,7 +78,11 @@ class StartRun(_Request):
 class Approve(_Request):
     """Approve a call that awaits approval, for its exact arguments or for edited ones."""
 
-    principal: Principal
+    principal: Annotated[
+        str | None,
+        Field(min_length=1, max_length=255, description="Ignored: the approval is recorded under the bearer token's principal."),
+        AfterValidator(_optional_no_nul),
+    ] = None
     override_args: Annotated[
         dict[str, JsonValue] | None,
         Field(description="Edited arguments; validated against the tool's input schema, and recorded."),
@@ -94,14 +98,22 @@ class Deny(_Request):
     """Deny a call that awaits approval; the model sees ``denied: <reason>``."""
 
     reason: Annotated[Text, Field(min_length=1, max_length=2000)]
-    principal: Annotated[str | None, Field(min_length=1, max_length=255), AfterValidator(_optional_no_nul)] = None
+    principal: Annotated[
+        str | None,
+        Field(min_length=1, max_length=255, description="Ignored: the denial is recorded under the bearer token's principal."),
+        AfterValidator(_optional_no_nul),
+    ] = None
 
 
 class Resolve(_Request):
     """Settle a parked call: ``assume_done`` records ``result``; ``assume_not_done`` runs it again."""
 
     resolution: Literal["assume_done", "assume_not_done"]
-    principal: Principal
+    principal: Annotated[
+        str | None,
+        Field(min_length=1, max_length=255, description="Ignored: the resolution is recorded under the bearer token's principal."),
+        AfterValidator(_optional_no_nul),
+    ] = None
     result: Annotated[
         JsonValue, Field(description="With assume_done: the result the model is shown."), AfterValidator(_finite)
     ] = None

@@ -3,18 +3,21 @@ Prometheus metrics (``GET /v1/metrics``, behind the same bearer token).
 
 ``GET /v1/runs/{id}/usage``, ``GET /v1/threads/{id}/usage`` and ``GET /v1/usage?agent=&day=``
 answer :class:`UsageOut`: requests, input, output and total tokens, and cost (null when no call
-had a price in ``THREADS_MODEL_PRICES``). An unknown run or thread is a 404.
+had a price in ``THREADS_MODEL_PRICES``). An unknown run or thread, or one of another tenant, is a
+404; ``/v1/usage`` sums the caller's tenant only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import date
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Response
 from pydantic import BaseModel
 
 from .api_models import ID_PATTERN, ErrorOut
+from .tenancy import Caller, owned_run, owned_thread
 
 if TYPE_CHECKING:
     from .client import Threads
@@ -41,7 +44,7 @@ class UsageOut(BaseModel):
         )
 
 
-def add_usage_routes(router: APIRouter, threads: Threads, *, last_event_seq: Any) -> None:
+def add_usage_routes(router: APIRouter, threads: Threads, *, caller_of: Callable[..., Caller]) -> None:
     """Register the usage routes on the /v1 router."""
     not_found: dict[int | str, dict[str, Any]] = {
         404: {"model": ErrorOut, "description": "No such run or thread."}
@@ -50,17 +53,17 @@ def add_usage_routes(router: APIRouter, threads: Threads, *, last_event_seq: Any
     @router.get(
         "/runs/{run_id}/usage", response_model=UsageOut, tags=["usage"], responses=not_found
     )
-    def run_usage(run_id: Annotated[str, Path(pattern=ID_PATTERN)]) -> UsageOut:
+    def run_usage(run_id: Annotated[str, Path(pattern=ID_PATTERN)], caller: Caller = Depends(caller_of)) -> UsageOut:  # noqa: B008
         """The run's model usage so far."""
-        threads.get_run(run_id)  # RunNotFound: 404
+        owned_run(threads, caller, run_id)  # RunNotFound: 404
         return UsageOut.of(threads.usage(run_id=run_id))
 
     @router.get(
         "/threads/{thread_id}/usage", response_model=UsageOut, tags=["usage"], responses=not_found
     )
-    def thread_usage(thread_id: Annotated[str, Path(pattern=ID_PATTERN)]) -> UsageOut:
+    def thread_usage(thread_id: Annotated[str, Path(pattern=ID_PATTERN)], caller: Caller = Depends(caller_of)) -> UsageOut:  # noqa: B008
         """The thread's model usage over all its runs."""
-        last_event_seq(threads, thread_id)  # ThreadNotFound: 404
+        owned_thread(threads, caller, thread_id)  # ThreadNotFound: 404
         return UsageOut.of(threads.usage(thread_id=thread_id))
 
     @router.get(
@@ -84,9 +87,10 @@ def add_usage_routes(router: APIRouter, threads: Threads, *, last_event_seq: Any
     def usage(
         agent: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
         day: Annotated[date | None, Query(description="A UTC day, YYYY-MM-DD.")] = None,
+        caller: Caller = Depends(caller_of),  # noqa: B008
     ) -> UsageOut:
-        """Model usage of an agent, a UTC day, or both (everything when neither is given)."""
-        return UsageOut.of(threads.usage(agent=agent, day=day))
+        """The caller's tenant's model usage of an agent, a UTC day, or both (all of it when neither is given)."""
+        return UsageOut.of(threads.usage(agent=agent, day=day, tenant=caller.tenant))
 
 
 __all__ = ["UsageOut", "add_usage_routes"]

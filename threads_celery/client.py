@@ -250,10 +250,14 @@ class Threads(AgentToolsMixin):
         env: dict[str, str] | None = None,
         *,
         run_id: str | None = None,
+        tenant: str | None = None,
     ) -> RunHandle:
         """Record a run and enqueue its first step; returns its ids at once.
 
         A message sent to a thread that is running is queued behind the current run.
+        ``tenant`` (what the HTTP API passes for its caller) owns a new thread; an existing
+        thread or run of another tenant is ``ThreadNotFound``/``RunNotFound``. Without it, a new
+        thread belongs to the default tenant and existing ones are not checked.
         """
         if not isinstance(message, str):
             raise TypeError(f"message must be a str, not {type(message).__name__}")
@@ -292,6 +296,7 @@ class Threads(AgentToolsMixin):
                 now=runs.utcnow(),
                 thread_id=thread_id,
                 run_id=run_id,
+                tenant=tenant,
             )
             for var, (kind, value) in sealed.items():
                 tx.set_variable(run.thread_id, var, kind, value, runs.utcnow())
@@ -368,6 +373,19 @@ class Threads(AgentToolsMixin):
             name: ("***" if kind == "secret" else value) for name, (kind, value) in values.items()
         }
 
+    def tenant_of(self, *, thread_id: str | None = None, run_id: str | None = None, effect_key: str | None = None) -> str | None:
+        """The tenant that owns this thread, run or tool call (exactly one); None when there is none."""
+        if sum(x is not None for x in (thread_id, run_id, effect_key)) != 1:
+            raise TypeError("tenant_of() takes exactly one of thread_id, run_id, effect_key")
+        with self.store.read() as tx:
+            if run_id is not None:
+                run = tx.get_run(run_id)
+                thread_id = run.thread_id if run is not None else None
+            elif effect_key is not None:
+                found = tx.get_call_and_run(effect_key)
+                thread_id = found[1].thread_id if found is not None else None
+            return tx.thread_tenant(thread_id) if thread_id is not None else None
+
     def get_run(self, run_id: str) -> Run:
         """The run's current snapshot; RunNotFound if there is none."""
         with self.store.read() as tx:
@@ -391,13 +409,11 @@ class Threads(AgentToolsMixin):
             delay = min(delay * 1.5, 0.2)
 
     def runs(
-        self, *, thread_id: str | None = None, status: str | None = None, limit: int = 100
+        self, *, thread_id: str | None = None, status: str | None = None, limit: int = 100, tenant: str | None = None
     ) -> list[Run]:
-        """Recent runs, newest first."""
+        """Recent runs, newest first (only those of ``tenant``'s threads, when given)."""
         with self.store.read() as tx:
-            return tx.list_runs(
-                thread_id=thread_id, statuses=[status] if status else None, limit=limit
-            )
+            return tx.list_runs(thread_id=thread_id, statuses=[status] if status else None, limit=limit, tenant=tenant)
 
     def usage(
         self,
@@ -406,14 +422,16 @@ class Threads(AgentToolsMixin):
         thread_id: str | None = None,
         agent: str | None = None,
         day: date | None = None,
+        tenant: str | None = None,
     ) -> UsageTotals:
         """Model usage summed over the committed steps that match every filter given: a run, a
-        thread, an agent, a UTC day (requests, input and output tokens, cost where priced)."""
+        thread, an agent, a UTC day, a tenant's threads (requests, input and output tokens, cost
+        where priced)."""
         since = until = None
         if day is not None:
             since, until = day_bounds(datetime(day.year, day.month, day.day, tzinfo=UTC))
         with self.store.read() as tx:
-            return tx.usage_totals(run_id=run_id, thread_id=thread_id, agent=agent, since=since, until=until)
+            return tx.usage_totals(run_id=run_id, thread_id=thread_id, agent=agent, since=since, until=until, tenant=tenant)
 
     def messages(self, thread_id: str, *, after: int = -1) -> list[Message]:
         """The thread's stored messages in order (those with ``seq`` greater than ``after``)."""

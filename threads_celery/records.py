@@ -20,6 +20,9 @@ RunStatus = Literal[
     "aborted",
     "interrupted",
 ]
+
+#: The tenant of threads started without one (the CLI, the Python client, single-tenant APIs).
+DEFAULT_TENANT = "default"
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "error", "aborted", "interrupted"})
 ACTIVE_STATUSES: frozenset[str] = frozenset(
     {"queued", "running", "awaiting_approval", "awaiting_variable", "waiting", "parked"}

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from . import metrics, tracing
-from .exceptions import ConfigError, FenceLost, ThreadNotFound
+from .exceptions import ConfigError, FenceLost, RunNotFound, ThreadNotFound
 from .records import TERMINAL_STATUSES, CallRow, OutboxEntry, Run
 from .store import Tx
 
@@ -92,24 +92,31 @@ def submit_run(
     parent_thread_id: str | None = None,
     agent_tool_run_id: str | None = None,
     input_meta: dict[str, Any] | None = None,
+    tenant: str | None = None,
 ) -> tuple[Run, list[OutboxEntry]]:
     """Record a new run on a (new or existing) thread; activate it if the thread is idle.
 
     Idempotent by ``run_id``: a run that exists is returned as it is, with nothing to publish.
     ``input_meta`` travels with the user message (``key`` makes the message itself unique).
+    With ``tenant``, a new thread belongs to it, and an existing thread or run of another tenant
+    is ``ThreadNotFound``/``RunNotFound``, with nothing written.
     """
     if run_id is not None:
         existing = tx.get_run(run_id)
         if existing is not None:
+            if tenant is not None and tx.thread_tenant(existing.thread_id) != tenant:
+                raise RunNotFound(run_id)
             return existing, []
     run_id = run_id or new_id("run")
     if thread_id is None:
         thread_id = new_id("thread")
-        tx.insert_thread(thread_id, agent, config_hash, now, parent_thread_id=parent_thread_id)
+        tx.insert_thread(thread_id, agent, config_hash, now, parent_thread_id=parent_thread_id, tenant=tenant)
     else:
         thread = tx.get_thread(thread_id, lock=True)
         if thread is None:
-            tx.insert_thread(thread_id, agent, config_hash, now, parent_thread_id=parent_thread_id)
+            tx.insert_thread(thread_id, agent, config_hash, now, parent_thread_id=parent_thread_id, tenant=tenant)
+        elif tenant is not None and thread.tenant != tenant:
+            raise ThreadNotFound(thread_id)
         else:
             if thread.agent != agent:
                 raise ConfigError(

@@ -42,6 +42,7 @@ from threads_celery.exceptions import (
     UnknownAgent,
 )
 from threads_celery.records import Event, Run, RunHandle
+from threads_celery.tenancy import parse_token_entry
 
 TOKEN = "unit-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -59,7 +60,10 @@ class StubThreads:
         if self.fail_with is not None:
             raise self.fail_with
 
-    def start(self, agent: str, message: str, thread_id: str | None = None, *, run_id: str | None = None) -> RunHandle:
+    def tenant_of(self, **ids: str | None) -> str | None:
+        return "default"  # every id is the (default-tenant) caller's; ownership is tested end to end
+
+    def start(self, agent: str, message: str, thread_id: str | None = None, *, run_id: str | None = None, tenant: str | None = None) -> RunHandle:
         self._call("start", agent, message, thread_id=thread_id, run_id=run_id)
         return RunHandle(run_id=run_id or "run_1", thread_id=thread_id or "thread_1")
 
@@ -116,18 +120,19 @@ def test_start_run_accepts_the_documented_fields_and_nothing_else() -> None:
             StartRun.model_validate(bad)
 
 
-def test_decision_bodies_need_a_principal_or_reason_and_a_known_resolution() -> None:
+def test_decision_bodies_need_a_reason_and_a_known_resolution_and_no_principal() -> None:
     assert Approve.model_validate({"principal": "ops", "override_args": {"to": "b"}}).override_args == {"to": "b"}
     assert Deny.model_validate({"reason": "no"}).principal is None
     assert Resolve.model_validate({"resolution": "assume_not_done", "principal": "ann"}).result is None
+    # The API records the token's principal; one in the body is optional (and ignored).
+    assert Approve.model_validate({}).principal is None
+    assert Resolve.model_validate({"resolution": "assume_done"}).principal is None
     for model, bad in (
-        (Approve, {}),
         (Approve, {"principal": ""}),
         (Approve, {"principal": "ops", "override_args": [1, 2]}),
         (Deny, {"reason": ""}),
         (Deny, {"reason": "no", "principal": "a\x00"}),
         (Resolve, {"resolution": "assume_maybe", "principal": "ann"}),
-        (Resolve, {"resolution": "assume_done"}),
         (Resolve, {"resolution": "assume_done", "principal": "ann", "extra": True}),
     ):
         with pytest.raises(ValidationError):
@@ -270,13 +275,16 @@ def test_routes_pass_the_validated_fields_through(client: TestClient, stub: Stub
     client.post("/v1/calls/k:0:0/deny", json={"reason": "no"}, headers=AUTH)
     client.post("/v1/calls/k:0:0/resolve", json={"resolution": "assume_done", "principal": "ann", "result": [1]}, headers=AUTH)
     client.get("/v1/runs", params={"status": "parked", "limit": 5}, headers=AUTH)
+    # Decisions are recorded under the token's principal, never the name in the body.
+    token_principal = parse_token_entry(TOKEN)[1].principal
+    assert token_principal.startswith("api:") and TOKEN not in token_principal
     assert stub.calls == [
         ("start", ("a", "m"), {"thread_id": "t1", "run_id": "r1"}),
-        ("approve", ("k:0:0",), {"principal": "ops", "override_args": {"n": 1}, "remember": False}),
-        ("approve", ("k:0:1",), {"principal": "ops", "override_args": None, "remember": True}),
-        ("deny", ("k:0:0", "no"), {"principal": None}),
-        ("resolve", ("k:0:0", "assume_done"), {"principal": "ann", "result": [1]}),
-        ("runs", (), {"thread_id": None, "status": "parked", "limit": 5}),
+        ("approve", ("k:0:0",), {"principal": token_principal, "override_args": {"n": 1}, "remember": False}),
+        ("approve", ("k:0:1",), {"principal": token_principal, "override_args": None, "remember": True}),
+        ("deny", ("k:0:0", "no"), {"principal": token_principal}),
+        ("resolve", ("k:0:0", "assume_done"), {"principal": token_principal, "result": [1]}),
+        ("runs", (), {"thread_id": None, "status": "parked", "limit": 5, "tenant": "default"}),
     ]
     run = client.get("/v1/runs/run_9", headers=AUTH).json()
     assert run["id"] == "run_9" and "fence" not in run and "lease_owner" not in run

@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ..backbone import republish_delay
 from ..exceptions import StoreUnavailable
-from ..records import CallRow, OutboxEntry, Run, ToolResult
+from ..records import DEFAULT_TENANT, CallRow, OutboxEntry, Run, ToolResult
 from . import statements
 from .agent_tool_queries import AgentToolQueries
 from .engine import safe_url
@@ -171,8 +171,18 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
         return self.conn.execute(query).first()
 
     def insert_thread(
-        self, thread_id: str, agent: str, config_hash: str, now: datetime, parent_thread_id: str | None = None
+        self,
+        thread_id: str,
+        agent: str,
+        config_hash: str,
+        now: datetime,
+        parent_thread_id: str | None = None,
+        *,
+        tenant: str | None = None,
     ) -> None:
+        """A new thread; without ``tenant`` it belongs to its parent's tenant (or the default one)."""
+        if tenant is None and parent_thread_id is not None:
+            tenant = self.thread_tenant(parent_thread_id)
         self.conn.execute(
             insert(threads).values(
                 id=thread_id,
@@ -182,8 +192,20 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
                 active_run_id=None,
                 event_seq=0,
                 created_at=now,
+                tenant=tenant or DEFAULT_TENANT,
             )
         )
+
+    def thread_tenant(self, thread_id: str) -> str | None:
+        """The tenant that owns the thread, or None when there is no such thread."""
+        return self.conn.execute(select(threads.c.tenant).where(threads.c.id == thread_id)).scalar()
+
+    def thread_tenants(self, thread_ids: Sequence[str]) -> dict[str, str]:
+        """The owning tenant of each of these threads that exists."""
+        if not thread_ids:
+            return {}
+        rows = self.conn.execute(select(threads.c.id, threads.c.tenant).where(threads.c.id.in_(list(set(thread_ids)))))
+        return {row.id: row.tenant for row in rows}
 
     def set_active_run(self, thread_id: str, run_id: str | None, *, expected: str | None) -> bool:
         """Hand the thread to ``run_id`` if it is held by ``expected`` (None: idle)."""
@@ -245,11 +267,18 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
         return _run(row) if row is not None else None
 
     def list_runs(
-        self, *, thread_id: str | None = None, statuses: Sequence[str] | None = None, limit: int = 100
+        self,
+        *,
+        thread_id: str | None = None,
+        statuses: Sequence[str] | None = None,
+        limit: int = 100,
+        tenant: str | None = None,
     ) -> list[Run]:
         query = select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
         if thread_id is not None:
             query = query.where(runs.c.thread_id == thread_id)
+        if tenant is not None:
+            query = query.where(runs.c.thread_id.in_(select(threads.c.id).where(threads.c.tenant == tenant)))
         if statuses:
             query = query.where(runs.c.status.in_(list(statuses)))
         return [_run(row) for row in self.conn.execute(query)]

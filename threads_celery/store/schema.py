@@ -81,7 +81,10 @@ threads = Table(
     # The last event sequence handed out; bumping it serialises a thread's events in commit order.
     Column("event_seq", BigInteger, nullable=False, default=0),
     Column("created_at", UTCDateTime, nullable=False),
+    # Who owns the thread in the HTTP API (a token's tenant); child threads inherit their parent's.
+    Column("tenant", String(128), nullable=False, default="default", server_default="default"),
     Index(None, "parent_thread_id"),
+    Index(None, "tenant"),
 )
 
 messages = Table(

@@ -8,7 +8,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Connection
 
 from ..usage import Scope, UsageLimits, UsageTotals, day_bounds
-from .schema import model_usage
+from .schema import model_usage, threads
 
 
 class UsageQueries:
@@ -53,8 +53,9 @@ class UsageQueries:
         agent: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        tenant: str | None = None,
     ) -> UsageTotals:
-        """Sums over the rows that match every filter given."""
+        """Sums over the rows that match every filter given (``tenant``: of that tenant's threads)."""
         query = select(
             func.coalesce(func.sum(model_usage.c.requests), 0),
             func.coalesce(func.sum(model_usage.c.input_tokens), 0),
@@ -71,6 +72,8 @@ class UsageQueries:
             query = query.where(model_usage.c.created_at >= since)
         if until is not None:
             query = query.where(model_usage.c.created_at < until)
+        if tenant is not None:
+            query = query.where(model_usage.c.thread_id.in_(select(threads.c.id).where(threads.c.tenant == tenant)))
         requests, input_tokens, output_tokens, cost = self.conn.execute(query).one()
         return UsageTotals(
             int(requests),
