@@ -51,10 +51,10 @@ from tests.support.processes import (  # noqa: E402
 from tests.support.waiting import eventually  # noqa: E402
 from threads_celery import Settings, Threads  # noqa: E402
 from threads_celery.agents import AgentRegistry  # noqa: E402
-from threads_celery.records import OutboxEntry  # noqa: E402
+from threads_celery.backbone import message_priority  # noqa: E402
 from threads_celery.runs import STEP_TASK  # noqa: E402
 from threads_celery.store.schema import runs, tool_calls  # noqa: E402
-from threads_celery.worker import Publisher, create_app  # noqa: E402
+from threads_celery.worker import create_app  # noqa: E402
 
 AGENTS = "bench.bench_recovery_agents"
 
@@ -68,12 +68,15 @@ class Trial:
 
 
 def queue_backlog(broker_url: str, count: int) -> None:
-    """``count`` work messages, published as the runtime publishes work."""
+    """``count`` work messages with the queue and priority the runtime gives work, sent over one
+    connection so that the backlog is in place before the workers can drain much of it."""
     app = create_app(Settings(), AgentRegistry(), broker_url=broker_url)
     tag = uuid.uuid4().hex[:8]
-    Publisher(app)(
-        [OutboxEntry(key=f"step:run_backlog_{tag}_{i}:0", task=STEP_TASK, args=(f"run_backlog_{tag}_{i}", 0)) for i in range(count)]
-    )
+    priority = message_priority(STEP_TASK, recovered=False, broker_url=broker_url)
+    with app.producer_or_acquire() as producer:
+        for i in range(count):
+            run_id = f"run_backlog_{tag}_{i}"
+            app.send_task(STEP_TASK, args=(run_id, 0), task_id=f"step:{run_id}:0", priority=priority, producer=producer)
 
 
 def one_trial(threads: Threads, env: dict[str, str], broker_url: str, *, backlog: int, workdir: Path) -> Trial:

@@ -33,7 +33,22 @@ from typing import Self
 from tests.support.waiting import Deadline
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PG_BIN = Path(os.environ.get("THREADS_TEST_PG_BIN", "/usr/local/bin"))
+
+
+def _find_pg_bin() -> Path:
+    """Where ``initdb`` and ``postgres`` are: ``THREADS_TEST_PG_BIN``, else /usr/local/bin, the
+    directory of an ``initdb`` on PATH, or the newest Debian /usr/lib/postgresql/<n>/bin."""
+    if os.environ.get("THREADS_TEST_PG_BIN"):
+        return Path(os.environ["THREADS_TEST_PG_BIN"])
+    on_path = shutil.which("initdb")
+    debian = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
+    for candidate in (Path("/usr/local/bin"), *([Path(on_path).parent] if on_path else []), *reversed(debian)):
+        if (candidate / "initdb").exists() and (candidate / "postgres").exists():
+            return candidate
+    return Path("/usr/local/bin")
+
+
+PG_BIN = _find_pg_bin()
 #: The ``threads-celery`` command of this interpreter's environment.
 THREADS_CELERY = str(Path(sys.executable).with_name("threads-celery"))
 
