@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +25,9 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from tests.support.processes import ManagedProcess, free_port, subprocess_env
 from tests.support.services import require_service
+from tests.support.waiting import eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
@@ -48,54 +48,30 @@ BROWSER_FLAGS = (
 T = TypeVar("T")
 
 
-def eventually(probe: Callable[[], T], *, timeout: float = WAIT_S, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:g}s (last value: {value!r})")
-        time.sleep(0.05)
-
-
 @dataclass
 class WebApp:
     url: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
+    process: ManagedProcess
     workdir: Path
 
     def log_tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        return self.process.log_tail(lines)
 
 
 @pytest.fixture(scope="module")
 def webapp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebApp]:
     workdir = tmp_path_factory.mktemp("webapp")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("THREADS_", "CELERY_"))}
-    env.update(PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
-    log_path = workdir / "app.log"
     argv = [sys.executable, "-m", "examples.webapp.app", "--host", "127.0.0.1", "--port", str(port),
             "--db", str(workdir / "webapp.db"),
             "--agents", "examples.research,examples.demo,tests.support.child_approval_agent"]  # fmt: skip
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    app = WebApp(f"http://127.0.0.1:{port}", proc, log_path, workdir)
+    process = ManagedProcess("webapp", argv, env=subprocess_env(), log_path=workdir / "app.log", cwd=workdir)
+    process.start()
+    app = WebApp(f"http://127.0.0.1:{port}", process, workdir)
 
     def answers() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"the web app exited with {proc.returncode}:\n{app.log_tail()}")
+        if not process.alive():
+            raise AssertionError(f"the web app exited:\n{app.log_tail()}")
         try:
             return httpx.get(app.url + "/", timeout=2).status_code == 200
         except httpx.TransportError:
@@ -105,17 +81,7 @@ def webapp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebApp]:
         eventually(answers, timeout=START_TIMEOUT_S, what="the web app answering")
         yield app
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=15)
+        process.terminate()  # SIGTERM: uvicorn shuts down gracefully; SIGKILL after 15 s
 
 
 @pytest.fixture
