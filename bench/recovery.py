@@ -7,7 +7,8 @@ Each trial, on a PostgreSQL and a Redis of the bench's own (``tests/support/proc
    (``celery -A tasks beat``, a tick every ``--tick`` s) run with ``--lease`` s leases;
 2. a run of ``bench.bench_recovery_agents`` starts an idempotent call that sleeps;
 3. ``--backlog`` work messages are queued (steps of runs that do not exist: each reads the ledger
-   and does nothing, as a duplicate delivery does; published as the runtime publishes work);
+   and does nothing, as a duplicate delivery does; published with the queue and priority the
+   runtime gives work, and topped up until that many wait in Redis);
 4. the worker running the call is SIGKILLed as a process group, and the bench measures, from
    the kill:
 
@@ -111,6 +112,9 @@ def one_trial(threads: Threads, env: dict[str, str], broker_url: str, *, backlog
         pid = int(owner.rsplit(":", 1)[1])
         victim = next(w for w in workers if w.owns(pid))
         queue_backlog(broker_url, backlog)
+        # The workers drain some while it is published: top it up, so the kill finds N queued.
+        while (queued := queued_messages(broker_url)) < backlog:
+            queue_backlog(broker_url, backlog - queued)
         queued_at_kill = queued_messages(broker_url)
         victim.kill()
         killed = time.monotonic()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,8 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 from sqlalchemy import update
 
+from tests.support.processes import THREADS_CELERY, ManagedProcess, free_port
+from tests.support.waiting import eventually
 from threads_celery import Agent, Permissions, Threads, agent_tool, tool
 from threads_celery.api import create_api
 from threads_celery.exceptions import BrokerUnavailable, ConfigError, StoreUnavailable
@@ -534,28 +535,23 @@ def test_the_api_command_refuses_to_start_without_tokens(tmp_path: Path) -> None
 
 
 def test_the_api_command_serves_the_api(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = _cli_env(THREADS_API_TOKENS="cli-token", THREADS_AGENTS="examples.demo")
-    log = tmp_path / "api.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "threads_celery.cli", "api", "--port", str(port)],
-            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    proc = ManagedProcess("api", [THREADS_CELERY, "api", "--port", str(port)], env=env, log_path=tmp_path / "api.log", cwd=tmp_path)
+    proc.start()
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STREAM_DEADLINE_S
-        while True:
-            assert proc.poll() is None, log.read_text()
+
+        def healthy() -> bool:
+            assert proc.alive(), proc.log_text()
             try:
                 with urllib.request.urlopen(f"{base}/healthz", timeout=2) as response:
                     assert json.loads(response.read()) == {"status": "ok", "checks": {}}
-                    break
+                    return True
             except OSError:
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.1)
+                return False
+
+        eventually(healthy, timeout=STREAM_DEADLINE_S, what="the API answering", detail=proc.log_tail)
         request = urllib.request.Request(
             f"{base}/v1/runs",
             data=json.dumps({"agent": "trip-planner", "message": "plan a dinner in Rome"}).encode(),
@@ -571,12 +567,7 @@ def test_the_api_command_serves_the_api(tmp_path: Path) -> None:
             urllib.request.urlopen(f"{base}/v1/runs", timeout=10)
         assert unauthorized.value.code == 401
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
+        proc.terminate(timeout=20)
 
 
 # -- fuzzing -----------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.processes import THREADS_CELERY, ManagedProcess
 from threads_celery.store.migrate import head_revision
 
 REPO = Path(__file__).resolve().parents[2]
@@ -256,26 +256,18 @@ def worker_process(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[dict
     env = {"THREADS_DATABASE_URL": pg_url, "THREADS_BROKER_URL": redis_url}
     upgraded = cli("db", "upgrade", cwd=tmp_path, **env)
     assert upgraded.returncode == 0, explain(upgraded)
-    log = (tmp_path / "worker.log").open("w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "threads_celery.cli", "worker", "--agents", DEMO, "--pool", "threads",
-         "--concurrency", "2", "--loglevel", "WARNING"],
-        cwd=tmp_path,
+    process = ManagedProcess(
+        "cli-worker",
+        [THREADS_CELERY, "worker", "--agents", DEMO, "--pool", "threads", "--concurrency", "2", "--loglevel", "WARNING"],
         env=cli_env(**env),
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        log_path=tmp_path / "worker.log",
+        cwd=tmp_path,
     )
+    process.start()
     try:
         yield env
     finally:
-        log.close()
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        process.terminate(timeout=20)
 
 
 def test_with_a_database_and_broker_run_enqueues_to_a_real_worker(worker_process: dict[str, str], tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
+from tests.support.processes import THREADS_CELERY, ManagedProcess
 from threads_celery.cli import app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -280,25 +280,18 @@ def worker_process(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[dict
     env = {"THREADS_DATABASE_URL": pg_url, "THREADS_BROKER_URL": redis_url}
     upgraded = cli("db", "upgrade", cwd=tmp_path, **env)
     assert upgraded.returncode == 0, explain(upgraded)
-    log = (tmp_path / "worker.log").open("w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "threads_celery.cli", "worker", "--agents", DEMO, "--pool", "threads", "--concurrency", "2", "--loglevel", "WARNING"],
-        cwd=tmp_path,
+    process = ManagedProcess(
+        "cli-worker",
+        [THREADS_CELERY, "worker", "--agents", DEMO, "--pool", "threads", "--concurrency", "2", "--loglevel", "WARNING"],
         env=cli_env(**env),
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        log_path=tmp_path / "worker.log",
+        cwd=tmp_path,
     )
+    process.start()
     try:
         yield env
     finally:
-        log.close()
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        process.terminate(timeout=20)
 
 
 def wait_for_call(tool: str, cwd: Path, env: dict[str, str], timeout: float = 60) -> dict[str, Any]:
