@@ -28,9 +28,7 @@ import glob
 import json
 import os
 import platform
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +42,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from tests.support.processes import ManagedProcess  # noqa: E402
 
 AGENTS_MODULE = "bench.bench_agents"
 TARGET_RATIO = 2.0
@@ -94,39 +94,19 @@ def fresh_database(host: str, port: int, user: str, keep: bool) -> Iterator[str]
 
 
 @contextmanager
-def worker(env: dict[str, str], concurrency: int, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def worker(env: dict[str, str], concurrency: int, log_path: Path) -> Iterator[ManagedProcess]:
     """A real ``celery -A tasks worker`` in its own process group, stopped (warm) at the end."""
     command = [
-        str(Path(sys.executable).with_name("celery")),
-        "-A",
-        "tasks",
-        "worker",
-        "-P",
-        "prefork",
-        "-c",
-        str(concurrency),
-        "-I",
-        AGENTS_MODULE,
-        "-l",
-        "warning",
-        "--without-heartbeat",
-        "--without-gossip",
-        "--without-mingle",
-        "-n",
-        f"bench-{uuid.uuid4().hex[:6]}@%h",
-    ]
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        str(Path(sys.executable).with_name("celery")), "-A", "tasks", "worker", "-P", "prefork",
+        "-c", str(concurrency), "-I", AGENTS_MODULE, "-l", "warning",
+        "--without-heartbeat", "--without-gossip", "--without-mingle", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h",
+    ]  # fmt: skip
+    process = ManagedProcess("bench-worker", command, env=env, log_path=log_path, cwd=REPO)
+    process.start()
     try:
         yield process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        process.terminate(timeout=20)
 
 
 # -- traces -------------------------------------------------------------------------------------
@@ -397,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"read_only {results['noop_ro'][-1].per_call_ms:.2f} ms, "
                         f"unguarded {results['noop_ug'][-1].per_call_ms:.2f} ms per call"
                     )
-                if process.poll() is not None:
+                if not process.alive():
                     print(log_path.read_text(), file=sys.stderr)
                     raise RuntimeError("the worker exited during the benchmark")
         except Exception:

@@ -3,18 +3,15 @@ configuration (module and THREADS_CELERY_* variables) reaches the real worker.""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
 from celery import Celery
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import REPO_ROOT, THREADS_CELERY, ManagedProcess, subprocess_env
+from tests.support.waiting import eventually
+
 READY_TIMEOUT_S = 90.0
 
 CONFIG_MODULE = "worker_prefetch_multiplier = 3\nworker_max_tasks_per_child = 50\n"
@@ -31,34 +28,30 @@ def test_autoscale_node_name_and_user_config_reach_the_worker(
     (tmp_path / "options_agents.py").write_text(AGENTS_MODULE)
     (tmp_path / "options_celery_config.py").write_text(CONFIG_MODULE)
     node = f"slowtools-{uuid.uuid4().hex[:6]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("THREADS_", "CELERY_"))}
-    env.update(
-        THREADS_DATABASE_URL=migrated_pg_url,
-        THREADS_BROKER_URL=redis_url,
-        THREADS_CELERY_CONFIG="options_celery_config",
-        THREADS_CELERY_WORKER_SEND_TASK_EVENTS="true",
-        PYTHONPATH=f"{REPO_ROOT}{os.pathsep}{tmp_path}",
-        PYTHONUNBUFFERED="1",
+    env = subprocess_env(
+        {
+            "THREADS_DATABASE_URL": migrated_pg_url,
+            "THREADS_BROKER_URL": redis_url,
+            "THREADS_CELERY_CONFIG": "options_celery_config",
+            "THREADS_CELERY_WORKER_SEND_TASK_EVENTS": "true",
+            "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{tmp_path}",
+        }
     )
-    log_path = tmp_path / "worker.log"
     argv = [
-        sys.executable, "-m", "threads_celery.cli", "worker", "--agents", "options_agents",
+        THREADS_CELERY, "worker", "--agents", "options_agents",
         "--autoscale", "3,1", "-n", f"{node}@%h", "-Q", "threads,slow-tools", "--without-mingle",
     ]  # fmt: skip
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+    proc = ManagedProcess("options-worker", argv, env=env, log_path=tmp_path / "worker.log", cwd=tmp_path)
+    proc.start()
     app = Celery("probe", broker=redis_url, set_as_current=False)
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        stats: dict[str, dict[str, object]] = {}
-        while not stats:
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
+
+        def node_stats() -> dict[str, dict[str, object]]:
+            assert proc.alive(), proc.log_text()
             replies = app.control.inspect(timeout=1.0).stats() or {}
-            stats = {name: value for name, value in replies.items() if name.startswith(f"{node}@")}
+            return {name: value for name, value in replies.items() if name.startswith(f"{node}@")}
+
+        stats = eventually(node_stats, timeout=READY_TIMEOUT_S, what="the worker answering inspect", detail=proc.log_tail)
         ((name, worker_stats),) = stats.items()
         # --autoscale reached Celery: the autoscaler reports its bounds.
         assert worker_stats["autoscaler"]["max"] == 3 and worker_stats["autoscaler"]["min"] == 1  # type: ignore[index]
@@ -76,11 +69,5 @@ def test_autoscale_node_name_and_user_config_reach_the_worker(
         assert conf["worker_max_tasks_per_child"] == 50
         assert conf["task_acks_late"] is True  # ours, still
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=20)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=20)
+        proc.terminate(timeout=20)
         app.close()
