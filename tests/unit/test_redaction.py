@@ -209,3 +209,43 @@ def test_a_hostile_secret_leaks_into_no_table_event_log_output_or_cli(
         assert cli.returncode == 0, (argv, cli.stderr)
         assert "***" in cli.stdout, (argv, cli.stdout)
         assert not leaks(cli.stdout + cli.stderr, secret), argv
+
+
+def _reporting(inp: Q, ctx: Any) -> str:
+    secret = ctx.env("PRIVATE_KEY")
+    ctx.report_progress(fraction=0.5, message=f"using {secret}", phase=secret)
+    ctx.report_progress(milestone="keyed", data={"key": secret, "lines": secret.splitlines()}, persist=True)
+    return "reported"
+
+
+reporting = tool(
+    name="reporting", description="Reports progress carelessly.", input=Q, effect="read_only",
+    execute=_reporting, variables=[Variable("PRIVATE_KEY", "secret", required=True)],
+)  # fmt: skip
+
+
+def test_progress_and_milestones_a_tool_reports_are_redacted_too() -> None:
+    from threads_celery import agent_tool
+
+    secret = PEM
+    child = Agent(name="reporter_child", instructions="x", model=ScriptedModel([call("reporting", how="x"), say("child done")]), tools=[reporting])
+    parent = Agent(
+        name="reporter_parent", instructions="x", tools=[agent_tool(child, "Report.")],
+        model=ScriptedModel([call("reporter_child", message="go"), say("parent done")]),
+    )  # fmt: skip
+    with Threads.embedded() as threads:
+        run = threads.wait(threads.start(parent, "go", env={"PRIVATE_KEY": secret}).run_id, 30)
+        assert run.status == "completed", run.error
+        [row] = threads.agent_tool_runs(run.thread_id)
+        snapshot = threads.inspect_agent_tool_run(row.run_id)
+        assert snapshot is not None and snapshot.child_thread_id is not None
+        events = [json.dumps(e.payload) for t in (run.thread_id, snapshot.child_thread_id) for e in threads.events(t)]
+        dump: list[str] = []
+        with threads.store.read() as tx:
+            for table in schema.metadata.sorted_tables:
+                dump.extend(str(tuple(r)) for r in tx.conn.execute(select(table)))
+    assert [m.name for m in snapshot.milestones] == ["keyed"]
+    assert snapshot.milestones[0].data == {"key": REDACTED, "lines": [REDACTED, REDACTED, REDACTED, REDACTED]}
+    text = json.dumps(snapshot.progress) + "\n".join(events) + "\n".join(dump)
+    assert "using ***" in text
+    assert not leaks(text, secret) and json.dumps(secret)[1:-1] not in text
