@@ -19,6 +19,7 @@ it into pieces shorter than :data:`MIN_FRAGMENT`) before returning or logging it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -28,7 +29,6 @@ import threading
 import traceback
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any, TextIO
 
 from pydantic import BaseModel
@@ -149,7 +149,7 @@ def active_secrets() -> list[str]:
         return [s for revealed in _active.values() for s in revealed]
 
 
-@contextmanager
+@contextlib.contextmanager
 def secrets_active(revealed: list[str]) -> Iterator[None]:
     """While inside, every value appended to ``revealed`` is redacted from logs and stdout.
 
@@ -161,9 +161,30 @@ def secrets_active(revealed: list[str]) -> Iterator[None]:
         _active[key] = revealed
     try:
         yield
+    except BaseException as exc:
+        # What escapes the call (a SystemExit, a worker shutdown) is logged by Celery after
+        # this scope ends: scrub the secrets out of it now.
+        scrub_exception(exc, revealed)
+        raise
     finally:
         with _lock:
             _active.pop(key, None)
+
+
+def scrub_exception(exc: BaseException, secrets: Sequence[str]) -> None:
+    """Redact ``secrets`` from the arguments of ``exc`` and of its causes and contexts, in place."""
+    if not secrets:
+        return
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        with contextlib.suppress(Exception):  # an exception type that refuses new args stays as it is
+            current.args = tuple(redact_value(list(current.args), secrets))
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
 
 
 # -- logs and standard streams ---------------------------------------------------------------

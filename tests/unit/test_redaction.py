@@ -249,3 +249,18 @@ def test_progress_and_milestones_a_tool_reports_are_redacted_too() -> None:
     text = json.dumps(snapshot.progress) + "\n".join(events) + "\n".join(dump)
     assert "using ***" in text
     assert not leaks(text, secret) and json.dumps(secret)[1:-1] not in text
+
+
+def test_an_exception_escaping_the_call_is_scrubbed_before_anyone_logs_it() -> None:
+    from threads_celery.redaction import secrets_active
+
+    revealed: list[str] = []
+    with pytest.raises(SystemExit) as caught, secrets_active(revealed):
+        revealed.append(PEM)
+        try:
+            raise KeyError(PEM)
+        except KeyError as inner:
+            raise SystemExit(f"giving up on {PEM!r}") from inner
+    chain = f"{caught.value} {caught.value.__cause__}"
+    assert "giving up on" in chain and REDACTED in chain
+    assert not leaks(chain, PEM) and repr(PEM)[1:-1] not in chain
