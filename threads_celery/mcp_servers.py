@@ -103,8 +103,8 @@ class MCPServer:
     annotations. ``dedup_window_ms`` (one number, or a mapping by tool name) is the window of the
     server's idempotent tools. ``timeout_s`` bounds each call once connected;
     ``connect_timeout_s`` bounds starting or reaching the server (and listing its tools). ``prefix``
-    names the tools ``<prefix>_<tool>`` (to keep two servers' tools apart); ``queue`` routes
-    their calls to a Celery queue.
+    names the tools ``<prefix>_<tool>`` (to keep two servers' tools apart); ``include`` takes only
+    the tools it names; ``queue`` routes their calls to a Celery queue.
 
     Raises ConfigError for a server given both or neither of ``command`` and ``url``, bad
     options, or (when the tools are listed) a server that cannot be reached, an effect for a
@@ -127,6 +127,7 @@ class MCPServer:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         prefix: str | None = None,
         queue: str | None = None,
+        include: Sequence[str] | None = None,
     ) -> None:
         if (command is None) == (url is None):
             raise ConfigError(
@@ -160,6 +161,9 @@ class MCPServer:
         self.connect_timeout_s = float(connect_timeout_s)
         self.prefix = prefix
         self.queue = queue
+        if isinstance(include, str):
+            raise ConfigError("MCPServer include must be a list of tool names, not one string")
+        self.include = tuple(include) if include is not None else None
         self._tools: tuple[SchemaTool, ...] | None = None
         self._lock = threading.Lock()
 
@@ -183,15 +187,17 @@ class MCPServer:
                 f"cannot list the tools of MCP server {self.name!r}: {describe_failure(exc, self.connect_timeout_s)}"
             ) from None
         by_name = {t.name: t for t in listed}
-        unknown = sorted(set(self.effects) - set(by_name))
+        unknown = sorted((set(self.effects) | set(self.include or ())) - set(by_name))
         if unknown:
             raise ConfigError(
                 f"MCP server {self.name!r} lists no tool named {', '.join(map(repr, unknown))} "
-                f"(it lists: {', '.join(sorted(by_name)) or 'none'}); fix effects={{...}}"
+                f"(it lists: {', '.join(sorted(by_name)) or 'none'}); fix effects= or include="
             )
         built: list[SchemaTool] = []
         missing_windows: list[str] = []
         for remote in listed:
+            if self.include is not None and remote.name not in self.include:
+                continue
             annotations = remote.annotations
             hints = Hints(
                 read_only=annotations.read_only_hint if annotations else None,
@@ -243,7 +249,7 @@ class MCPServer:
             raise ConfigError(
                 f"MCP server {self.name!r}: tool name {local_name!r} cannot be given to a model "
                 "(use letters, digits, '_' or '-', at most 64 characters; not a reserved name); "
-                "set prefix= or leave the tool out of this server"
+                "set prefix=, or leave the tool out with include=[...]"
             )
         schema = _object_schema(dict(input_schema))
         validate = _json_schema_validator(self.name, remote_name, schema)

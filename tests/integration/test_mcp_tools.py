@@ -90,6 +90,21 @@ def test_an_idempotent_tool_without_a_window_is_a_config_error_naming_it() -> No
         server.tools()
 
 
+def test_include_and_prefix_pick_and_name_the_tools(threads: Threads, ledger: Path) -> None:
+    # The server's idempotent tools are left out, so no dedup window is needed.
+    server = stdio_server(
+        ledger, include=["lookup_city", "send_note"], prefix="town", dedup_window_ms=None
+    )
+    assert [t.name for t in server.tools()] == ["town_lookup_city", "town_send_note"]
+    agent = agent_with(server, call("town_lookup_city", city="Metz"), say("done"))
+    handle = threads.start(agent, "Metz?")
+    assert threads.wait(handle.run_id, WAIT_S).status == "completed"
+    [result] = tool_results(threads, handle.thread_id)
+    assert result.tool_result is not None and result.tool_result.content == "Metz: 2100000 people"
+    with pytest.raises(ConfigError, match="lists no tool named 'nope'"):
+        stdio_server(include=["nope"]).tools()
+
+
 def test_an_effect_for_a_tool_the_server_does_not_list_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="lists no tool named 'sendnote'"):
         stdio_server(effects={"sendnote": "read_only"}).tools()
