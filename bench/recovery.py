@@ -46,6 +46,7 @@ from tests.support.processes import (  # noqa: E402
     PrivatePostgres,
     PrivateRedis,
     WorkerProcess,
+    exit_cleanly_on_sigterm,
     queued_messages,
     subprocess_env,
 )
@@ -114,7 +115,7 @@ def one_trial(threads: Threads, env: dict[str, str], broker_url: str, *, backlog
         queue_backlog(broker_url, backlog)
         # The workers drain some while it is published: top it up, so the kill finds N queued.
         while (queued := queued_messages(broker_url)) < backlog:
-            queue_backlog(broker_url, backlog - queued)
+            queue_backlog(broker_url, backlog - queued + backlog // 5)
         queued_at_kill = queued_messages(broker_url)
         victim.kill()
         killed = time.monotonic()
@@ -147,6 +148,7 @@ def main() -> None:
     parser.add_argument("--tick", type=float, default=0.5, help="Beat's reconcile interval, seconds")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
+    exit_cleanly_on_sigterm()
 
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp, PrivatePostgres() as postgres, PrivateRedis() as broker:
         database_url = postgres.create_database("bench_recovery")

@@ -41,6 +41,7 @@ from tests.support.processes import (
     PrivatePostgres,
     PrivateRedis,
     WorkerProcess,
+    exit_cleanly_on_sigterm,
     started_processes,
     subprocess_env,
 )
@@ -275,6 +276,7 @@ def chaos_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosSe
         ("redis-server", PrivateRedis.available()),
     ):
         require_service(name, reason is None, reason or "", address="a private instance")
+    exit_cleanly_on_sigterm()  # a killed session must not leave its servers running
     logs = tmp_path_factory.mktemp("chaos-services")
     postgres = PrivatePostgres(log_dir=logs)
     redis_server = PrivateRedis(log_dir=logs)

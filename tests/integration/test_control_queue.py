@@ -12,11 +12,15 @@ duplicate delivery does). Beat ticks every 0.5 s. While most of the backlog is s
 
 Before the control queue existed, ticks shared the work queue and expired after two intervals:
 none of them ran until the backlog had drained.
+
+Ticks no longer expire; a pile of late ticks (after an outage) is handled by running one and
+skipping, as covered, those published before a tick that already ran in the same process.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -28,16 +32,20 @@ from sqlalchemy import select
 from tests.support.processes import BeatProcess, WorkerProcess, queued_messages, subprocess_env
 from tests.support.waiting import eventually
 from threads_celery.agents import AgentRegistry
-from threads_celery.backbone import WORK_QUEUE
+from threads_celery.backbone import RECONCILE_TASK, WORK_PRIORITY, WORK_QUEUE, message_priority
 from threads_celery.records import OutboxEntry
 from threads_celery.runs import STEP_TASK, utcnow
 from threads_celery.settings import Settings
 from threads_celery.store.schema import outbox
-from threads_celery.worker import Publisher, create_app, open_store
+from threads_celery.worker import create_app, open_store
 
 BACKLOG = 10_000
 INTERVAL_S = 0.5
 TICKS_TO_SEE = 4
+PILE = 6
+TICK_OUTCOME = re.compile(
+    r"threads\.reconcile\[[^\]]+\] succeeded in [\d.]+s: '(\{|covered by a later tick)"
+)
 TEST_AGENTS = "tests.integration.agents_for_tests"
 
 pytestmark = pytest.mark.integration
@@ -65,15 +73,20 @@ def broker(integration_redis_url: str) -> Iterator[redis.Redis]:
 
 
 def queue_backlog(broker_url: str, count: int) -> None:
-    """Publish ``count`` work messages through one connection, as a burst of runs would."""
+    """Publish ``count`` work messages with the queue and priority the runtime gives work (as
+    :class:`threads_celery.worker.Publisher` does), through one connection, as a burst would."""
     app = create_app(Settings(), AgentRegistry(), broker_url=broker_url)
+    priority = message_priority(STEP_TASK, recovered=False, broker_url=broker_url)
+    assert priority == WORK_PRIORITY
     with app.producer_or_acquire() as producer:
         for i in range(count):
+            run_id = f"run_backlog_{i}"
             app.send_task(
                 STEP_TASK,
-                args=(f"run_backlog_{i}", 0),
+                args=(run_id, 0),
+                task_id=f"step:{run_id}:0",
+                priority=priority,
                 producer=producer,
-                task_id=f"step:run_backlog_{i}:0",
             )
 
 
@@ -144,3 +157,34 @@ def test_ticks_keep_beats_pace_behind_ten_thousand_queued_tasks(
         beat.kill()
         worker.kill()
         store.engine.dispose()
+
+
+def test_a_pile_of_late_ticks_costs_one_real_tick_per_worker_process(
+    env: dict[str, str], broker: redis.Redis, integration_redis_url: str, tmp_path: Path
+) -> None:
+    # Ticks that piled up while no worker consumed the control queue (an outage): each says it
+    # was published a minute ago, as Beat stamps it.
+    app = create_app(Settings(), AgentRegistry(), broker_url=integration_redis_url)
+    published_at = time.time() - 60
+    for _ in range(PILE):
+        app.tasks[RECONCILE_TASK].apply_async(kwargs={"published_at": published_at})
+
+    worker = WorkerProcess("pile", env=env, log_path=tmp_path / "worker.log", concurrency=2)
+    try:
+        worker.start()
+        worker.wait_ready()
+        outcomes = eventually(
+            lambda: (
+                (found := TICK_OUTCOME.findall(worker.log_text())) and len(found) == PILE and found
+            ),
+            timeout=60,
+            what=f"all {PILE} ticks handled",
+            detail=worker.log_tail,
+        )
+    finally:
+        worker.kill()
+    real = [o for o in outcomes if o.startswith("{")]
+    covered = [o for o in outcomes if o == "covered by a later tick"]
+    # None is discarded unseen, and the pile costs at most one real tick per pool process.
+    assert len(real) + len(covered) == PILE
+    assert 1 <= len(real) <= 2, outcomes

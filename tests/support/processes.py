@@ -60,6 +60,7 @@ __all__ = [
     "PrivatePostgres",
     "PrivateRedis",
     "WorkerProcess",
+    "exit_cleanly_on_sigterm",
     "free_port",
     "kill_all",
     "queued_messages",
@@ -83,6 +84,14 @@ def kill_all() -> None:
 
 
 atexit.register(kill_all)
+
+
+def exit_cleanly_on_sigterm() -> None:
+    """Turn SIGTERM (``timeout``, a CI runner giving up) into SystemExit, so that finalizers run
+    and every process started here is killed instead of outliving this one. Leaves a handler
+    someone else installed alone."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def free_port() -> int:
