@@ -72,6 +72,8 @@ def model_problem(model: object) -> str | None:
     Model objects were built by the user's code, so their package is importable; only strings are
     resolved, as a worker would on its first step.
     """
+    # An adapted Pydantic AI agent's model string is resolved lazily: check the string it wraps.
+    model = getattr(model, "unresolved_spec", None) or model
     if not isinstance(model, str):
         return None
     from .models import resolve_model

@@ -493,6 +493,15 @@ class DurableModel(WrapperModel):
     def wrapped(self) -> Model:  # type: ignore[override]
         return self.inner
 
+    def __repr__(self) -> str:
+        # Never resolve the model to show it: a missing key must not turn a message into an error.
+        return repr(self._spec) if isinstance(self._spec, str) else f"DurableModel({self._spec!r})"
+
+    @property
+    def unresolved_spec(self) -> str | None:
+        """The model string not resolved yet (None once resolved, or for a model object)."""
+        return self._spec if isinstance(self._spec, str) and self._inner is None else None
+
     @property
     def inner(self) -> Model:
         """The wrapped pydantic-ai model (resolved from a model string on first use)."""

@@ -151,8 +151,11 @@ def test_requires_approval_asks_first_whatever_the_stated_effect(threads: Thread
     assert run.status == "awaiting_approval"
 
 
-def test_a_model_string_needs_no_provider_credentials_to_build() -> None:
-    source = PydanticAgent("openai:gpt-4o-mini", name="pai_string_model")
+def test_a_model_string_needs_no_provider_credentials_to_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    source = PydanticAgent("openai:gpt-4o-mini", name="pai_string_model", defer_model_check=True)
     agent = from_pydantic_ai(source)
     assert agent.model_identity() == "openai:gpt-4o-mini"
     assert agent.config_hash()
@@ -238,3 +241,17 @@ def test_the_example_agent_runs_with_its_effects(
     )
     assert [r["kind"] for r in records] == ["refund", "email"]
     assert records[0]["idempotency_key"] == refund_key
+
+
+def test_a_worker_checks_an_adapted_agents_model_string_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from threads_celery.preflight import check_models
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    agent = from_pydantic_ai(
+        PydanticAgent("openai:gpt-4o-mini-preflight", name="pai_preflight", defer_model_check=True)
+    )
+    with pytest.raises(ConfigError, match=r"agent 'pai_preflight': model .* cannot be used"):
+        check_models([agent])
