@@ -16,12 +16,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Response
 from pydantic import BaseModel
 
-from .api_models import ID_PATTERN, ErrorOut
+from .api_models import ID_PATTERN, ErrorOut, Principal, RunOut, _Request
 from .tenancy import Caller, owned_run, owned_thread
 
 if TYPE_CHECKING:
     from .client import Threads
     from .usage import UsageTotals
+
+
+class AllowUsage(_Request):
+    """Who lets a run parked at a usage limit go on."""
+
+    principal: Principal
 
 
 class UsageOut(BaseModel):
@@ -57,6 +63,19 @@ def add_usage_routes(router: APIRouter, threads: Threads, *, caller_of: Callable
         """The run's model usage so far."""
         owned_run(threads, caller, run_id)  # RunNotFound: 404
         return UsageOut.of(threads.usage(run_id=run_id))
+
+    @router.post(
+        "/runs/{run_id}/allow-usage",
+        response_model=RunOut,
+        tags=["usage"],
+        responses={**not_found, 409: {"model": ErrorOut, "description": "The run is not parked at a usage limit."}},
+    )
+    def allow_usage(
+        run_id: Annotated[str, Path(pattern=ID_PATTERN)], body: AllowUsage, caller: Caller = Depends(caller_of)  # noqa: B008
+    ) -> RunOut:
+        """Let a run parked at a usage limit (on_limit="ask") go on; its usage counts again from now."""
+        owned_run(threads, caller, run_id)  # RunNotFound: 404
+        return RunOut.of(threads.allow_usage(run_id, principal=body.principal))
 
     @router.get(
         "/threads/{thread_id}/usage", response_model=UsageOut, tags=["usage"], responses=not_found

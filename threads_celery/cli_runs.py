@@ -258,6 +258,26 @@ def events(
         threads.close()
 
 
+@runs_app.command("allow-usage")
+@friendly_errors
+def runs_allow_usage(
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", show_default=False)],
+    principal: Annotated[str, typer.Option("--principal", metavar="NAME", help="Who allows it.", show_default=False)],
+    db: EmbeddedDb = None,
+) -> None:
+    """Let a run parked at a usage limit (on_limit="ask") go on; its usage counts again from now.
+
+    \b
+      threads-celery runs allow-usage run_3f2a... --principal alice
+    """
+    threads = open_threads(db)
+    try:
+        run = threads.allow_usage(run_id, principal=principal)
+    finally:
+        threads.close()
+    out.print(f"✓ {run.id} goes on ({run.status}), allowed by {principal}")
+
+
 @app.command("usage")
 @friendly_errors
 def usage_command(

@@ -34,7 +34,7 @@ from .settings import Settings
 from .store import Store, Tx
 from .store.engine import safe_url
 from .store.storable import unstorable_reason
-from .usage import UsageTotals, day_bounds
+from .usage import ALLOWED_EVENT, LIMIT_REASON, UsageTotals, day_bounds
 from .variables import SecretBox
 from .worker import EMBEDDED_BROKER, Publisher, create_app, open_store
 
@@ -414,6 +414,28 @@ class Threads(AgentToolsMixin):
         """Recent runs, newest first (only those of ``tenant``'s threads, when given)."""
         with self.store.read() as tx:
             return tx.list_runs(thread_id=thread_id, statuses=[status] if status else None, limit=limit, tenant=tenant)
+
+    def allow_usage(self, run_id: str, *, principal: str) -> Run:
+        """Let a run parked at a usage limit (``on_limit="ask"``) go on: its usage counts again
+        from now, and its next model step is enqueued. ConfigError when it is not so parked."""
+        if not isinstance(principal, str) or not principal.strip():
+            raise ConfigError("allow_usage needs the principal who allows it")
+        now = runs.utcnow()
+        with self.store.transaction() as tx:
+            run = tx.get_run(run_id, lock=True)
+            if run is None:
+                raise RunNotFound(run_id)
+            if run.status != "parked" or not (run.error or "").startswith(f"{LIMIT_REASON}:"):
+                raise ConfigError(f"run {run_id} is {run.status}, not parked at a usage limit")
+            tx.append_event(
+                run.thread_id, run.id, ALLOWED_EVENT, {"run_id": run.id, "principal": principal, "at": now.isoformat()}, now
+            )
+            if tx.advance_run(run.id, fence=run.fence, now=now, status="running", error=None) is None:
+                raise ConfigError(f"run {run_id} changed meanwhile; try again")
+            entry = runs.step_entry(run, run.step, run.agent, runs.agent_queue(tx, run.agent))
+            tx.insert_outbox(entry, now)
+        self.publisher([entry])
+        return self.get_run(run_id)
 
     def usage(
         self,

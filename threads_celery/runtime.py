@@ -160,6 +160,15 @@ class Runtime:
             with self.store.read() as tx:
                 totals = tx.totals_for_limits(run.id, run.thread_id, agent.name, agent.usage_limits, self.clock())
             reached = limit_reached(totals, agent.usage_limits)
+            if reached is not None and reached.on_limit == "ask":
+                with self.store.transaction() as tx:
+                    parked = tx.advance_run(
+                        run.id, fence=fence, now=self.clock(), status="parked", error=reached.message,
+                        lease_owner=None, lease_expires_at=None,
+                    )  # fmt: skip
+                    if parked is None:
+                        raise FenceLost(run.id, fence)
+                return f"parked: {LIMIT_REASON}"
             if reached is not None:
                 self._finish(run, fence, "interrupted", error=reached.message)
                 return f"interrupted: {LIMIT_REASON}"

@@ -11,8 +11,9 @@ day are read from the ledger, so limits hold across workers, retries and restart
 - :class:`UsageLimits` is an agent's limits: ``Agent(..., usage_limits=UsageLimits(per_run=
   Limits(input_tokens=50_000), per_agent_per_day=Limits(cost=20.0)))``. Before each model call
   the run's, the thread's and the agent's day totals are checked; a run that reached one ends
-  ``interrupted`` with an error starting ``usage-limit:`` (``on_limit="interrupt"``, the only
-  choice so far).
+  ``interrupted`` with an error starting ``usage-limit:`` (``on_limit="interrupt"``), or waits
+  ``parked`` for a person (``on_limit="ask"``), who lets it go on with ``Threads.allow_usage``:
+  usage is then counted again from that moment.
 - :func:`limit_reached` is the decision: a pure function of the totals and the limits.
 """
 
@@ -29,8 +30,10 @@ from .exceptions import ConfigError
 
 PRICES_VARIABLE = "THREADS_MODEL_PRICES"
 LIMIT_REASON = "usage-limit"
+#: The event a person's allowance leaves in the thread's log; usage counts again from it.
+ALLOWED_EVENT = "usage.allowed"
 
-OnLimit = Literal["interrupt"]
+OnLimit = Literal["interrupt", "ask"]
 Scope = Literal["run", "thread", "agent-day"]
 
 
@@ -101,8 +104,8 @@ class UsageLimits:
             value = getattr(self, name)
             if value is not None and not isinstance(value, Limits):
                 raise ConfigError(f"UsageLimits: {name} must be a Limits(...), not {value!r}")
-        if self.on_limit != "interrupt":
-            raise ConfigError(f"UsageLimits: on_limit must be 'interrupt', not {self.on_limit!r}")
+        if self.on_limit not in ("interrupt", "ask"):
+            raise ConfigError(f"UsageLimits: on_limit must be 'interrupt' or 'ask', not {self.on_limit!r}")
         if self.per_run is None and self.per_thread is None and self.per_agent_per_day is None:
             raise ConfigError("UsageLimits: set per_run, per_thread or per_agent_per_day")
 
@@ -208,6 +211,7 @@ class Prices:
 
 
 __all__ = [
+    "ALLOWED_EVENT",
     "LIMIT_REASON",
     "LimitReached",
     "Limits",

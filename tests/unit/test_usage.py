@@ -229,3 +229,36 @@ def test_the_web_page_shows_the_runs_usage() -> None:
         usage = web.get(f"/runs/{run.id}/usage").json()
         assert usage["requests"] == 3 and usage["text"].startswith("3 model calls")
         assert web.get("/runs/run_nosuch/usage").status_code == 404
+
+
+# -- on_limit="ask": a person lets the run go on -----------------------------------------------
+
+
+def test_a_run_asked_to_wait_at_its_limit_parks_and_goes_on_when_a_person_allows_it() -> None:
+    from fastapi.testclient import TestClient
+
+    from threads_celery.api import create_api
+    from threads_celery.exceptions import ConfigError as NotParked
+
+    limits = UsageLimits(per_run=Limits(requests=2), on_limit="ask")
+    with Threads.embedded() as threads:
+        threads.register(three_step_agent("usage-asks", usage_limits=limits))
+        run_id = threads.start("usage-asks", "go").run_id
+        parked = threads.wait(run_id, timeout=RUN_TIMEOUT_S)
+        assert parked.status == "parked", parked
+        assert (parked.error or "").startswith("usage-limit: this run used 2 requests"), parked.error
+        assert threads.usage(run_id=run_id).requests == 2
+        api = TestClient(create_api(threads, tokens={"t"}))
+        auth = {"Authorization": "Bearer t"}
+        assert api.post(f"/v1/runs/{run_id}/allow-usage", json={}, headers=auth).status_code == 422
+        allowed = api.post(f"/v1/runs/{run_id}/allow-usage", json={"principal": "alice"}, headers=auth)
+        assert allowed.status_code == 200 and allowed.json()["status"] == "running", allowed.text
+        done = threads.wait(run_id, timeout=RUN_TIMEOUT_S)
+        assert (done.status, done.output) == ("completed", "done"), done
+        assert threads.usage(run_id=run_id).requests == 3
+        allowances = [e.payload for e in threads.events(done.thread_id) if e.type == "usage.allowed"]
+        assert [a["principal"] for a in allowances] == ["alice"]
+        with pytest.raises(NotParked, match="not parked at a usage limit"):
+            threads.allow_usage(run_id, principal="alice")
+        assert api.post(f"/v1/runs/{run_id}/allow-usage", json={"principal": "bob"}, headers=auth).status_code == 409
+        assert api.post("/v1/runs/run_nosuch/allow-usage", json={"principal": "bob"}, headers=auth).status_code == 404

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Connection
 
-from ..usage import Scope, UsageLimits, UsageTotals, day_bounds
+from ..usage import ALLOWED_EVENT, Scope, UsageLimits, UsageTotals, day_bounds
 from .schema import model_usage, threads
 
 
@@ -15,6 +16,8 @@ class UsageQueries:
     """Queries over ``model_usage``; mixed into the transaction."""
 
     conn: Connection
+
+    def last_event_of(self, thread_id: str, run_id: str, type: str) -> dict[str, Any] | None: ...
 
     def record_usage(
         self,
@@ -87,12 +90,16 @@ class UsageQueries:
     ) -> dict[Scope, UsageTotals]:
         """The totals each scope of ``limits`` names: this run, this thread, the agent today (UTC)."""
         since, until = day_bounds(now)
+        # A person let the run go past a limit: its usage counts again from that moment.
+        allowed = self.last_event_of(thread_id, run_id, ALLOWED_EVENT)
+        allowed_at = datetime.fromisoformat(str(allowed["at"])) if allowed and allowed.get("at") else None
         totals: dict[Scope, UsageTotals] = {}
         for scope, _ in limits.scopes():
             if scope == "run":
-                totals[scope] = self.usage_totals(run_id=run_id)
+                totals[scope] = self.usage_totals(run_id=run_id, since=allowed_at)
             elif scope == "thread":
-                totals[scope] = self.usage_totals(thread_id=thread_id)
+                totals[scope] = self.usage_totals(thread_id=thread_id, since=allowed_at)
             else:
-                totals[scope] = self.usage_totals(agent=agent, since=since, until=until)
+                start = max(since, allowed_at) if allowed_at is not None else since
+                totals[scope] = self.usage_totals(agent=agent, since=start, until=until)
         return totals
