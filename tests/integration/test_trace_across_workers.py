@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("opentelemetry.sdk.trace", reason="opentelemetry-sdk is in the test extra")
-from opentelemetry import trace  # noqa: E402
+from opentelemetry import trace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 90.0
