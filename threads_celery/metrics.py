@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
+
     from .store import Store
 
 METRICS_PORT_VARIABLE = "THREADS_METRICS_PORT"
@@ -114,11 +117,11 @@ def run_finished(status: str) -> None:
 class LedgerCollector:
     """A prometheus_client collector that reads the ledger at each scrape (a few counting queries)."""
 
-    def __init__(self, store: Store, *, clock: Any = None) -> None:
+    def __init__(self, store: Store, *, clock: Callable[[], datetime] | None = None) -> None:
         self.store = store
         self.clock = clock or (lambda: datetime.now(UTC))
 
-    def collect(self) -> Iterable[Any]:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
         with self.store.read() as tx:
@@ -148,7 +151,7 @@ class LedgerCollector:
         )
 
 
-def registry_for(store: Store) -> Any:
+def registry_for(store: Store) -> CollectorRegistry:
     """A registry with the ledger's gauges and this process's instruments (or every prefork
     child's, with PROMETHEUS_MULTIPROC_DIR)."""
     from prometheus_client import CollectorRegistry
@@ -158,6 +161,7 @@ def registry_for(store: Store) -> Any:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
+        # prometheus_client leaves this constructor unannotated (the rest of its API is typed).
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:
         found = instruments()
