@@ -262,3 +262,25 @@ def test_a_run_asked_to_wait_at_its_limit_parks_and_goes_on_when_a_person_allows
             threads.allow_usage(run_id, principal="alice")
         assert api.post(f"/v1/runs/{run_id}/allow-usage", json={"principal": "bob"}, headers=auth).status_code == 409
         assert api.post("/v1/runs/run_nosuch/allow-usage", json={"principal": "bob"}, headers=auth).status_code == 404
+
+
+def test_the_cli_lets_a_parked_run_go_on(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from threads_celery.cli import app as cli_app
+
+    db = tmp_path / "ask.db"
+    env = {"THREADS_DATABASE_URL": "", "THREADS_BROKER_URL": ""}
+    limits = UsageLimits(per_run=Limits(requests=2), on_limit="ask")
+    # A short reconcile interval: the CLI's own process publishes to no worker, the backbone of
+    # the runtime below republishes the step it left in the outbox.
+    settings = Settings.from_env(env={"THREADS_OUTBOX_STALE_AFTER_S": "0.5", "THREADS_RECONCILE_INTERVAL_S": "0.2"})
+    with Threads.embedded(db, settings=settings) as threads:
+        threads.register(three_step_agent("usage-asks-cli", usage_limits=limits))
+        run_id = threads.start("usage-asks-cli", "go").run_id
+        assert threads.wait(run_id, timeout=RUN_TIMEOUT_S).status == "parked"
+        refused = CliRunner().invoke(cli_app, ["runs", "allow-usage", run_id, "--db", str(db)], env=env)
+        assert refused.exit_code == 2  # --principal is required
+        allowed = CliRunner().invoke(cli_app, ["runs", "allow-usage", run_id, "--principal", "alice", "--db", str(db)], env=env)
+        assert allowed.exit_code == 0, allowed.output
+        assert threads.wait(run_id, timeout=RUN_TIMEOUT_S).status == "completed"
