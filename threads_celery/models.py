@@ -106,8 +106,26 @@ def resolve_model(model: Any) -> Any:
         if cached is None:
             from pydantic_ai.models import infer_model
 
-            cached = _model_cache[model] = infer_model(model)
+            cached = _model_cache[model] = infer_model(model, provider_factory=provider_without_sdk_retries)
         return cached
+
+
+def provider_without_sdk_retries(name: str) -> Any:
+    """pydantic-ai's provider for ``name``, with the OpenAI SDK's own retries turned off.
+
+    The SDK would wait out a 429 or a 5xx itself, inside the worker slot; the runtime retries the
+    step instead, as a Celery countdown that holds no slot (see threads_celery.provider_limits).
+    """
+    from pydantic_ai.providers import infer_provider
+
+    provider = infer_provider(name)
+    try:
+        from pydantic_ai.providers.openai import OpenAIProvider
+    except ImportError:  # pragma: no cover - the openai extra is not installed
+        return provider
+    if type(provider) is OpenAIProvider:
+        return OpenAIProvider(openai_client=provider.client.with_options(max_retries=0))
+    return provider
 
 
 def to_model_messages(system_prompt: str, history: Sequence[Message]) -> list[Any]:
