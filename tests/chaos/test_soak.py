@@ -7,7 +7,8 @@ through them while a chaos thread strikes every 1.5-3 s, alternately SIGKILLing 
 that most recently started a tool call and a whole worker (replaced at once), and, as the runs
 settle:
 
-- SIGSTOPs a worker while it holds calls (twice), for longer than its lease: the backbone
+- SIGSTOPs a worker while it holds run leases (twice, and again up to six times until a late
+  write has met the fence), for longer than its lease: the backbone
   re-dispatches its runs, and when it is resumed every late write it tries is refused by the
   fence (counted: there must be some, and every one of them refused);
 - restarts the private Redis (``SHUTDOWN NOSAVE``: every queued message is lost) and then the
@@ -74,7 +75,8 @@ SETTLED = {
     "awaiting_variable",
 }
 # When (fraction of runs settled) each outage happens.
-FREEZE_AT = (0.05, 0.45, 0.75)
+FREEZE_AT = (0.05, 0.45)
+MAX_FREEZES = 6
 REDIS_RESTART_AT = 0.3
 POSTGRES_RESTART_AT = 0.5
 
@@ -113,6 +115,7 @@ class Chaos:
     _strikes: int = 0
     _ready_at: dict[int, float] = field(default_factory=dict)
     _spared_until: dict[int, float] = field(default_factory=dict)
+    _fenced_seen: bool = False
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
@@ -191,10 +194,14 @@ class Chaos:
     def _outages(self) -> None:
         services = self.cluster.services
         assert services is not None
-        if (
-            len(self.freezes) < len(FREEZE_AT)
-            and self.settled_fraction >= FREEZE_AT[len(self.freezes)]
-        ):
+        if self._stop.is_set():
+            return  # the soak is over: no outage after its last run settled
+        if len(self.freezes) < len(FREEZE_AT):
+            if self.settled_fraction >= FREEZE_AT[len(self.freezes)]:
+                self._freeze()
+        elif len(self.freezes) < MAX_FREEZES and not self._fenced_late_write_seen():
+            # Every worker frozen so far was caught inside a transaction (its row stays locked,
+            # so nothing was fenced): freeze again until a late write meets the fence.
             self._freeze()
         if not self.redis_restarts and self.settled_fraction >= REDIS_RESTART_AT:
             services.redis.stop()  # SHUTDOWN NOSAVE: the queued messages are gone
@@ -221,6 +228,11 @@ class Chaos:
                 {"owners": owners},
             )
             return [row.id for row in rows]
+
+    def _fenced_late_write_seen(self) -> bool:
+        if not self._fenced_seen and self.freezes and self.freezes[-1].log_end:
+            self._fenced_seen = _late_writes(self.cluster, self)["refused"] > 0
+        return self._fenced_seen
 
     def _freeze(self) -> None:
         """SIGSTOP a worker while it holds run leases, for FREEZE_S (longer than a lease: the
@@ -292,6 +304,8 @@ def _soak(cluster: ChaosCluster, runs: int) -> None:
         chaos.stop()
         chaos_thread.join(timeout=30)
     elapsed = time.monotonic() - began
+    # Connections pooled before the PostgreSQL restart were cut by it: start the checks afresh.
+    cluster.threads.store.engine.dispose()
 
     report = _check(cluster, started, final)
     late = _late_writes(cluster, chaos)
