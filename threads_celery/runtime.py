@@ -447,13 +447,9 @@ class Runtime:
         read_only = tool.effect == "read_only"
         if not read_only:
             # The claim is the evidence that the effect may have happened: commit it first.
-            lease = timedelta(seconds=self.settings.tool_lease_s)
-            with self.store.transaction() as tx:
-                claimed = tx.claim_run(run.id, fence=run.fence, owner=self.worker_id, lease_until=now + lease, now=now)
-                if claimed is None:
-                    raise RetryLater(0.1, "run was claimed concurrently")
-                tx.claim_call(call.effect_key, owner=self.worker_id, lease_until=now + lease, now=now)
-                tx.delete_outbox(call.effect_key)
+            claimed = self._claim_call(run, call, now)
+            if claimed is None:
+                raise RetryLater(0.1, "run was claimed concurrently")
             fence, attempt = claimed, call.attempt + 1
 
         def renew() -> bool:
@@ -502,6 +498,26 @@ class Runtime:
         if outcome.startswith("ended the turn"):
             hooks.observe_stop(agent, run, call.step, hooks.Stop("completed"))
         return outcome
+
+    def _claim_call(self, run: Run, call: CallRow, now: datetime) -> int | None:
+        """Commit the claim of a call (run lease and fence, call started, outbox row consumed).
+
+        One statement on PostgreSQL, one transaction elsewhere; the new fence, or None (nothing
+        written) if the run's fence moved.
+        """
+        lease_until = now + timedelta(seconds=self.settings.tool_lease_s)
+        if self.store.dialect == "postgresql":
+            with self.store.autocommit() as tx:
+                return tx.claim_call_in_one(
+                    run.id, call.effect_key, fence=run.fence, owner=self.worker_id, lease_until=lease_until, now=now
+                )
+        with self.store.transaction() as tx:
+            claimed = tx.claim_run(run.id, fence=run.fence, owner=self.worker_id, lease_until=lease_until, now=now)
+            if claimed is None:
+                return None
+            tx.claim_call(call.effect_key, owner=self.worker_id, lease_until=lease_until, now=now)
+            tx.delete_outbox(call.effect_key)
+            return claimed
 
     def _commit_executed(
         self, run: Run, fence: int, call: CallRow, tool: Tool | None, content: str, *, is_error: bool, own_outbox: bool

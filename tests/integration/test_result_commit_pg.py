@@ -91,3 +91,35 @@ def test_a_stale_fence_writes_nothing(runtime: Store) -> None:
         assert tx.get_call_and_run(entry.args[0])[0].status == "pending"
         assert [r.key for r in tx.conn.execute(select(outbox.c.key))] == [entry.key]
     assert after == before
+
+
+def test_the_one_statement_claim_writes_what_the_claim_transaction_writes(runtime: Store) -> None:
+    rt, run, queue = _setup(runtime, "idempotent")
+    rt.run_step(*queue.pop(0).args)
+    [entry] = queue
+    with runtime.read() as tx:
+        call, current = tx.get_call_and_run(entry.args[0])
+    now = run_ledger.utcnow()
+    fence = rt._claim_call(current, call, now)
+    assert fence == current.fence + 1
+    with runtime.read() as tx:
+        claimed_call, claimed_run = tx.get_call_and_run(entry.args[0])
+        assert tx.conn.execute(select(outbox.c.key)).all() == []
+    assert (claimed_run.fence, claimed_run.status, claimed_run.lease_owner) == (fence, "running", rt.worker_id)
+    assert claimed_run.lease_expires_at is not None and claimed_run.lease_expires_at > now
+    assert (claimed_call.status, claimed_call.attempt) == ("started", call.attempt + 1)
+    assert claimed_call.first_started_at is not None
+
+
+def test_a_one_statement_claim_with_a_stale_fence_writes_nothing(runtime: Store) -> None:
+    rt, run, queue = _setup(runtime, "idempotent")
+    rt.run_step(*queue.pop(0).args)
+    [entry] = queue
+    with runtime.read() as tx:
+        call, current = tx.get_call_and_run(entry.args[0])
+    stale = current.__class__(**{**{f: getattr(current, f) for f in current.__dataclass_fields__}, "fence": current.fence - 1})
+    assert rt._claim_call(stale, call, run_ledger.utcnow()) is None
+    with runtime.read() as tx:
+        after_call, after_run = tx.get_call_and_run(entry.args[0])
+        assert [r.key for r in tx.conn.execute(select(outbox.c.key))] == [entry.key]
+    assert (after_call.status, after_call.attempt, after_run.fence) == ("pending", call.attempt, current.fence)

@@ -215,3 +215,27 @@ SELECT fence FROM r
     bindparam("is_error", type_=Boolean()),
     bindparam("own_outbox", type_=Boolean()),
 )
+
+
+#: PostgreSQL: a tool call's claim (the run's lease and fence, the call started, its outbox row
+#: consumed) as one statement, in autocommit: what CLAIM_RUN, CLAIM_CALL and DELETE_OUTBOX do in
+#: one transaction, in one round trip. The call and the outbox row change only if the fenced run
+#: update matched; the new fence comes back, or no row.
+CLAIM_CALL_PG = text(
+    """
+WITH r AS (
+    UPDATE runs SET fence = fence + 1, status = 'running', lease_owner = CAST(:owner AS varchar),
+        lease_expires_at = :until, started_at = coalesce(started_at, :now), updated_at = :now
+    WHERE id = CAST(:run_id AS varchar) AND fence = :fence
+    RETURNING fence
+), c AS (
+    UPDATE tool_calls SET status = 'started', attempt = attempt + 1,
+        first_started_at = coalesce(first_started_at, :now),
+        lease_owner = CAST(:owner AS varchar), lease_expires_at = :until
+    WHERE effect_key = CAST(:effect_key AS varchar) AND EXISTS (SELECT 1 FROM r)
+), d AS (
+    DELETE FROM outbox WHERE key = CAST(:effect_key AS varchar) AND EXISTS (SELECT 1 FROM r)
+)
+SELECT fence FROM r
+"""
+).bindparams(bindparam("now", type_=UTCDateTime()), bindparam("until", type_=UTCDateTime()))
