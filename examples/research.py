@@ -264,6 +264,9 @@ class Coordinator(Agent):
     instructions = "Start the benchmark import, research each topic with the research tool, then compare."
     model = ScriptedModel([_coordinate] * 8, model_name="coordinator-script")
     tools = (research, start_import)
+    # A child run is capped by its parent's permissions: the background import's own allow rule
+    # counts only if the coordinator allows the tool too.
+    permissions = Permissions(allow=["import_records"])
 
     def import_finished(self, run: AgentToolRun, result: AgentToolResult | AgentToolFailure) -> None:
         """``on_finish`` of the background import. Delivered at least once: writing the same file again is harmless."""

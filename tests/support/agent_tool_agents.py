@@ -246,6 +246,9 @@ delegating_parent = Agent(
         ]
     ),
     tools=[agent_tool(writer_child, "Write files in a directory.", name="writer", display_name="Writer")],
+    # The child is capped by its parent's permissions: accept_edits lets its idempotent
+    # write_files run without asking.
+    permissions=Permissions("accept_edits"),
 )
 
 quick_worker_child = Agent(name="at_quick_child", instructions="Answer at once.", model=ScriptedModel([say("quick child done")]))

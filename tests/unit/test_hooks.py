@@ -459,6 +459,41 @@ def test_after_tool_sees_the_recorded_result(threads: Threads) -> None:
     assert observer.observed == [("get_weather", HookResult("sunny in Oslo", False))]
 
 
+class HangingObserver(Agent):
+    """An agent whose after_tool hook hangs until the test releases it."""
+
+    def __init__(self, weather: Weather, release: threading.Event) -> None:
+        self.release = release
+        super().__init__(
+            name=unique("hanging_observer"),
+            instructions="",
+            model=ScriptedModel([call("get_weather", city="Lima"), say("done")]),
+            tools=[weather.tool],
+            hook_timeout_s=0.2,
+        )
+
+    def after_tool(self, call: HookCall, result: HookResult, ctx: HookContext) -> None:
+        self.release.wait(WAIT_S)
+
+
+def test_a_hanging_observing_hook_is_cut_at_its_limit_and_the_run_goes_on(
+    threads: Threads, caplog: pytest.LogCaptureFixture
+) -> None:
+    release = threading.Event()
+    weather = Weather()
+    try:
+        with caplog.at_level("WARNING", logger="threads_celery.hooks"):
+            run, [result] = _run(threads, HangingObserver(weather, release))
+            # The hook runs after the result is recorded, so the run may end before it is cut.
+            eventually(
+                lambda: "observing hook after_tool failed and was ignored: timed out after 0.2 s" in caplog.text,
+                what="the hung observing hook cut at its limit",
+            )
+    finally:
+        release.set()
+    assert run.status == "completed" and result.tool_result.content == "sunny in Lima"
+
+
 def test_a_failing_observing_hook_is_logged_and_ignored(
     threads: Threads, caplog: pytest.LogCaptureFixture
 ) -> None:
