@@ -450,7 +450,7 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
     def cancel_run(run_id: RunId, caller: Caller = Depends(caller_of)) -> RunOut:  # noqa: B008
         """Abort a run that has not ended; one that has is returned as it is."""
         owned_run(threads, caller, run_id)
-        return RunOut.of(threads.cancel(run_id, reason=f"cancelled through the HTTP API by {caller.principal}"))
+        return RunOut.of(threads.cancel(run_id, reason="cancelled through the HTTP API"))
 
     @router.get("/threads/{thread_id}/messages", response_model=list[MessageOut], tags=["threads"], responses=not_found)
     def thread_messages(
