@@ -52,14 +52,15 @@ __all__ = [
 WORK_PRIORITY: Final = 3
 """Redis priority of ordinary work messages (Redis serves lower numbers first)."""
 URGENT_PRIORITY: Final = 0
-"""Redis priority of control messages and of the work the backbone re-dispatches.
+"""Redis priority of control messages and of the runs the backbone re-dispatches from a dead
+worker (not of rows it merely republishes: behind a backlog those are mostly waiting, not lost).
 
 Kombu's Redis transport pops the lowest priority number first *across all the queues a worker
 consumes*, so the control queue's messages must be at least as urgent as any work message, or a
 worker busy with a backlog would never get to them.
 """
 
-REPUBLISH_BACKOFF_CAP: Final = 4
+REPUBLISH_BACKOFF_CAP: Final = 16
 """A row republished again and again waits at most this many graces between republishes."""
 
 
@@ -111,7 +112,7 @@ def tick_is_covered(published_at: float | None, last_tick_started_at: float | No
 
 def republish_delay(grace: timedelta, republished: int) -> timedelta:
     """How long after a republish an outbox row is due again: ``grace`` doubled per republish
-    already made (2x, then 4x), at most ``REPUBLISH_BACKOFF_CAP`` times ``grace``.
+    already made (2x, 4x, 8x), at most ``REPUBLISH_BACKOFF_CAP`` times ``grace``.
 
     A row is republished when nobody consumed its message within the grace. Behind a backlog the
     message is only waiting in the queue; republishing it every grace would add a copy per tick
@@ -124,8 +125,8 @@ def republish_delay(grace: timedelta, republished: int) -> timedelta:
 def message_priority(task: str, *, recovered: bool, broker_url: str) -> int | None:
     """The priority a message is published with, or None (the broker's default).
 
-    On Redis, control messages and recovered work (a dead worker's run re-dispatched, a lost
-    message republished) go ahead of the work waiting in the queues: behind a backlog,
+    On Redis, control messages and recovered work (a dead worker's run re-dispatched) go ahead
+    of the work waiting in the queues: behind a backlog,
     recovered work would otherwise wait its turn, and an idempotent call could outlive its dedup
     window and park. Other brokers keep their own order (RabbitMQ counts priorities the other
     way round, and only on queues declared with a maximum priority).

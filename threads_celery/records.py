@@ -200,8 +200,8 @@ class OutboxEntry:
     queue: str | None = None
     argsrepr: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: Set (never stored) on what the reconcile backbone re-dispatches or republishes, so that
-    #: it is published ahead of the work waiting in the queue (see backbone.message_priority).
+    #: Set (never stored) on what the reconcile backbone re-dispatches from a dead worker, so
+    #: that it is published ahead of the work waiting in the queue (backbone.message_priority).
     recovered: bool = False
 
 

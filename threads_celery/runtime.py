@@ -717,7 +717,9 @@ class Runtime:
         self.publish([replace(e, recovered=True) for e in redispatched])
         with self.store.transaction() as tx:
             due = tx.due_outbox(now=now, limit=limit)
-        self.publish([replace(e, recovered=True) for e in due])
+        # Not urgent: behind a backlog most due rows are only waiting in the queue, and an urgent
+        # copy of each would flood the lane that a dead worker's runs recover through.
+        self.publish(due)
         from .delivery import reconcile_agent_tools
 
         counts = {"expired_runs": len(redispatched), "republished": len(due)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -69,7 +70,13 @@ def test_a_run_whose_lease_expired_is_fenced_off_and_its_call_settled_by_effect(
     with threads.store.transaction() as tx:
         tx.conn.execute(update(runs).where(runs.c.id == handle.run_id).values(lease_expires_at=past))
         tx.conn.execute(update(tool_calls).where(tool_calls.c.run_id == handle.run_id).values(lease_expires_at=past))
+    runtime = threads.app.threads_runtime.get()
+    published: list[Any] = []
+    publish = runtime.publish
+    runtime.publish = lambda entries: (published.extend(entries), publish(entries))[-1]
     assert threads.reconcile() == {"expired_runs": 1, "republished": 0}
+    # Re-dispatched from a dead worker: published ahead of waiting work (Redis priority).
+    assert [(e.key, e.recovered) for e in published] == [(f"{handle.run_id}:0:0", True)]
     run = threads.wait(handle.run_id, 20)
     assert run.status == "completed"
     assert CALLS == [1, 2]  # idempotent, inside its window: sent again with the same key
