@@ -75,7 +75,7 @@ SETTLED = {
     "awaiting_variable",
 }
 # When (fraction of runs settled) each outage happens.
-FREEZE_AT = (0.05, 0.45)
+FREEZE_AT = (0.05, 0.3)
 MAX_FREEZES = 6
 REDIS_RESTART_AT = 0.3
 POSTGRES_RESTART_AT = 0.5
@@ -220,11 +220,15 @@ class Chaos:
         return [f"{socket.gethostname()}:{pid}" for pid in worker.child_pids()]
 
     def _claims(self, worker: WorkerProcess) -> list[str]:
-        """The runs whose lease one of the worker's pool processes holds."""
+        """The runs whose lease one of the worker's pool processes holds while it executes a
+        claimed tool call (inside the tool, not inside a transaction)."""
         owners = self._owners(worker)
         with self.cluster.threads.store.engine.connect() as conn:
             rows = conn.execute(
-                text("select id from runs where lease_owner = any(:owners) and status = 'running'"),
+                text(
+                    "select r.id from runs r join tool_calls c on c.run_id = r.id and c.status = 'started' "
+                    "where r.lease_owner = any(:owners) and r.status = 'running'"
+                ),
                 {"owners": owners},
             )
             return [row.id for row in rows]
