@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.throughput import run_durable  # noqa: E402
+from bench.throughput import run_bare, run_durable  # noqa: E402
 from bench.tool_call_overhead import AGENTS_MODULE, fresh_database, worker  # noqa: E402
 
 TARGET = 1.10
@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=200, help="runs started at once (default 200)")
     parser.add_argument("--turns", type=int, default=1, help="turns per run (default 1)")
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--bare", action="store_true",
+                        help="bare Celery chains of the same shape instead of durable runs (the baseline)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13", help="broker; this DB is flushed")
     parser.add_argument("--pg-host", default="127.0.0.1")
     parser.add_argument("--pg-port", type=int, default=5432)
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     redis_client = redis.Redis.from_url(args.redis_url)
     redis_client.flushdb()
-    print(f"memory: runs={args.runs} batch={args.batch} turns={args.turns} concurrency={args.concurrency} "
+    print(f"memory: {'bare chains' if args.bare else 'durable runs'}: runs={args.runs} batch={args.batch} turns={args.turns} concurrency={args.concurrency} "
           f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rows: list[tuple[int, dict[int, int]]] = []
     with fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url, \
@@ -104,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                 for checkpoint in checkpoints:
                     while done < checkpoint:
                         n = min(args.batch, checkpoint - done)
-                        run_durable(threads, redis_client, pgid, n, args.turns, 600.0)
+                        if args.bare:
+                            run_bare(threads.app, redis_client, pgid, n, args.turns, 600.0)
+                        else:
+                            run_durable(threads, redis_client, pgid, n, args.turns, 600.0)
                         done += n
                         # The per-task trace lines are the bench's, not the worker's: keep the disk small.
                         for trace in Path(trace_dir).glob("*.jsonl"):
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  after {checkpoint:>6} runs ({time.monotonic() - started:6.0f} s): "
                           f"total {sum(rss.values()) / 1024:7.1f} MiB  "
                           + "  ".join(f"{pid}: {kib / 1024:.1f}" for pid, kib in sorted(rss.items())))
-                if process.poll() is not None:
+                if not process.alive():
                     raise RuntimeError("the worker exited during the benchmark")
         except Exception:
             if log_path.exists():

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"durable {durable.wall_s:.2f} s ({durable.cpu_ms_per_task:.2f} cpu ms/task), "
                         f"ratio {durable.wall_s / bare.wall_s:.2f}"
                     )
-                if process.poll() is not None:
+                if not process.alive():
                     raise RuntimeError("the worker exited during the benchmark")
                 connections = count_connections(database_url)
         except Exception:
