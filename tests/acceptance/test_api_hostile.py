@@ -212,9 +212,11 @@ def test_a_shortened_result_is_fetched_whole_over_http(client: TestClient, threa
 def test_no_sequence_of_linked_requests_is_a_server_error(client: TestClient, threads: Threads) -> None:
     schemathesis = pytest.importorskip("schemathesis")
     from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.errors import FlakyStrategyDefinition
 
     schema = schemathesis.openapi.from_asgi("/openapi.json", client.app).exclude(path_regex=r".*/events$")
     calls: list[tuple[str, int]] = []
+    server_errors: list[tuple[str, str, int, str]] = []
 
     class Workflow(schema.as_state_machine()):  # type: ignore[misc]
         def before_call(self, case: Any) -> None:
@@ -227,21 +229,29 @@ def test_no_sequence_of_linked_requests_is_a_server_error(client: TestClient, th
 
         def validate_response(self, response: Any, case: Any, *args: Any, **kwargs: Any) -> None:
             calls.append((f"{case.method} {case.path}", response.status_code))
-            assert response.status_code < 500, (case.method, case.formatted_path, response.status_code, response.text)
+            if response.status_code >= 500:  # recorded, not raised: see the note on replays below
+                server_errors.append((case.method, case.formatted_path, response.status_code, response.text))
 
-    Workflow.run(
-        settings=settings(
-            max_examples=40,
-            stateful_step_count=6,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-            # Generation only: the ids a step draws come from what the live API answered
-            # earlier, so replaying a recorded example (or shrinking one) is not deterministic.
-            phases=[Phase.generate],
+    try:
+        Workflow.run(
+            settings=settings(
+                max_examples=40,
+                stateful_step_count=6,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+                # Generation only: the ids a step draws come from what the live API answered
+                # earlier, so replaying a recorded example (or shrinking one) is not deterministic.
+                phases=[Phase.generate],
+            )
         )
-    )
+    except FlakyStrategyDefinition:
+        # Schemathesis learns links from live answers as it walks, so Hypothesis may find two
+        # scenarios that began alike drawing differently and stop the walk there. What was
+        # walked still counts: every answer was recorded above, and none may be a 5xx.
+        pass
+    assert server_errors == []
     # The walk reached the routes that need an id from an earlier answer, with real ids.
     reached = {label for label, status in calls if status < 400}
     assert "POST /v1/runs" in reached, sorted(set(calls))
