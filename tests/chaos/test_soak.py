@@ -297,7 +297,7 @@ def _soak(cluster: ChaosCluster, runs: int) -> None:
     began = time.monotonic()
     chaos_thread.start()
     try:
-        while pending and time.monotonic() - began < DEADLINE_S:
+        while pending and time.monotonic() - began < deadline_s:
             for run_id, status in _statuses(cluster, pending).items():
                 if status in SETTLED:
                     final[run_id] = status
@@ -316,7 +316,7 @@ def _soak(cluster: ChaosCluster, runs: int) -> None:
     recovery = _recovery_times(cluster, chaos)
     print(_table(report, chaos, late, recovery, elapsed))
     assert not pending, (
-        f"{len(pending)} runs unsettled after {DEADLINE_S:g} s:\n"
+        f"{len(pending)} runs unsettled after {deadline_s:g} s:\n"
         + _describe_stuck(cluster, pending)
     )
     assert not report["problems"], "\n".join(report["problems"][:40])
