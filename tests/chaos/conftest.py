@@ -63,9 +63,9 @@ DEFAULT_CHAOS_ENV: dict[str, str] = {
 
 _names = itertools.count(1)
 RECONCILE_RESULT = re.compile(
-    r"threads\.reconcile\[[^\]]+\] succeeded in [\d.]+s: '(\{.*\})'$", re.MULTILINE
+    r"threads\.reconcile\[[^\]]+\] succeeded in [\d.e-]+s: '(\{.*\})'$", re.MULTILINE
 )
-FENCE_REFUSED = re.compile(r"threads\.(?:tool|step)\[([^\]]+)\] succeeded in [\d.]+s: 'fence lost'")
+FENCE_REFUSED = re.compile(r"threads\.(?:tool|step)\[([^\]]+)\] succeeded in [\d.e-]+s: 'fence lost'")
 
 
 # -- the cluster --------------------------------------------------------------------------------

@@ -265,6 +265,7 @@ class Chaos:
 
 def _soak(cluster: ChaosCluster, runs: int) -> None:
     rng = random.Random(SEED)
+    deadline_s = DEADLINE_S * max(1.0, runs / RUNS)  # a bigger soak gets proportionally longer
     print(
         f"\nchaos soak: {runs} runs, seed {SEED} (CHAOS_SOAK_SEED={SEED} replays the plan and the chaos)"
     )
@@ -345,7 +346,7 @@ def test_large_soak_backlog_under_kills_freezes_and_restarts(cluster: ChaosClust
     _soak(cluster, LARGE_RUNS)
 
 
-LATE_OUTCOME = re.compile(r"threads\.(?:tool|step)\[([^\]]+)\] succeeded in ([\d.]+)s: '([^']*)'")
+LATE_OUTCOME = re.compile(r"threads\.(?:tool|step)\[([^\]]+)\] succeeded in ([\d.e-]+)s: '([^']*)'")
 
 
 REDISPATCHED = re.compile(r"run (run_\w+): lease of (\S+) expired; re-dispatching")

@@ -44,7 +44,7 @@ INTERVAL_S = 0.5
 TICKS_TO_SEE = 4
 PILE = 6
 TICK_OUTCOME = re.compile(
-    r"threads\.reconcile\[[^\]]+\] succeeded in [\d.]+s: '(\{|covered by a later tick)"
+    r"threads\.reconcile\[[^\]]+\] succeeded in [\d.e-]+s: '(\{|covered by a later tick)"
 )
 TEST_AGENTS = "tests.integration.agents_for_tests"
 
@@ -92,7 +92,7 @@ def queue_backlog(broker_url: str, count: int) -> None:
 
 def ticks_run(worker: WorkerProcess) -> int:
     return len(
-        re.findall(r"threads\.reconcile\[[^\]]+\] succeeded in [\d.]+s: '\{", worker.log_text())
+        re.findall(r"threads\.reconcile\[[^\]]+\] succeeded in [\d.e-]+s: '\{", worker.log_text())
     )
 
 
