@@ -14,9 +14,9 @@ from datetime import date
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from .api_models import ID_PATTERN, ErrorOut, Principal, RunOut, _Request
+from .api_models import ID_PATTERN, ErrorOut, RunOut, _Request
 from .tenancy import Caller, owned_run, owned_thread
 
 if TYPE_CHECKING:
@@ -25,9 +25,11 @@ if TYPE_CHECKING:
 
 
 class AllowUsage(_Request):
-    """Who lets a run parked at a usage limit go on."""
+    """Lets a run parked at a usage limit go on (recorded under the bearer token's principal)."""
 
-    principal: Principal
+    principal: Annotated[
+        str | None, Field(min_length=1, max_length=255, description="Ignored: the allowance is recorded under the bearer token's principal.")
+    ] = None
 
 
 class UsageOut(BaseModel):
@@ -75,7 +77,7 @@ def add_usage_routes(router: APIRouter, threads: Threads, *, caller_of: Callable
     ) -> RunOut:
         """Let a run parked at a usage limit (on_limit="ask") go on; its usage counts again from now."""
         owned_run(threads, caller, run_id)  # RunNotFound: 404
-        return RunOut.of(threads.allow_usage(run_id, principal=body.principal))
+        return RunOut.of(threads.allow_usage(run_id, principal=caller.principal))
 
     @router.get(
         "/threads/{thread_id}/usage", response_model=UsageOut, tags=["usage"], responses=not_found

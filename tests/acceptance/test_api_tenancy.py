@@ -153,6 +153,7 @@ def test_another_tenant_gets_404_for_everything_and_changes_nothing(world: tuple
         ("GET", f"/v1/calls/{key}/result", "/v1/calls/{effect_key}/result", {}, "call_not_found"),
         ("GET", f"/v1/runs/{run}/usage", "/v1/runs/{run_id}/usage", {}, "run_not_found"),
         ("GET", f"/v1/threads/{thread}/usage", "/v1/threads/{thread_id}/usage", {}, "thread_not_found"),
+        ("POST", f"/v1/runs/{run}/allow-usage", "/v1/runs/{run_id}/allow-usage", {"json": {}}, "run_not_found"),
     ]  # fmt: skip
     for method, path, route, kwargs, kind in checks:
         headers = {**BOB, **kwargs.pop("headers", {})}

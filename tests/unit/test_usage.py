@@ -239,6 +239,7 @@ def test_a_run_asked_to_wait_at_its_limit_parks_and_goes_on_when_a_person_allows
 
     from threads_celery.api import create_api
     from threads_celery.exceptions import ConfigError as NotParked
+    from threads_celery.tenancy import parse_token_entry
 
     limits = UsageLimits(per_run=Limits(requests=2), on_limit="ask")
     with Threads.embedded() as threads:
@@ -250,14 +251,15 @@ def test_a_run_asked_to_wait_at_its_limit_parks_and_goes_on_when_a_person_allows
         assert threads.usage(run_id=run_id).requests == 2
         api = TestClient(create_api(threads, tokens={"t"}))
         auth = {"Authorization": "Bearer t"}
-        assert api.post(f"/v1/runs/{run_id}/allow-usage", json={}, headers=auth).status_code == 422
+        assert api.post(f"/v1/runs/{run_id}/allow-usage", json={"principal": ""}, headers=auth).status_code == 422
         allowed = api.post(f"/v1/runs/{run_id}/allow-usage", json={"principal": "alice"}, headers=auth)
         assert allowed.status_code == 200 and allowed.json()["status"] == "running", allowed.text
         done = threads.wait(run_id, timeout=RUN_TIMEOUT_S)
         assert (done.status, done.output) == ("completed", "done"), done
         assert threads.usage(run_id=run_id).requests == 3
         allowances = [e.payload for e in threads.events(done.thread_id) if e.type == "usage.allowed"]
-        assert [a["principal"] for a in allowances] == ["alice"]
+        # Recorded under the token's principal, not the name in the body.
+        assert [a["principal"] for a in allowances] == [parse_token_entry("t")[1].principal]
         with pytest.raises(NotParked, match="not parked at a usage limit"):
             threads.allow_usage(run_id, principal="alice")
         assert api.post(f"/v1/runs/{run_id}/allow-usage", json={"principal": "bob"}, headers=auth).status_code == 409
