@@ -445,9 +445,10 @@ class Runtime:
             return f"awaiting variables: {', '.join(missing)}"
         fence, attempt = run.fence, call.attempt
         read_only = tool.effect == "read_only"
+        claim_started = time.monotonic()
         if not read_only:
             # The claim is the evidence that the effect may have happened: commit it first.
-            claimed = self._claim_call(run, call, now)
+            claimed = self._claim_call(run, call, self.clock())  # the lease counts from the claim
             if claimed is None:
                 raise RetryLater(0.1, "run was claimed concurrently")
             fence, attempt = claimed, call.attempt + 1
@@ -476,6 +477,12 @@ class Runtime:
         # A secret the tool reads is redacted from this process's logs and stdout while it runs,
         # and from its result and error as data (before serialising) and as text (after).
         with self.keeper.hold(renew, self.settings.tool_lease_s / 3), secrets_active(env.revealed):
+            if not read_only and not self._claim_still_held(claim_started, renew):
+                # Paused between its claim and the call (SIGSTOP, a long GC, a swapped-out
+                # process) past half its lease: the backbone may have settled the call and run it
+                # elsewhere since, so an effect now could be the second one. Stop before acting.
+                log.warning("call %s: lease lapsed before the tool ran; not running it", call.effect_key)
+                raise FenceLost(run.id, fence)
             try:
                 value = models.run_coroutine(tool.execute(parsed, ctx)) if tool.is_async else tool.execute(parsed, ctx)
                 value = tool.check_output(value)
@@ -498,6 +505,21 @@ class Runtime:
         if outcome.startswith("ended the turn"):
             hooks.observe_stop(agent, run, call.step, hooks.Stop("completed"))
         return outcome
+
+    def _claim_still_held(self, claim_started: float, renew: Callable[[], bool]) -> bool:
+        """Whether this worker still holds the call it claimed at ``claim_started`` (monotonic).
+
+        Free while less than half the lease has passed since just before the claim commit (the
+        backbone fences a call only after its lease expired); past that, one fenced renewal
+        decides. The monotonic clock runs on while a process is stopped, so a pause of any kind
+        between the claim and the call is caught here, before the tool runs.
+        """
+        if time.monotonic() - claim_started < self.settings.tool_lease_s / 2:
+            return True
+        try:
+            return renew()
+        except StoreUnavailable:
+            return False  # cannot prove the claim is still ours: acting could repeat an effect
 
     def _claim_call(self, run: Run, call: CallRow, now: datetime) -> int | None:
         """Commit the claim of a call (run lease and fence, call started, outbox row consumed).
