@@ -172,7 +172,10 @@ class Scheduler(PersistentScheduler):
             )  # fmt: skip
             return None
         log.info(
-            "schedule %s: publishing slot %s%s", schedule.name, slot.isoformat(), " (after a gap: missed='run_once')" if gap else ""
+            "schedule %s: publishing slot %s%s",
+            schedule.name,
+            slot.isoformat(),
+            " (after a gap: missed='run_once')" if gap else "",
         )
         options = {**(entry.options or {}), "task_id": f"sched:{schedule.name}:{format_slot(slot)}"}
         publish = self.Entry(**_fields(entry, args=(schedule.name, slot.isoformat()), options=options))

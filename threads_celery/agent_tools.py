@@ -218,7 +218,9 @@ def agent_tool(
         try:
             TypeAdapter(output)
         except Exception as exc:  # noqa: BLE001 - any type pydantic cannot build a schema for
-            raise ConfigError(f"agent tool {tool_name!r}: output must be a type pydantic can validate ({exc})") from None
+            raise ConfigError(
+                f"agent tool {tool_name!r}: output must be a type pydantic can validate ({exc})"
+            ) from None
     # read_only: dispatch is idempotent by run id, so running it again re-attaches; the
     # child's own tools carry their own effects and permissions. ``output`` on the tool is the
     # child's output schema (an agent tool is never executed, so it checks nothing else).
@@ -330,12 +332,21 @@ def dispatch(
         "created_at": now,
         "started_at": now,
     }
-    started_event = {"run_id": run_id, "agent_type": child.name, "input_preview": preview, "order": display_order, "display": display_name or child.name, "sequence": 0}
+    started_event = {
+        "run_id": run_id,
+        "agent_type": child.name,
+        "input_preview": preview,
+        "order": display_order,
+        "display": display_name or child.name,
+        "sequence": 0,
+    }
     # Lock the parent thread first, so two dispatches at once count each other (READ COMMITTED).
     tx.get_thread(parent_thread_id, lock=True)
     if max_concurrent is not None and tx.count_active_agent_tool_runs(parent_thread_id) >= max_concurrent:
         error = f"too many concurrent agent tool runs: the cap (max_concurrent_agent_tools) is {max_concurrent}"
-        tx.insert_agent_tool_run({**base, "status": "error", "error": error, "finished_at": now, "delivered": ["error"]})
+        tx.insert_agent_tool_run(
+            {**base, "status": "error", "error": error, "finished_at": now, "delivered": ["error"]}
+        )
         tx.append_event(parent_thread_id, parent_run_id, "agent_tool.started", started_event, now)
         tx.append_event(parent_thread_id, parent_run_id, "agent_tool.error", {"run_id": run_id, "error": error}, now)
         row = tx.get_agent_tool_run(run_id)
@@ -343,7 +354,11 @@ def dispatch(
         return row, [], False
     if detached is not None:
         max_ms, silence_ms = _budget_ms(detached.max_budget_ms), _budget_ms(detached.no_progress_budget_ms)
-        notify = detached.notify if isinstance(detached.notify, Mapping) else ({"source": "detached-agent-tool"} if detached.notify else None)
+        notify = (
+            detached.notify
+            if isinstance(detached.notify, Mapping)
+            else ({"source": "detached-agent-tool"} if detached.notify else None)
+        )
         base.update(
             on_finish=detached.on_finish,
             notify=dict(notify) if notify else None,
@@ -393,7 +408,12 @@ def _milestone_options(value: Any) -> MilestoneOptions | None:
 
 
 def deliver_entry(run_id: str, status: str) -> OutboxEntry:
-    return OutboxEntry(key=f"deliver:{run_id}:{status}", task=DELIVER_TASK, args=(run_id, status), argsrepr=f"(agent tool {run_id} {status})")
+    return OutboxEntry(
+        key=f"deliver:{run_id}:{status}",
+        task=DELIVER_TASK,
+        args=(run_id, status),
+        argsrepr=f"(agent tool {run_id} {status})",
+    )
 
 
 class FinishedChild(Protocol):
@@ -403,7 +423,9 @@ class FinishedChild(Protocol):
     def agent_tool_run_id(self) -> str | None: ...
 
 
-def child_finished(tx: Tx, run: FinishedChild, *, status: str, output: str | None, error: str | None, now: datetime) -> list[OutboxEntry]:
+def child_finished(
+    tx: Tx, run: FinishedChild, *, status: str, output: str | None, error: str | None, now: datetime
+) -> list[OutboxEntry]:
     """The child ``run`` ended: update its agent-tool row and record the finish delivery."""
     assert run.agent_tool_run_id is not None
     row = tx.get_agent_tool_run(run.agent_tool_run_id, lock=True)
@@ -413,9 +435,13 @@ def child_finished(tx: Tx, run: FinishedChild, *, status: str, output: str | Non
     if status == "completed":
         values.update(summary=output or "", reason=None, child_still_running=None, error=None)
     else:
-        values.update(error=error or ("agent tool run was cancelled" if status == "aborted" else "agent tool run failed"))
+        values.update(
+            error=error or ("agent tool run was cancelled" if status == "aborted" else "agent tool run failed")
+        )
     tx.update_agent_tool_run(row.run_id, **values)
-    event = {"completed": "agent_tool.finished", "error": "agent_tool.error", "aborted": "agent_tool.aborted"}.get(status, f"agent_tool.{status}")
+    event = {"completed": "agent_tool.finished", "error": "agent_tool.error", "aborted": "agent_tool.aborted"}.get(
+        status, f"agent_tool.{status}"
+    )
     payload: dict[str, Any] = {"run_id": row.run_id}
     if status == "completed":
         payload["summary"] = output or ""
@@ -487,4 +513,6 @@ def child_signal(tx: Tx, agent_tool_run_id: str, now: datetime, *, chunk: dict[s
     )
     tx.update_agent_tool_run(agent_tool_run_id, last_signal_at=now, check_at=due)
     if chunk is not None and row.event_delivery == "all":
-        tx.append_event(row.parent_thread_id, row.parent_run_id, "agent_tool.chunk", {"run_id": row.run_id, "body": chunk}, now)
+        tx.append_event(
+            row.parent_thread_id, row.parent_run_id, "agent_tool.chunk", {"run_id": row.run_id, "body": chunk}, now
+        )

@@ -131,7 +131,9 @@ class Agent:
         if self.model is None:
             raise ConfigError(f"agent {self.name!r} needs a model (a model string or object)")
         if self.usage_limits is not None and not isinstance(self.usage_limits, UsageLimits):
-            raise ConfigError(f"agent {self.name!r}: usage_limits must be a UsageLimits(...), not {self.usage_limits!r}")
+            raise ConfigError(
+                f"agent {self.name!r}: usage_limits must be a UsageLimits(...), not {self.usage_limits!r}"
+            )
         refused = check_queue_name(f"agent {self.name!r}", self.queue)
         if refused is not None:
             raise ConfigError(refused)
@@ -148,9 +150,7 @@ class Agent:
                     "on the owning agent with subagents=[...]"
                 )
             if not isinstance(t, Tool):
-                raise ConfigError(
-                    f"agent {self.name!r}: tools must be built with tool(...), got {type(t).__name__}"
-                )
+                raise ConfigError(f"agent {self.name!r}: tools must be built with tool(...), got {type(t).__name__}")
             if t.name in seen:
                 raise ConfigError(f"agent {self.name!r}: two tools are named {t.name!r}")
             seen.add(t.name)
@@ -170,7 +170,9 @@ class Agent:
 
         timeout = self.hook_timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-            raise ConfigError(f"agent {self.name!r}: hook_timeout_s must be a positive number of seconds, not {timeout!r}")
+            raise ConfigError(
+                f"agent {self.name!r}: hook_timeout_s must be a positive number of seconds, not {timeout!r}"
+            )
         for extra in self.hooks:
             if not any(callable(getattr(extra, point, None)) for point in HOOK_POINTS):
                 raise ConfigError(
@@ -228,8 +230,10 @@ class Agent:
 
     def config_hash(self) -> str:
         """A digest of the configuration a live thread is pinned to."""
-        instructions = self.instructions if isinstance(self.instructions, str) else (
-            getattr(self.instructions, "__qualname__", repr(self.instructions))
+        instructions = (
+            self.instructions
+            if isinstance(self.instructions, str)
+            else (getattr(self.instructions, "__qualname__", repr(self.instructions)))
         )
         payload = {
             "name": self.name,
@@ -258,8 +262,7 @@ class Agent:
             "model": self.model_identity(),
             "queue": self.queue,
             "tools": [
-                {"name": t.name, "effect": t.effect, "ends_turn": t.ends_turn, "queue": t.queue}
-                for t in self.tools
+                {"name": t.name, "effect": t.effect, "ends_turn": t.ends_turn, "queue": t.queue} for t in self.tools
             ],
             "variables": {
                 v.name: {"type": v.type, "required": v.required, "scoped": v.scoped}
@@ -285,9 +288,7 @@ class AgentRegistry:
         with self._lock:
             current = self._agents.get(agent.name)
             if current is not None and current is not agent and current.config_hash() != agent.config_hash():
-                raise ConfigError(
-                    f"agent name {agent.name!r} is already registered with another configuration"
-                )
+                raise ConfigError(f"agent name {agent.name!r} is already registered with another configuration")
             self._agents[agent.name] = agent
         children = [t.child_agent for t in agent.tools if t.child_agent is not None]
         children += [r.agent for r in agent.subagents]

@@ -131,7 +131,11 @@ HTTP_ERROR_TYPES = {
 }
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut, "description": text}
-    for code, text in {401: "Missing or wrong bearer token.", 422: "The request does not fit the schema.", 503: "The database or broker is unavailable."}.items()
+    for code, text in {
+        401: "Missing or wrong bearer token.",
+        422: "The request does not fit the schema.",
+        503: "The database or broker is unavailable.",
+    }.items()
 }
 
 
@@ -143,7 +147,9 @@ class ApiError(Exception):
         self.status, self.type, self.message = status, type, message
 
 
-def error_response(status: int, type: str, message: str, *, headers: Mapping[str, str] | None = None, **extra: Any) -> JSONResponse:
+def error_response(
+    status: int, type: str, message: str, *, headers: Mapping[str, str] | None = None, **extra: Any
+) -> JSONResponse:
     body: dict[str, Any] = {"type": type, "message": message}
     body.update({k: v for k, v in extra.items() if v is not None})
     return JSONResponse({"error": body}, status_code=status, headers=dict(headers or {}))
@@ -300,7 +306,8 @@ def create_api(
     caller_of = _bearer_auth(callers) if auth else _unauthenticated
     # At the router too, so that no route can forget it; FastAPI runs it once per request.
     app.include_router(
-        _v1(threads, caller_of, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s), dependencies=[Depends(caller_of)]
+        _v1(threads, caller_of, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s),
+        dependencies=[Depends(caller_of)],
     )
     return app
 
@@ -315,7 +322,7 @@ def _bearer_auth(callers: Mapping[str, Caller]) -> Callable[..., Caller]:
 
     # A default, not Annotated[...]: with postponed annotations FastAPI resolves names in the
     # module's globals, where this closure's ``scheme`` is not.
-    def require_token(credentials: HTTPAuthorizationCredentials | None = Depends(scheme)) -> Caller:  # noqa: B008
+    def require_token(credentials: HTTPAuthorizationCredentials | None = Depends(scheme)) -> Caller:
         if credentials is None:
             raise HTTPException(
                 401, "missing bearer token (send Authorization: Bearer <token>)",
@@ -420,41 +427,59 @@ EffectKey = Annotated[str, Path(pattern=EFFECT_KEY_PATTERN, description="A tool 
 def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: float, poll_interval_s: float) -> APIRouter:
     router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
     # FastAPI's own type for extra OpenAPI responses.
-    not_found: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "No such agent, run, thread or call."}}
-    conflict: dict[int | str, dict[str, Any]] = {409: {"model": ErrorOut, "description": "The call is not in a state that allows this."}}
+    not_found: dict[int | str, dict[str, Any]] = {
+        404: {"model": ErrorOut, "description": "No such agent, run, thread or call."}
+    }
+    conflict: dict[int | str, dict[str, Any]] = {
+        409: {"model": ErrorOut, "description": "The call is not in a state that allows this."}
+    }
 
-    @router.post("/runs", status_code=202, response_model=RunStarted, tags=["runs"], responses={**not_found, **conflict, 413: {"model": ErrorOut}})
-    def start_run(body: StartRun, caller: Caller = Depends(caller_of)) -> JSONResponse:  # noqa: B008
+    @router.post(
+        "/runs",
+        status_code=202,
+        response_model=RunStarted,
+        tags=["runs"],
+        responses={**not_found, **conflict, 413: {"model": ErrorOut}},
+    )
+    def start_run(body: StartRun, caller: Caller = Depends(caller_of)) -> JSONResponse:
         """Record a run and enqueue its first step; answers at once with its ids."""
-        handle = threads.start(body.agent, body.message, thread_id=body.thread_id, run_id=body.run_id, tenant=caller.tenant)
+        handle = threads.start(
+            body.agent, body.message, thread_id=body.thread_id, run_id=body.run_id, tenant=caller.tenant
+        )
         started = RunStarted(run_id=handle.run_id, thread_id=handle.thread_id, status=handle.status)
-        return JSONResponse(started.model_dump(mode="json"), status_code=202, headers={"Location": f"/v1/runs/{handle.run_id}"})
+        return JSONResponse(
+            started.model_dump(mode="json"), status_code=202, headers={"Location": f"/v1/runs/{handle.run_id}"}
+        )
 
     @router.get("/runs", response_model=list[RunOut], tags=["runs"])
     def list_runs(
         thread_id: Annotated[str | None, Query(pattern=ID_PATTERN)] = None,
         status: RunStatus | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        caller: Caller = Depends(caller_of),  # noqa: B008
+        caller: Caller = Depends(caller_of),
     ) -> list[RunOut]:
         """Recent runs of the caller's tenant, newest first."""
-        return [RunOut.of(r) for r in threads.runs(thread_id=thread_id, status=status, limit=limit, tenant=caller.tenant)]
+        return [
+            RunOut.of(r) for r in threads.runs(thread_id=thread_id, status=status, limit=limit, tenant=caller.tenant)
+        ]
 
     @router.get("/runs/{run_id}", response_model=RunOut, tags=["runs"], responses=not_found)
-    def get_run(run_id: RunId, caller: Caller = Depends(caller_of)) -> RunOut:  # noqa: B008
+    def get_run(run_id: RunId, caller: Caller = Depends(caller_of)) -> RunOut:
         """One run's current snapshot."""
         owned_run(threads, caller, run_id)
         return RunOut.of(threads.get_run(run_id))
 
     @router.post("/runs/{run_id}/cancel", response_model=RunOut, tags=["runs"], responses=not_found)
-    def cancel_run(run_id: RunId, caller: Caller = Depends(caller_of)) -> RunOut:  # noqa: B008
+    def cancel_run(run_id: RunId, caller: Caller = Depends(caller_of)) -> RunOut:
         """Abort a run that has not ended; one that has is returned as it is."""
         owned_run(threads, caller, run_id)
         return RunOut.of(threads.cancel(run_id, reason="cancelled through the HTTP API"))
 
     @router.get("/threads/{thread_id}/messages", response_model=list[MessageOut], tags=["threads"], responses=not_found)
     def thread_messages(
-        thread_id: ThreadId, after: Annotated[int, Query(ge=-1, le=MAX_SEQ)] = -1, caller: Caller = Depends(caller_of)  # noqa: B008
+        thread_id: ThreadId,
+        after: Annotated[int, Query(ge=-1, le=MAX_SEQ)] = -1,
+        caller: Caller = Depends(caller_of),
     ) -> list[MessageOut]:
         """The thread's messages in order, those with ``seq`` greater than ``after``."""
         owned_thread(threads, caller, thread_id)  # 404 for a thread that does not exist or is not the caller's
@@ -475,9 +500,11 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
     )
     async def thread_events(
         thread_id: ThreadId,
-        after: Annotated[int | None, Query(ge=0, le=MAX_SEQ, description="Resume after this seq (Last-Event-ID wins).")] = None,
+        after: Annotated[
+            int | None, Query(ge=0, le=MAX_SEQ, description="Resume after this seq (Last-Event-ID wins).")
+        ] = None,
         last_event_id: Annotated[str | None, Header(description="The id of the last frame seen.")] = None,
-        caller: Caller = Depends(caller_of),  # noqa: B008
+        caller: Caller = Depends(caller_of),
     ) -> StreamingResponse:
         """Server-Sent Events: the thread's event log after the cursor, then tailed live.
 
@@ -499,40 +526,48 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
         )
 
     @router.get("/parked", response_model=list[PendingCallOut], tags=["calls"])
-    def parked(caller: Caller = Depends(caller_of)) -> list[PendingCallOut]:  # noqa: B008
+    def parked(caller: Caller = Depends(caller_of)) -> list[PendingCallOut]:
         """The caller's calls that wait for a person: parked after an interruption, or awaiting approval."""
         return [PendingCallOut.of(c) for c in only_theirs(threads, caller, threads.parked())]
 
     @router.get("/runs/{run_id}/pending", response_model=list[PendingCallOut], tags=["calls"], responses=not_found)
-    def run_pending(run_id: RunId, caller: Caller = Depends(caller_of)) -> list[PendingCallOut]:  # noqa: B008
+    def run_pending(run_id: RunId, caller: Caller = Depends(caller_of)) -> list[PendingCallOut]:
         """What waits for a person under a run: its own calls, then its child runs' (kind "child")."""
         owned_run(threads, caller, run_id)
         return [PendingCallOut.of(c) for c in threads.pending(run_id)]
 
     # Decisions are recorded under the token's principal; a principal in the body is ignored.
-    @router.post("/calls/{effect_key}/approve", response_model=Decision, tags=["calls"], responses={**not_found, **conflict})
-    def approve(effect_key: EffectKey, body: Approve, caller: Caller = Depends(caller_of)) -> Decision:  # noqa: B008
+    @router.post(
+        "/calls/{effect_key}/approve", response_model=Decision, tags=["calls"], responses={**not_found, **conflict}
+    )
+    def approve(effect_key: EffectKey, body: Approve, caller: Caller = Depends(caller_of)) -> Decision:
         """Approve a call awaiting approval, for its arguments or for edited (re-validated) ones."""
         owned_call(threads, caller, effect_key)
-        threads.approve(effect_key, principal=caller.principal, override_args=body.override_args, remember=body.remember)
+        threads.approve(
+            effect_key, principal=caller.principal, override_args=body.override_args, remember=body.remember
+        )
         return Decision(effect_key=effect_key, decision="approved")
 
-    @router.post("/calls/{effect_key}/deny", response_model=Decision, tags=["calls"], responses={**not_found, **conflict})
-    def deny(effect_key: EffectKey, body: Deny, caller: Caller = Depends(caller_of)) -> Decision:  # noqa: B008
+    @router.post(
+        "/calls/{effect_key}/deny", response_model=Decision, tags=["calls"], responses={**not_found, **conflict}
+    )
+    def deny(effect_key: EffectKey, body: Deny, caller: Caller = Depends(caller_of)) -> Decision:
         """Deny a call awaiting approval; the model sees ``denied: <reason>`` and goes on."""
         owned_call(threads, caller, effect_key)
         threads.deny(effect_key, body.reason, principal=caller.principal)
         return Decision(effect_key=effect_key, decision="denied")
 
-    @router.post("/calls/{effect_key}/resolve", response_model=Decision, tags=["calls"], responses={**not_found, **conflict})
-    def resolve(effect_key: EffectKey, body: Resolve, caller: Caller = Depends(caller_of)) -> Decision:  # noqa: B008
+    @router.post(
+        "/calls/{effect_key}/resolve", response_model=Decision, tags=["calls"], responses={**not_found, **conflict}
+    )
+    def resolve(effect_key: EffectKey, body: Resolve, caller: Caller = Depends(caller_of)) -> Decision:
         """Settle a parked call: assume_done records ``result``; assume_not_done runs it again."""
         owned_call(threads, caller, effect_key)
         threads.resolve(effect_key, body.resolution, principal=caller.principal, result=body.result)
         return Decision(effect_key=effect_key, decision=body.resolution)
 
     @router.get("/calls/{effect_key}/result", response_model=CallResultOut, tags=["calls"], responses=not_found)
-    def call_result(effect_key: EffectKey, caller: Caller = Depends(caller_of)) -> CallResultOut:  # noqa: B008
+    def call_result(effect_key: EffectKey, caller: Caller = Depends(caller_of)) -> CallResultOut:
         """A tool call's whole result, also when the model was shown it shortened."""
         owned_call(threads, caller, effect_key)
         with threads.store.read() as tx:
@@ -576,7 +611,9 @@ def _parse_cursor(last_event_id: str | None, after: int | None) -> int:
         # ASCII digits only (str.isdigit also takes other scripts' digits), and no more than a
         # sequence number can be: int() of thousands of digits is refused by Python itself.
         if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(MAX_SEQ)) or int(raw) > MAX_SEQ:
-            raise ApiError(400, "invalid_cursor", "Last-Event-ID must be the id (a sequence number) of a frame you received")
+            raise ApiError(
+                400, "invalid_cursor", "Last-Event-ID must be the id (a sequence number) of a frame you received"
+            )
         return int(raw)
     return after or 0
 

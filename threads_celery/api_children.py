@@ -103,7 +103,9 @@ def add_agent_tool_routes(
 ) -> None:
     """Register the routes on the /v1 router (helpers come from :mod:`threads_celery.api`)."""
     # FastAPI's own type for extra OpenAPI responses.
-    not_found: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "No such thread, or no such run in its registry."}}
+    not_found: dict[int | str, dict[str, Any]] = {
+        404: {"model": ErrorOut, "description": "No such thread, or no such run in its registry."}
+    }
 
     def registry_row(thread_id: str, run_id: str) -> AgentToolRun:
         row = threads.inspect_agent_tool_run(run_id)
@@ -111,23 +113,32 @@ def add_agent_tool_routes(
             raise api_error(404, "not_found", f"thread {thread_id} has no agent-tool run {run_id}")
         return row
 
-    @router.get("/threads/{thread_id}/agent-tool-runs", response_model=list[AgentToolRunOut], tags=["agent tools"], responses=not_found)
+    @router.get(
+        "/threads/{thread_id}/agent-tool-runs",
+        response_model=list[AgentToolRunOut],
+        tags=["agent tools"],
+        responses=not_found,
+    )
     def list_agent_tool_runs(
-        thread_id: ThreadId, status: Annotated[list[AgentToolStatus] | None, Query()] = None, caller: Caller = Depends(caller_of)  # noqa: B008
+        thread_id: ThreadId,
+        status: Annotated[list[AgentToolStatus] | None, Query()] = None,
+        caller: Caller = Depends(caller_of),
     ) -> list[AgentToolRunOut]:
         """The thread's retained agent-tool runs, oldest first, with progress and milestones."""
         owned_thread(threads, caller, thread_id)  # 404 for a thread that does not exist or is not the caller's
         rows = threads.agent_tool_runs(thread_id, status=status)
         return [AgentToolRunOut.of(threads.inspect_agent_tool_run(r.run_id) or r) for r in rows]
 
-    @router.delete("/threads/{thread_id}/agent-tool-runs", response_model=Cleared, tags=["agent tools"], responses=not_found)
+    @router.delete(
+        "/threads/{thread_id}/agent-tool-runs", response_model=Cleared, tags=["agent tools"], responses=not_found
+    )
     def clear_agent_tool_runs(
         thread_id: ThreadId,
         status: Annotated[list[AgentToolStatus] | None, Query()] = None,
         older_than: Annotated[
             AwareDatetime | None, Query(description="Only runs started before this instant (with its UTC offset).")
         ] = None,
-        caller: Caller = Depends(caller_of),  # noqa: B008
+        caller: Caller = Depends(caller_of),
     ) -> Cleared:
         """Delete retained runs and their child threads; running ones are cancelled first."""
         owned_thread(threads, caller, thread_id)
@@ -144,7 +155,7 @@ def add_agent_tool_routes(
         run_id: AgentToolRunId,
         after: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
         last_event_id: Annotated[str | None, Header()] = None,
-        caller: Caller = Depends(caller_of),  # noqa: B008
+        caller: Caller = Depends(caller_of),
     ) -> StreamingResponse:
         """The child's own event stream, only for a run the parent's registry holds."""
         await run_in_threadpool(owned_thread, threads, caller, thread_id)
@@ -155,10 +166,12 @@ def add_agent_tool_routes(
         last = await run_in_threadpool(last_event_seq, threads, row.child_thread_id)
         if cursor > last:
             raise api_error(400, "cursor_out_of_range", f"cursor {cursor} is beyond the child's last event ({last})")
-        return StreamingResponse(stream(row.child_thread_id, cursor), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            stream(row.child_thread_id, cursor), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
 
     @router.post("/threads/{thread_id}/env", response_model=EnvSet, tags=["threads"], responses=not_found)
-    def set_env(thread_id: ThreadId, body: SetEnv, caller: Caller = Depends(caller_of)) -> EnvSet:  # noqa: B008
+    def set_env(thread_id: ThreadId, body: SetEnv, caller: Caller = Depends(caller_of)) -> EnvSet:
         """Give the thread a variable's value (secrets are encrypted); waiting runs go on."""
         owned_thread(threads, caller, thread_id)
         return EnvSet(name=body.name, resumed_calls=threads.set_env(thread_id, body.name, body.value))

@@ -64,7 +64,9 @@ class _Request(BaseModel):
 class StartRun(_Request):
     """Start a run of ``agent`` on ``message``: on a new thread, or on ``thread_id``."""
 
-    agent: Annotated[str, Field(min_length=1, max_length=128, description="A registered agent's name."), AfterValidator(_no_nul)]
+    agent: Annotated[
+        str, Field(min_length=1, max_length=128, description="A registered agent's name."), AfterValidator(_no_nul)
+    ]
     message: Annotated[Text, Field(description="The user message.")]
     thread_id: Annotated[
         str | None, Field(pattern=ID_PATTERN, description="Continue this thread (or start one with this id).")
@@ -80,7 +82,11 @@ class Approve(_Request):
 
     principal: Annotated[
         str | None,
-        Field(min_length=1, max_length=255, description="Ignored: the approval is recorded under the bearer token's principal."),
+        Field(
+            min_length=1,
+            max_length=255,
+            description="Ignored: the approval is recorded under the bearer token's principal.",
+        ),
         AfterValidator(_optional_no_nul),
     ] = None
     override_args: Annotated[
@@ -100,7 +106,11 @@ class Deny(_Request):
     reason: Annotated[Text, Field(min_length=1, max_length=2000)]
     principal: Annotated[
         str | None,
-        Field(min_length=1, max_length=255, description="Ignored: the denial is recorded under the bearer token's principal."),
+        Field(
+            min_length=1,
+            max_length=255,
+            description="Ignored: the denial is recorded under the bearer token's principal.",
+        ),
         AfterValidator(_optional_no_nul),
     ] = None
 
@@ -111,7 +121,11 @@ class Resolve(_Request):
     resolution: Literal["assume_done", "assume_not_done"]
     principal: Annotated[
         str | None,
-        Field(min_length=1, max_length=255, description="Ignored: the resolution is recorded under the bearer token's principal."),
+        Field(
+            min_length=1,
+            max_length=255,
+            description="Ignored: the resolution is recorded under the bearer token's principal.",
+        ),
         AfterValidator(_optional_no_nul),
     ] = None
     result: Annotated[

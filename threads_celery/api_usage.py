@@ -28,7 +28,12 @@ class AllowUsage(_Request):
     """Lets a run parked at a usage limit go on (recorded under the bearer token's principal)."""
 
     principal: Annotated[
-        str | None, Field(min_length=1, max_length=255, description="Ignored: the allowance is recorded under the bearer token's principal.")
+        str | None,
+        Field(
+            min_length=1,
+            max_length=255,
+            description="Ignored: the allowance is recorded under the bearer token's principal.",
+        ),
     ] = None
 
 
@@ -54,14 +59,10 @@ class UsageOut(BaseModel):
 
 def add_usage_routes(router: APIRouter, threads: Threads, *, caller_of: Callable[..., Caller]) -> None:
     """Register the usage routes on the /v1 router."""
-    not_found: dict[int | str, dict[str, Any]] = {
-        404: {"model": ErrorOut, "description": "No such run or thread."}
-    }
+    not_found: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "No such run or thread."}}
 
-    @router.get(
-        "/runs/{run_id}/usage", response_model=UsageOut, tags=["usage"], responses=not_found
-    )
-    def run_usage(run_id: Annotated[str, Path(pattern=ID_PATTERN)], caller: Caller = Depends(caller_of)) -> UsageOut:  # noqa: B008
+    @router.get("/runs/{run_id}/usage", response_model=UsageOut, tags=["usage"], responses=not_found)
+    def run_usage(run_id: Annotated[str, Path(pattern=ID_PATTERN)], caller: Caller = Depends(caller_of)) -> UsageOut:
         """The run's model usage so far."""
         owned_run(threads, caller, run_id)  # RunNotFound: 404
         return UsageOut.of(threads.usage(run_id=run_id))
@@ -73,16 +74,18 @@ def add_usage_routes(router: APIRouter, threads: Threads, *, caller_of: Callable
         responses={**not_found, 409: {"model": ErrorOut, "description": "The run is not parked at a usage limit."}},
     )
     def allow_usage(
-        run_id: Annotated[str, Path(pattern=ID_PATTERN)], body: AllowUsage, caller: Caller = Depends(caller_of)  # noqa: B008
+        run_id: Annotated[str, Path(pattern=ID_PATTERN)],
+        body: AllowUsage,
+        caller: Caller = Depends(caller_of),
     ) -> RunOut:
         """Let a run parked at a usage limit (on_limit="ask") go on; its usage counts again from now."""
         owned_run(threads, caller, run_id)  # RunNotFound: 404
         return RunOut.of(threads.allow_usage(run_id, principal=caller.principal))
 
-    @router.get(
-        "/threads/{thread_id}/usage", response_model=UsageOut, tags=["usage"], responses=not_found
-    )
-    def thread_usage(thread_id: Annotated[str, Path(pattern=ID_PATTERN)], caller: Caller = Depends(caller_of)) -> UsageOut:  # noqa: B008
+    @router.get("/threads/{thread_id}/usage", response_model=UsageOut, tags=["usage"], responses=not_found)
+    def thread_usage(
+        thread_id: Annotated[str, Path(pattern=ID_PATTERN)], caller: Caller = Depends(caller_of)
+    ) -> UsageOut:
         """The thread's model usage over all its runs."""
         owned_thread(threads, caller, thread_id)  # ThreadNotFound: 404
         return UsageOut.of(threads.usage(thread_id=thread_id))
@@ -108,7 +111,7 @@ def add_usage_routes(router: APIRouter, threads: Threads, *, caller_of: Callable
     def usage(
         agent: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
         day: Annotated[date | None, Query(description="A UTC day, YYYY-MM-DD.")] = None,
-        caller: Caller = Depends(caller_of),  # noqa: B008
+        caller: Caller = Depends(caller_of),
     ) -> UsageOut:
         """The caller's tenant's model usage of an agent, a UTC day, or both (all of it when neither is given)."""
         return UsageOut.of(threads.usage(agent=agent, day=day, tenant=caller.tenant))

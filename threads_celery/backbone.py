@@ -69,9 +69,7 @@ def control_queue_for(work_queue: str) -> str:
     return work_queue + CONTROL_SUFFIX
 
 
-def queue_for(
-    task: str, requested: str | None, *, work_queue: str | None, control_queue: str
-) -> str | None:
+def queue_for(task: str, requested: str | None, *, work_queue: str | None, control_queue: str) -> str | None:
     """The queue a task message goes to.
 
     Control tasks always take ``control_queue``. Work takes ``work_queue`` when it is set (the

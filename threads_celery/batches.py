@@ -129,9 +129,7 @@ def open_group(runtime: Runtime, call: CallRow) -> None:
     runtime.publish(entries)
 
 
-def record_concurrent_result(
-    runtime: Runtime, run: Run, call: CallRow, content: str, *, is_error: bool
-) -> str:
+def record_concurrent_result(runtime: Runtime, run: Run, call: CallRow, content: str, *, is_error: bool) -> str:
     """Record one concurrent call's result, show what is ready in call order, and move on."""
     now = runtime.clock()
     limit = runtime.settings.max_parallel_tool_calls
@@ -142,9 +140,7 @@ def record_concurrent_result(
             return "skipped: no such call"
         if loaded[0].status != "pending":
             return "skipped: recorded by another delivery"
-        tx.settle_call(
-            call.effect_key, status="finished", result=content, is_error=is_error, now=now
-        )
+        tx.settle_call(call.effect_key, status="finished", result=content, is_error=is_error, now=now)
         tx.delete_outbox(call.effect_key)
         if current.status != "running" or current.step != call.step + 1:
             # Cancelled (or moved on): the result is kept on the call, and the calls that would
@@ -158,9 +154,7 @@ def record_concurrent_result(
     return "error" if is_error else "completed"
 
 
-def _record(
-    tx: Tx, run: Run, call: CallRow, group: list[CallRow], now: datetime, limit: int
-) -> list[OutboxEntry]:
+def _record(tx: Tx, run: Run, call: CallRow, group: list[CallRow], now: datetime, limit: int) -> list[OutboxEntry]:
     assert call.batch is not None
     start, end = call.batch, call.batch + len(group)
     entries: list[OutboxEntry] = []
@@ -180,9 +174,7 @@ def _record(
             role="tool",
             text=content,
             now=now,
-            tool_result=ToolResult(
-                call_id=shown.call_id, name=shown.tool, content=content, is_error=shown.is_error
-            ),
+            tool_result=ToolResult(call_id=shown.call_id, name=shown.tool, content=content, is_error=shown.is_error),
         )
         if run.agent_tool_run_id is not None:
             from .agent_tools import child_signal
@@ -196,10 +188,7 @@ def _record(
             child_signal(tx, run.agent_tool_run_id, now, chunk=chunk)
     if not complete:
         return entries
-    if (
-        tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None)
-        is None
-    ):
+    if tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None) is None:
         raise FenceLost(run.id, run.fence)
     if end >= call.calls_in_step:
         following = runs.step_entry(run, run.step, run.agent, runs.agent_queue(tx, run.agent))
@@ -228,7 +217,5 @@ def _skip_slot_chain(tx: Tx, call: CallRow, now: datetime, limit: int) -> None:
     for index in slot_chain(call.index, end, limit):
         later = group[index]
         if later.status == "pending":
-            tx.settle_call(
-                later.effect_key, status="skipped", result=SKIPPED, is_error=True, now=now
-            )
+            tx.settle_call(later.effect_key, status="skipped", result=SKIPPED, is_error=True, now=now)
             tx.delete_outbox(later.effect_key)

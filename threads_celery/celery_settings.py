@@ -81,11 +81,7 @@ def settings_of_object(obj: object, source: str) -> dict[str, Any]:
     if isinstance(obj, Mapping):
         items = {str(k): v for k, v in obj.items()}
     else:
-        items = {
-            name: getattr(obj, name)
-            for name in dir(obj)
-            if not name.startswith("_") and name.islower()
-        }
+        items = {name: getattr(obj, name) for name in dir(obj) if not name.startswith("_") and name.islower()}
         # Helpers next to the settings (imported modules, functions, classes) are not settings.
         items = {
             name: value
@@ -101,12 +97,8 @@ def load_config_object(spec: str) -> dict[str, Any]:
     module_name, _, attribute = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except (
-        Exception
-    ) as exc:  # a module that fails to import, whatever the cause, is a configuration error
-        raise ConfigError(
-            f"{source}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+    except Exception as exc:  # a module that fails to import, whatever the cause, is a configuration error
+        raise ConfigError(f"{source}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
     obj: object = module
     if attribute:
         if not hasattr(module, attribute):
@@ -140,9 +132,7 @@ def _convert(name: str, kind: str, raw: str, variable: str) -> object:
         return raw
     except ValueError as exc:
         article = "an" if kind[0] in "aeiou" else "a"
-        raise ConfigError(
-            f"{variable}={raw!r}: {name} takes {article} {kind} value ({exc})"
-        ) from None
+        raise ConfigError(f"{variable}={raw!r}: {name} takes {article} {kind} value ({exc})") from None
 
 
 def settings_of_variables(env: Mapping[str, str]) -> dict[str, Any]:

@@ -71,9 +71,14 @@ def dispatch_child(
     # The runtime sends only agent tools (child_agent set) and subagent creates (child given) here.
     assert child is not None, f"tool {tool.name!r} starts no child agent"
     with self.store.transaction() as tx:
-        if tx.advance_run(run.id, fence=run.fence, now=now, status="waiting", lease_owner=None, lease_expires_at=None) is None:
+        if (
+            tx.advance_run(run.id, fence=run.fence, now=now, status="waiting", lease_owner=None, lease_expires_at=None)
+            is None
+        ):
             raise FenceLost(run.id, run.fence)
-        tx.update_call(call.effect_key, status="started", attempt=call.attempt + 1, first_started_at=call.first_started_at or now)
+        tx.update_call(
+            call.effect_key, status="started", attempt=call.attempt + 1, first_started_at=call.first_started_at or now
+        )
         tx.delete_outbox(call.effect_key)
         row, entries, started = agent_tools.dispatch(
             tx,
@@ -155,5 +160,8 @@ def start_detached_child(
     self.publish(entries)
     refused = not started and row.status == "error"
     return agent_tools.DetachedHandle(
-        run_id=row.run_id, agent_type=row.agent_type, status="error" if refused else "running", error=row.error if refused else None
+        run_id=row.run_id,
+        agent_type=row.agent_type,
+        status="error" if refused else "running",
+        error=row.error if refused else None,
     )

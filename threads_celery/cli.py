@@ -158,7 +158,9 @@ def resolve_spec(spec: str) -> str:
         parts.insert(0, root.name)
         root = root.parent
     if not parts or not all(p.isidentifier() for p in parts):
-        raise UsageError(f"agent spec {spec!r}: {str(path)!r} is not importable as a module (rename it to a valid identifier)")
+        raise UsageError(
+            f"agent spec {spec!r}: {str(path)!r} is not importable as a module (rename it to a valid identifier)"
+        )
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     return ".".join(parts) + (sep + attribute if sep else "")
@@ -284,7 +286,9 @@ def run(
             show_default=False,
         ),
     ],
-    message: Annotated[str, typer.Argument(metavar="MESSAGE", help="The user message ('-' reads it from stdin).", show_default=False)],
+    message: Annotated[
+        str, typer.Argument(metavar="MESSAGE", help="The user message ('-' reads it from stdin).", show_default=False)
+    ],
     thread: Annotated[
         str | None, typer.Option("--thread", help="Continue this thread (or start one with this id).")
     ] = None,
@@ -321,7 +325,9 @@ def run(
     try:
         handle = threads.start(agent, message, thread_id=thread)
         view = RunView(run_id=handle.run_id, agent=agent.name)
-        code = watch_to_end(threads, agent, handle.run_id, handle.thread_id, view, timeout=timeout, approve=approve, as_json=as_json)
+        code = watch_to_end(
+            threads, agent, handle.run_id, handle.thread_id, view, timeout=timeout, approve=approve, as_json=as_json
+        )
     finally:
         threads.close()
     raise typer.Exit(code)
@@ -342,7 +348,9 @@ def watch_to_end(
     """Watch a run until it stops, print where it stopped (or its JSON), and return the exit code."""
     deadline = time.monotonic() + timeout
     try:
-        final = _watch(threads, agent, run_id, thread_id, view, deadline=deadline, approve=approve, as_json=as_json, header=header)
+        final = _watch(
+            threads, agent, run_id, thread_id, view, deadline=deadline, approve=approve, as_json=as_json, header=header
+        )
     except KeyboardInterrupt:
         final = _abandon(threads, threads.get_run(run_id), None, quiet=as_json)
         timed_out = False
@@ -370,7 +378,11 @@ def watch_to_end(
         view.update(final)
         out.print(view.render_live())
         if final.is_terminal and not threads.is_embedded and background_children(threads, final):
-            err.print(f"the workers carry on with its background child runs: threads-celery events {thread_id} --follow", style="dim", soft_wrap=True)
+            err.print(
+                f"the workers carry on with its background child runs: threads-celery events {thread_id} --follow",
+                style="dim",
+                soft_wrap=True,
+            )
         if final.status in NEEDS_A_PERSON:
             hint = " (re-run with --approve to approve its calls)" if final.status == "awaiting_approval" else ""
             err.print(
@@ -461,7 +473,9 @@ class _ChildApprovals:
         now = time.monotonic()
         if now - self.checked_at >= self.every_s:
             self.checked_at = now
-            self.answer = any(c.kind == "child" and c.status == "awaiting_approval" for c in self.threads.pending(run.id))
+            self.answer = any(
+                c.kind == "child" and c.status == "awaiting_approval" for c in self.threads.pending(run.id)
+            )
         return self.answer
 
 

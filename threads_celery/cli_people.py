@@ -59,7 +59,9 @@ AgentSpec = Annotated[
         help="The run's agent. Checks edited arguments against its tools; embedded, also continues the run here and shows it.",
     ),
 ]
-Timeout = Annotated[float, typer.Option("--timeout", min=0.1, help="With --agent, embedded: seconds to wait for the run to end.")]
+Timeout = Annotated[
+    float, typer.Option("--timeout", min=0.1, help="With --agent, embedded: seconds to wait for the run to end.")
+]
 
 
 def pending_to_json(call: PendingCall) -> dict[str, Any]:
@@ -114,21 +116,44 @@ def parked(
             soft_wrap=True,
         )
         out.print(Text.assemble(("    args    ", "dim"), format_args(c.args, 200)), overflow="ellipsis", no_wrap=True)
-        out.print(Text.assemble(("    reason  ", "dim"), shorten(" ".join(c.reason.split()), 300)), overflow="ellipsis", no_wrap=True)
-        out.print(Text.assemble(("    run     ", "dim"), (f"{c.run_id}  (thread {c.thread_id})", "dim")), overflow="ellipsis", no_wrap=True)
+        out.print(
+            Text.assemble(("    reason  ", "dim"), shorten(" ".join(c.reason.split()), 300)),
+            overflow="ellipsis",
+            no_wrap=True,
+        )
+        out.print(
+            Text.assemble(("    run     ", "dim"), (f"{c.run_id}  (thread {c.thread_id})", "dim")),
+            overflow="ellipsis",
+            no_wrap=True,
+        )
         if c.kind == "child":
-            out.print(Text.assemble(("    child   ", "dim"), (f"{c.agent}  via {c.via}", "dim")), overflow="ellipsis", no_wrap=True)
+            out.print(
+                Text.assemble(("    child   ", "dim"), (f"{c.agent}  via {c.via}", "dim")),
+                overflow="ellipsis",
+                no_wrap=True,
+            )
     runs = sorted({c.run_id for c in calls})
-    err.print(f"{len(calls)} call{'s' if len(calls) != 1 else ''} in {len(runs)} run{'s' if len(runs) != 1 else ''}", style="dim")
+    err.print(
+        f"{len(calls)} call{'s' if len(calls) != 1 else ''} in {len(runs)} run{'s' if len(runs) != 1 else ''}",
+        style="dim",
+    )
 
 
 @app.command()
 @friendly_errors
 def approve(
-    effect_key: Annotated[str, typer.Argument(metavar="EFFECT_KEY", show_default=False, help="The call, as `parked` lists it.")],
-    principal: Annotated[str, typer.Option("--principal", metavar="NAME", help="Who approves (recorded with the call).", show_default=False)],
+    effect_key: Annotated[
+        str, typer.Argument(metavar="EFFECT_KEY", show_default=False, help="The call, as `parked` lists it.")
+    ],
+    principal: Annotated[
+        str,
+        typer.Option("--principal", metavar="NAME", help="Who approves (recorded with the call).", show_default=False),
+    ],
     args: Annotated[
-        str | None, typer.Option("--args", metavar="JSON", help="Approve these arguments instead (a JSON object, checked against the tool).")
+        str | None,
+        typer.Option(
+            "--args", metavar="JSON", help="Approve these arguments instead (a JSON object, checked against the tool)."
+        ),
     ] = None,
     always: Annotated[
         bool, typer.Option("--always", help="Also always allow this tool on the call's thread (a durable decision).")
@@ -151,7 +176,9 @@ def approve(
     _require_principal(principal)
     override = _json_object(args, "--args") if args is not None else None
     if override is not None and agent is None and not settings_from_env().agents:
-        raise UsageError("--args is checked against the tool's input: name the agent with --agent MODULE:AGENT (or THREADS_AGENTS)")
+        raise UsageError(
+            "--args is checked against the tool's input: name the agent with --agent MODULE:AGENT (or THREADS_AGENTS)"
+        )
 
     def act(threads: Threads, call: PendingCall | None) -> str:
         threads.approve(effect_key, principal=principal, override_args=override, remember=always)
@@ -165,9 +192,22 @@ def approve(
 @app.command()
 @friendly_errors
 def deny(
-    effect_key: Annotated[str, typer.Argument(metavar="EFFECT_KEY", show_default=False, help="The call, as `parked` lists it.")],
-    reason: Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why; the model sees `denied: <reason>` and plans around it.", show_default=False)],
-    principal: Annotated[str | None, typer.Option("--principal", metavar="NAME", help="Who denies [default: cli:<your login>].", show_default=False)] = None,
+    effect_key: Annotated[
+        str, typer.Argument(metavar="EFFECT_KEY", show_default=False, help="The call, as `parked` lists it.")
+    ],
+    reason: Annotated[
+        str,
+        typer.Option(
+            "--reason",
+            metavar="TEXT",
+            help="Why; the model sees `denied: <reason>` and plans around it.",
+            show_default=False,
+        ),
+    ],
+    principal: Annotated[
+        str | None,
+        typer.Option("--principal", metavar="NAME", help="Who denies [default: cli:<your login>].", show_default=False),
+    ] = None,
     agent: AgentSpec = None,
     db: EmbeddedDb = None,
     timeout: Timeout = 300.0,
@@ -195,7 +235,9 @@ def deny(
 @app.command()
 @friendly_errors
 def resolve(
-    effect_key: Annotated[str, typer.Argument(metavar="EFFECT_KEY", show_default=False, help="The parked call, as `parked` lists it.")],
+    effect_key: Annotated[
+        str, typer.Argument(metavar="EFFECT_KEY", show_default=False, help="The parked call, as `parked` lists it.")
+    ],
     resolution: Annotated[
         Resolution,
         typer.Argument(
@@ -204,9 +246,15 @@ def resolve(
             show_default=False,
         ),
     ],
-    principal: Annotated[str, typer.Option("--principal", metavar="NAME", help="Who decides (recorded with the call).", show_default=False)],
+    principal: Annotated[
+        str,
+        typer.Option("--principal", metavar="NAME", help="Who decides (recorded with the call).", show_default=False),
+    ],
     result: Annotated[
-        str | None, typer.Option("--result", metavar="JSON", help="With assume_done: the result the model sees (JSON, or plain text).")
+        str | None,
+        typer.Option(
+            "--result", metavar="JSON", help="With assume_done: the result the model sees (JSON, or plain text)."
+        ),
     ] = None,
     agent: AgentSpec = None,
     db: EmbeddedDb = None,
@@ -328,7 +376,11 @@ def _decide(
                 soft_wrap=True,
             )
         else:
-            err.print(f"the workers carry on with run {run.id}: threads-celery events {run.thread_id} --follow", style="dim", soft_wrap=True)
+            err.print(
+                f"the workers carry on with run {run.id}: threads-celery events {run.thread_id} --follow",
+                style="dim",
+                soft_wrap=True,
+            )
         return EXIT_OK
     finally:
         threads.close()

@@ -50,7 +50,9 @@ app.add_typer(runs_app, name="runs")
 @friendly_errors
 def runs_list(
     thread: Annotated[str | None, typer.Option("--thread", help="Only runs of this thread.")] = None,
-    status: Annotated[str | None, typer.Option("--status", help=f"Only runs in this status ({', '.join(ALL_STATUSES)}).")] = None,
+    status: Annotated[
+        str | None, typer.Option("--status", help=f"Only runs in this status ({', '.join(ALL_STATUSES)}).")
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many, newest first.")] = 20,
     db: EmbeddedDb = None,
     as_json: JsonFlag = False,
@@ -193,7 +195,9 @@ def runs_cancel(
     if before.is_terminal:
         out.print(f"run {run_id} had already ended: {before.status}")
     else:
-        out.print(Text.assemble(f"run {run_id}: {before.status} → ", (after.status, STATUS_STYLES.get(after.status, ""))))
+        out.print(
+            Text.assemble(f"run {run_id}: {before.status} → ", (after.status, STATUS_STYLES.get(after.status, "")))
+        )
 
 
 # -- events ------------------------------------------------------------------------------------
@@ -213,13 +217,20 @@ def event_to_json(event: Event) -> dict[str, Any]:
 @friendly_errors
 def events(
     thread_id: Annotated[str, typer.Argument(metavar="THREAD_ID", show_default=False)],
-    after: Annotated[int, typer.Option("--after", min=0, help="Only events after this sequence number (resume where you stopped).")] = 0,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="After the replay, keep tailing the log (Ctrl-C stops).")] = False,
+    after: Annotated[
+        int, typer.Option("--after", min=0, help="Only events after this sequence number (resume where you stopped).")
+    ] = 0,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="After the replay, keep tailing the log (Ctrl-C stops).")
+    ] = False,
     timeout: Annotated[
-        float | None, typer.Option("--timeout", min=0.0, help="With --follow: stop tailing after this many seconds (exit 0).")
+        float | None,
+        typer.Option("--timeout", min=0.0, help="With --follow: stop tailing after this many seconds (exit 0)."),
     ] = None,
     db: EmbeddedDb = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per line (seq, type, run_id, payload, created_at).")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object per line (seq, type, run_id, payload, created_at).")
+    ] = False,
 ) -> None:
     """Replay a thread's events; with --follow, keep tailing them live.
 

@@ -60,7 +60,9 @@ def worker(
             help="Comma-separated agent specs to load (module, module:attr or file.py:attr); sets THREADS_AGENTS.",
         ),
     ] = None,
-    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c", min=1, help="Worker processes/threads [default: CPU count].")] = None,
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", "-c", min=1, help="Worker processes/threads [default: CPU count].")
+    ] = None,
     pool: Annotated[Pool, typer.Option("--pool", "-P", help="Celery execution pool.")] = Pool.prefork,
     queues: Annotated[
         str | None,
@@ -120,7 +122,9 @@ def beat(
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
     schedule: Annotated[
         Path | None,
-        typer.Option("--schedule", "-s", help="Beat's schedule state file [default: a file under the temp dir].", dir_okay=False),
+        typer.Option(
+            "--schedule", "-s", help="Beat's schedule state file [default: a file under the temp dir].", dir_okay=False
+        ),
     ] = None,
 ) -> None:
     """Run Celery beat: the reconcile backbone.
@@ -150,7 +154,9 @@ def beat(
 @app.command()
 @friendly_errors
 def flower(
-    address: Annotated[str, typer.Option("--address", help="Address to listen on (0.0.0.0 in a container).")] = "127.0.0.1",
+    address: Annotated[
+        str, typer.Option("--address", help="Address to listen on (0.0.0.0 in a container).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 5555,
 ) -> None:
     """Run Flower behind basic authentication, /metrics included.

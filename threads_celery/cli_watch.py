@@ -38,7 +38,9 @@ def _in_live_region(console: Console, view: RunView, watch: Callable[[Console], 
     if not console.is_terminal or console.is_dumb_terminal:
         # A file or a pipe: no cursor tricks, just the log of settled entries.
         return watch(console)
-    with Live(view, console=console, refresh_per_second=12, transient=True, redirect_stdout=False, redirect_stderr=False) as live:
+    with Live(
+        view, console=console, refresh_per_second=12, transient=True, redirect_stdout=False, redirect_stderr=False
+    ) as live:
         return watch(live.console)
 
 

@@ -154,9 +154,7 @@ class Threads(AgentToolsMixin):
             self._worker = EmbeddedWorker(
                 self.app,
                 concurrency=self._worker_concurrency,
-                reconcile_interval=self._reconcile_interval
-                if reconcile_interval is ...
-                else reconcile_interval,
+                reconcile_interval=self._reconcile_interval if reconcile_interval is ... else reconcile_interval,
                 queues=None if self.is_embedded else self._queues_to_consume(queues),
             )
             self._worker.start()
@@ -313,9 +311,7 @@ class Threads(AgentToolsMixin):
         sealed: dict[str, tuple[str, str]] = {}
         for name, value in env.items():
             if name not in declared:
-                raise ConfigError(
-                    f"variable {name!r} is not declared by agent {agent!r} or its tools"
-                )
+                raise ConfigError(f"variable {name!r} is not declared by agent {agent!r} or its tools")
             if not isinstance(value, str):
                 raise ConfigError(f"variable {name!r} must be a string")
             kind = declared[name]["type"]
@@ -360,20 +356,18 @@ class Threads(AgentToolsMixin):
             return None
         kind, value = found
         if kind == "secret":
-            raise VariableError(
-                f"variable {name!r} is a secret: only a tool that declares it can read it"
-            )
+            raise VariableError(f"variable {name!r} is a secret: only a tool that declares it can read it")
         return value
 
     def env(self, thread_id: str) -> dict[str, str]:
         """The thread's own variables; secret values are never shown (``***``)."""
         with self.store.read() as tx:
             values = tx.thread_variables(thread_id)
-        return {
-            name: ("***" if kind == "secret" else value) for name, (kind, value) in values.items()
-        }
+        return {name: ("***" if kind == "secret" else value) for name, (kind, value) in values.items()}
 
-    def tenant_of(self, *, thread_id: str | None = None, run_id: str | None = None, effect_key: str | None = None) -> str | None:
+    def tenant_of(
+        self, *, thread_id: str | None = None, run_id: str | None = None, effect_key: str | None = None
+    ) -> str | None:
         """The tenant that owns this thread, run or tool call (exactly one); None when there is none."""
         if sum(x is not None for x in (thread_id, run_id, effect_key)) != 1:
             raise TypeError("tenant_of() takes exactly one of thread_id, run_id, effect_key")
@@ -428,7 +422,11 @@ class Threads(AgentToolsMixin):
             if run.status != "parked" or not (run.error or "").startswith(f"{LIMIT_REASON}:"):
                 raise ConfigError(f"run {run_id} is {run.status}, not parked at a usage limit")
             tx.append_event(
-                run.thread_id, run.id, ALLOWED_EVENT, {"run_id": run.id, "principal": principal, "at": now.isoformat()}, now
+                run.thread_id,
+                run.id,
+                ALLOWED_EVENT,
+                {"run_id": run.id, "principal": principal, "at": now.isoformat()},
+                now,
             )
             if tx.advance_run(run.id, fence=run.fence, now=now, status="running", error=None) is None:
                 raise ConfigError(f"run {run_id} changed meanwhile; try again")
@@ -453,7 +451,9 @@ class Threads(AgentToolsMixin):
         if day is not None:
             since, until = day_bounds(datetime(day.year, day.month, day.day, tzinfo=UTC))
         with self.store.read() as tx:
-            return tx.usage_totals(run_id=run_id, thread_id=thread_id, agent=agent, since=since, until=until, tenant=tenant)
+            return tx.usage_totals(
+                run_id=run_id, thread_id=thread_id, agent=agent, since=since, until=until, tenant=tenant
+            )
 
     def messages(self, thread_id: str, *, after: int = -1) -> list[Message]:
         """The thread's stored messages in order (those with ``seq`` greater than ``after``)."""
@@ -500,9 +500,7 @@ class Threads(AgentToolsMixin):
     def _cancel_awaited_children(self, run: Run, reason: str) -> None:
         """A cancelled run's awaited agent-tool children stop with it; detached ones outlive it."""
         with self.store.read() as tx:
-            rows = tx.list_agent_tool_runs(
-                run.thread_id, statuses=["starting", "running", "interrupted"]
-            )
+            rows = tx.list_agent_tool_runs(run.thread_id, statuses=["starting", "running", "interrupted"])
         for row in rows:
             if row.parent_run_id == run.id and not row.detached:
                 self.cancel_agent_tool(row.run_id, reason=reason)
@@ -577,9 +575,7 @@ class Threads(AgentToolsMixin):
     def deny(self, effect_key: str, reason: str, *, principal: str | None = None) -> None:
         """Deny a call that awaits approval; the model sees ``denied: <reason>``."""
         with self.store.transaction() as tx:
-            entries = interventions.deny(
-                tx, effect_key, reason=reason, now=runs.utcnow(), principal=principal
-            )
+            entries = interventions.deny(tx, effect_key, reason=reason, now=runs.utcnow(), principal=principal)
         self.publisher(entries)
 
     def tool_result(self, effect_key: str) -> str | None:

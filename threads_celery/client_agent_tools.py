@@ -70,7 +70,11 @@ class AgentToolsMixin:
         if options is not None and event_delivery == "terminal":
             raise ConfigError("detached runs do not support event_delivery='terminal'")
         if options is not None and signal is not None:
-            warnings.warn("a detached run does not inherit a cancellation signal; cancel it with cancel_agent_tool()", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "a detached run does not inherit a cancellation signal; cancel it with cancel_agent_tool()",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         parent = self._parent_agent(parent_thread_id)
         if options is not None and options.on_finish is not None:
             method = getattr(parent, options.on_finish, None) if parent is not None else None
@@ -113,10 +117,23 @@ class AgentToolsMixin:
                 )
         self.publisher(entries)
         if started:
-            emit("agent_tool", "agent_tool:dispatched", run_id=row.run_id, agent_type=row.agent_type, detached=options is not None)
+            emit(
+                "agent_tool",
+                "agent_tool:dispatched",
+                run_id=row.run_id,
+                agent_type=row.agent_type,
+                detached=options is not None,
+            )
         if options is not None:
-            status: Literal["running", "error"] = "error" if row.status == "error" and not started and row.error and "cap" in row.error else "running"
-            return DetachedHandle(run_id=row.run_id, agent_type=row.agent_type, status=status, error=row.error if status == "error" else None)
+            status: Literal["running", "error"] = (
+                "error" if row.status == "error" and not started and row.error and "cap" in row.error else "running"
+            )
+            return DetachedHandle(
+                run_id=row.run_id,
+                agent_type=row.agent_type,
+                status=status,
+                error=row.error if status == "error" else None,
+            )
         return self._await_agent_tool(row.run_id, timeout)
 
     def _await_agent_tool(self, run_id: str, timeout: float) -> AgentToolResult | AgentToolFailure:
@@ -158,7 +175,11 @@ class AgentToolsMixin:
 
     def has_agent_tool_run(self, parent_thread_id: str, agent: type[Agent] | Agent | str, run_id: str) -> bool:
         """Whether the parent's registry holds this run of this agent (gate drill-in with it)."""
-        name = agent if isinstance(agent, str) else (agent.name if isinstance(agent, Agent) else (agent.name or agent.__name__))
+        name = (
+            agent
+            if isinstance(agent, str)
+            else (agent.name if isinstance(agent, Agent) else (agent.name or agent.__name__))
+        )
         row = self.inspect_agent_tool_run(run_id)
         return row is not None and row.parent_thread_id == parent_thread_id and row.agent_type == name
 
@@ -185,7 +206,9 @@ class AgentToolsMixin:
             if child is not None and not child.is_terminal:
                 _, entries = runs.cancel(tx, child.id, now=now, reason=reason)
             else:
-                entries = agent_tools.child_finished(tx, _AbortedChild(row), status="aborted", output=None, error=reason, now=now)
+                entries = agent_tools.child_finished(
+                    tx, _AbortedChild(row), status="aborted", output=None, error=reason, now=now
+                )
         self.publisher(entries)
         emit("agent_tool", "agent_tool:cancelled", run_id=run_id, agent_type=row.agent_type, reason=reason)
         if child is not None:
@@ -207,12 +230,12 @@ class AgentToolsMixin:
         return len(rows)
 
 
-
 def _statuses(status: str | Iterable[str] | None) -> list[str] | None:
     """A status filter: one status or several (a bare string is one status, not its letters)."""
     if not status:
         return None
     return [status] if isinstance(status, str) else list(status)
+
 
 class _AbortedChild:
     """Stands in for a child run that already ended when its agent-tool run is cancelled."""

@@ -74,9 +74,7 @@ AnsweredCallDecision = Skip | Busy | Proceed | RunAgain | RecordFound | Park
 
 
 @overload
-def decide_call(
-    call: CallRow, run: Run, now: datetime, tool: Tool | None, lookup: None = None
-) -> CallDecision: ...
+def decide_call(call: CallRow, run: Run, now: datetime, tool: Tool | None, lookup: None = None) -> CallDecision: ...
 
 
 @overload

@@ -67,7 +67,9 @@ def deliver(runtime: Runtime, run_id: str, status: str) -> str:
         with runtime.store.transaction() as tx:
             tx.update_agent_tool_run(run_id, delivery_lease_until=runtime.clock() + timedelta(seconds=backoff))
             tx.delete_outbox(outbox_key)  # the backbone delivers again when the backoff ends
-        log.warning("delivery of %s (%s) failed, retrying in %ss: %s: %s", run_id, status, backoff, type(exc).__name__, exc)
+        log.warning(
+            "delivery of %s (%s) failed, retrying in %ss: %s: %s", run_id, status, backoff, type(exc).__name__, exc
+        )
         return f"failed: {type(exc).__name__}"
     with runtime.store.transaction() as tx:
         current = tx.get_agent_tool_run(run_id, lock=True)
@@ -87,7 +89,9 @@ def deliver(runtime: Runtime, run_id: str, status: str) -> str:
                 values.update(status="error", error=result.error)
             tx.update_agent_tool_run(run_id, **values)
             tx.delete_outbox(outbox_key)
-            entries += _settle_parent_call(tx, row, result, runtime.clock(), runtime.registry, runtime.settings.files_root)
+            entries += _settle_parent_call(
+                tx, row, result, runtime.clock(), runtime.registry, runtime.settings.files_root
+            )
     runtime.publish(entries)
     if current is None:
         return "skipped: the agent-tool run was cleared during its delivery"
@@ -161,7 +165,9 @@ def _parent_agent(runtime: Runtime, row: AgentToolRun) -> Agent | None:
     return runtime.registry.get(name) if name is not None and name in runtime.registry else None
 
 
-def _fire_hooks(runtime: Runtime, parent: Agent | None, row: AgentToolRun, result: AgentToolResult | AgentToolFailure) -> list[OutboxEntry]:
+def _fire_hooks(
+    runtime: Runtime, parent: Agent | None, row: AgentToolRun, result: AgentToolResult | AgentToolFailure
+) -> list[OutboxEntry]:
     entries: list[OutboxEntry] = []
     if parent is not None:
         hook = getattr(parent, "on_agent_tool_finish", None)
@@ -182,7 +188,9 @@ def _fire_hooks(runtime: Runtime, parent: Agent | None, row: AgentToolRun, resul
     return entries
 
 
-def _notify(runtime: Runtime, parent: Agent | None, row: AgentToolRun, result: AgentToolResult | AgentToolFailure) -> list[OutboxEntry]:
+def _notify(
+    runtime: Runtime, parent: Agent | None, row: AgentToolRun, result: AgentToolResult | AgentToolFailure
+) -> list[OutboxEntry]:
     """Inject a message into the parent thread (once per run and status) and give it a turn."""
     formatter = getattr(parent, "format_detached_completion", None)
     text = formatter(row, result) if callable(formatter) else default_completion_text(row, result)
@@ -312,7 +320,10 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
             if not agent_tools.is_active(row.status):
                 tx.update_agent_tool_run(row.run_id, check_at=None)
                 continue
-            if row.max_budget_ms is not None and (row.started_at or now) + timedelta(milliseconds=row.max_budget_ms) <= now:
+            if (
+                row.max_budget_ms is not None
+                and (row.started_at or now) + timedelta(milliseconds=row.max_budget_ms) <= now
+            ):
                 cancelled = _tear_down(tx, row, now, "budget exceeded")
                 entries += agent_tools.seal_interrupted(
                     tx,
@@ -326,7 +337,12 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
                     child_still_running=not cancelled,
                     now=now,
                 )
-                observed.append(("agent_tool:interrupted", {"run_id": row.run_id, "reason": "budget-exceeded" if row.detached else "window-exceeded"}))
+                observed.append(
+                    (
+                        "agent_tool:interrupted",
+                        {"run_id": row.run_id, "reason": "budget-exceeded" if row.detached else "window-exceeded"},
+                    )
+                )
                 expired += 1
             elif (
                 row.no_progress_budget_ms is not None
@@ -339,11 +355,19 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
                 if finding == "ended":
                     continue  # its finish is recorded and delivered on its own
                 reason, error, still_running = {
-                    "silent": ("no-progress", f"agent tool run made no progress for {row.no_progress_budget_ms} ms", True),
+                    "silent": (
+                        "no-progress",
+                        f"agent tool run made no progress for {row.no_progress_budget_ms} ms",
+                        True,
+                    ),
                     "gone": ("not-tailable", "the child run cannot be found to follow", False),
                     "failed": ("inspect-failed", "inspecting the child run failed", None),
                     "slow": ("inspect-timeout", f"inspecting the child run took over {INSPECT_TIMEOUT_S:g} s", None),
-                    "late": ("recovery-deadline", f"the recovery pass ran past its {RECOVERY_DEADLINE_S:g} s deadline", None),
+                    "late": (
+                        "recovery-deadline",
+                        f"the recovery pass ran past its {RECOVERY_DEADLINE_S:g} s deadline",
+                        None,
+                    ),
                 }[finding]
                 entries += agent_tools.seal_interrupted(
                     tx, row, reason=reason, error=error, child_still_running=still_running, now=now
@@ -411,7 +435,16 @@ def _tear_down(tx: Tx, row: AgentToolRun, now: datetime, reason: str) -> bool:
     if child is None or child.is_terminal:
         return True
     thread = tx.get_thread(child.thread_id, lock=True)
-    tx.advance_run(child.id, fence=child.fence, now=now, status="aborted", error=reason, finished_at=now, lease_owner=None, lease_expires_at=None)
+    tx.advance_run(
+        child.id,
+        fence=child.fence,
+        now=now,
+        status="aborted",
+        error=reason,
+        finished_at=now,
+        lease_owner=None,
+        lease_expires_at=None,
+    )
     if thread is not None and thread.active_run_id == child.id:
         runs.release_thread(tx, child, now)
     return True

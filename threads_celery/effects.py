@@ -148,20 +148,12 @@ class Reconcile:
 
     def __post_init__(self) -> None:
         if self.finality not in FINALITIES:
-            raise ConfigError(
-                f"Reconcile finality must be one of {', '.join(FINALITIES)}, not {self.finality!r}"
-            )
+            raise ConfigError(f"Reconcile finality must be one of {', '.join(FINALITIES)}, not {self.finality!r}")
         if not callable(self.lookup):
             raise ConfigError(f"Reconcile lookup must be callable, not {type(self.lookup).__name__}")
         # bool is an int: reject it so `timeout_s=True` is not read as one second.
-        if (
-            isinstance(self.timeout_s, bool)
-            or not isinstance(self.timeout_s, int | float)
-            or not self.timeout_s > 0
-        ):
-            raise ConfigError(
-                f"Reconcile timeout_s must be a positive number of seconds, not {self.timeout_s!r}"
-            )
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float) or not self.timeout_s > 0:
+            raise ConfigError(f"Reconcile timeout_s must be a positive number of seconds, not {self.timeout_s!r}")
 
 
 # --- what the decision reads --------------------------------------------------------------------
@@ -291,9 +283,7 @@ def decide_recovery(
 
     match call.effect:
         case "read_only":
-            return RunAgain(
-                "read_only tool interrupted mid-call: it changes nothing, so it is safe to run again"
-            )
+            return RunAgain("read_only tool interrupted mid-call: it changes nothing, so it is safe to run again")
         case "idempotent":
             return _decide_idempotent(call, now=now)
         case "reconcilable":
@@ -307,8 +297,7 @@ def decide_recovery(
 def _decide_idempotent(call: CallRecord, *, now: datetime) -> RecoveryDecision:
     if call.dedup_window_ms is None:
         return Park(
-            f"idempotent call has no dedup window recorded, so a resend may not be deduplicated: "
-            f"{_PERSON_DECIDES}"
+            f"idempotent call has no dedup window recorded, so a resend may not be deduplicated: {_PERSON_DECIDES}"
         )
     if call.first_started_at is None:
         return Park(
@@ -354,10 +343,7 @@ def _decide_reconcilable(call: CallRecord, *, lookup: LookupAnswer | LookupFaile
                 case _:
                     assert_never(call.finality)
         case LookupUnknown(reason=reason):
-            return Park(
-                f"reconcilable call's lookup could not tell whether it happened ({reason}): "
-                f"{_PERSON_DECIDES}"
-            )
+            return Park(f"reconcilable call's lookup could not tell whether it happened ({reason}): {_PERSON_DECIDES}")
         case LookupFailed(reason=reason):
             return Park(f"reconcilable call's lookup failed ({reason}): {_PERSON_DECIDES}")
         case _:
@@ -390,9 +376,7 @@ def run_lookup(reconcile: Reconcile, effect_key: str) -> LookupAnswer | LookupFa
         return LookupFailed(_describe_exception(attempt.error))
     answer = attempt.answer
     if not isinstance(answer, _LOOKUP_ANSWER_TYPES):
-        return LookupFailed(
-            f"lookup returned {type(answer).__name__}, expected Found, NotFound or LookupUnknown"
-        )
+        return LookupFailed(f"lookup returned {type(answer).__name__}, expected Found, NotFound or LookupUnknown")
     return answer
 
 

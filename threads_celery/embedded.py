@@ -78,9 +78,7 @@ class EmbeddedWorker:
             ready_callback=None,
             queues=self.queues,
         )
-        thread = threading.Thread(
-            target=controller.start, name="threads-embedded-worker", daemon=True
-        )
+        thread = threading.Thread(target=controller.start, name="threads-embedded-worker", daemon=True)
         thread.start()
         if not controller.ready.wait(self.ready_timeout):
             controller.stop(in_sighandler=False)
@@ -89,9 +87,7 @@ class EmbeddedWorker:
         if self.reconcile_interval:
             # What Beat does for a deployment: the reconcile backbone, every few seconds.
             self._stop_ticks.clear()
-            self._ticker = threading.Thread(
-                target=self._tick, name="threads-embedded-reconcile", daemon=True
-            )
+            self._ticker = threading.Thread(target=self._tick, name="threads-embedded-reconcile", daemon=True)
             self._ticker.start()
 
     def _tick(self) -> None:
@@ -102,9 +98,7 @@ class EmbeddedWorker:
             except Exception as exc:  # noqa: BLE001 - the next tick tries again
                 log.warning("embedded reconcile tick failed: %s: %s", type(exc).__name__, exc)
 
-    def stop(
-        self, timeout: float = 10.0, *, wait: bool = False, then: Callable[[], None] | None = None
-    ) -> None:
+    def stop(self, timeout: float = 10.0, *, wait: bool = False, then: Callable[[], None] | None = None) -> None:
         """Stop consuming. The consumer's poll takes up to two seconds to notice; unless ``wait``,
         that happens in the background (the queue is this worker's own, so nothing is lost).
         ``then`` runs once the worker has stopped (in the background unless ``wait``)."""

@@ -90,6 +90,13 @@ def apply_task_failure(runtime: Runtime, task: str, key: str, failures: int, exc
     if isinstance(decision, GiveUp):
         log.error("run %s ended: %s", run_id, decision.reason)
     else:
-        log.warning("%s %s failed (%d of %d), trying again in %.0f s: %s", task, key, failures,
-                    runtime.settings.max_task_failures, decision.countdown, describe_exception(exc, ()))
+        log.warning(
+            "%s %s failed (%d of %d), trying again in %.0f s: %s",
+            task,
+            key,
+            failures,
+            runtime.settings.max_task_failures,
+            decision.countdown,
+            describe_exception(exc, ()),
+        )
     return decision

@@ -55,7 +55,9 @@ class FilesQuota:
     max_files: int | None = None
 
 
-def quota_breach(quota: FilesQuota, *, used_bytes: int, files: int, replaced_bytes: int | None, new_bytes: int) -> str | None:
+def quota_breach(
+    quota: FilesQuota, *, used_bytes: int, files: int, replaced_bytes: int | None, new_bytes: int
+) -> str | None:
     """Why writing ``new_bytes`` (over a file of ``replaced_bytes``, None if new) breaks ``quota``.
 
     None when it fits. Pure: the caller measures the area.
@@ -240,7 +242,9 @@ class ThreadFiles:
             fcntl.flock(fd, fcntl.LOCK_EX)
             used, files = self.usage()
             replaced = target.stat().st_size if target.is_file() else None
-            reason = quota_breach(self.quota, used_bytes=used, files=files, replaced_bytes=replaced, new_bytes=new_bytes)
+            reason = quota_breach(
+                self.quota, used_bytes=used, files=files, replaced_bytes=replaced, new_bytes=new_bytes
+            )
             if reason is not None:
                 raise AttachmentQuotaError(self.thread_id, reason)
             yield

@@ -49,7 +49,9 @@ def flower_credentials(environ: Mapping[str, str]) -> FlowerCredentials:
     if ":" in user:
         raise ConfigError("FLOWER_USER must not contain ':' (Flower splits user and password on it)")
     if "," in user or "," in password:
-        raise ConfigError("FLOWER_USER and FLOWER_PASSWORD must not contain ',' (Flower splits its --basic-auth option on it)")
+        raise ConfigError(
+            "FLOWER_USER and FLOWER_PASSWORD must not contain ',' (Flower splits its --basic-auth option on it)"
+        )
     for name in _OPENING_VARIABLES:
         if environ.get(name):
             raise ConfigError(f"unset {name}: `threads-celery flower` configures Flower's authentication itself")
@@ -81,7 +83,13 @@ def require_auth_on_metrics() -> None:
 
 def flower_argv(credentials: FlowerCredentials, *, address: str, port: int, extra: tuple[str, ...] = ()) -> list[str]:
     """The arguments of Celery's ``flower`` sub-command for these credentials and this address."""
-    return ["flower", f"--address={address}", f"--port={port}", *extra, f"--basic-auth={credentials.basic_auth_option()}"]
+    return [
+        "flower",
+        f"--address={address}",
+        f"--port={port}",
+        *extra,
+        f"--basic-auth={credentials.basic_auth_option()}",
+    ]
 
 
 def start_flower(celery_app: Celery, environ: Mapping[str, str], *, address: str, port: int) -> None:

@@ -150,9 +150,7 @@ def combine(args: Mapping[str, Any], answers: Sequence[HookAnswer | Failed | Non
     current, changed = dict(args), False
     for answer in answers:
         if isinstance(answer, Failed):
-            return Verdict(
-                False, f"hook {answer.hook} failed ({answer.reason}), so the call is denied"
-            )
+            return Verdict(False, f"hook {answer.hook} failed ({answer.reason}), so the call is denied")
         if isinstance(answer, Deny):
             return Verdict(False, answer.reason or "denied by a hook")
         if isinstance(answer, Modify):
@@ -166,9 +164,7 @@ def check_answer(hook: str, value: Any) -> HookAnswer | Failed | None:
         return value
     if isinstance(value, Modify):
         if not isinstance(value.args, Mapping):
-            return Failed(
-                hook, f"Modify(args) needs a mapping of arguments, not {type(value.args).__name__}"
-            )
+            return Failed(hook, f"Modify(args) needs a mapping of arguments, not {type(value.args).__name__}")
         return value
     return Failed(
         hook,
@@ -194,9 +190,7 @@ def implementers(agent: Agent, point: str) -> list[Callable[..., Any]]:
     return found
 
 
-def call_with_limit(
-    hook: str, fn: Callable[..., Any], args: Sequence[Any], timeout_s: float
-) -> Outcome:
+def call_with_limit(hook: str, fn: Callable[..., Any], args: Sequence[Any], timeout_s: float) -> Outcome:
     """Run ``fn(*args)`` on a thread of its own; a failure or a run past ``timeout_s`` is Failed."""
     box: dict[str, Any] = {}
 
@@ -236,9 +230,7 @@ def decide(agent: Agent, point: str, call: HookCall, ctx: HookContext) -> Verdic
         if isinstance(answer, (Failed, Deny)):
             break  # the first deny stops the chain
         if isinstance(answer, Modify):
-            current = HookCall(
-                call.name, dict(answer.args), call.effect_key, call.call_id, call.effect
-            )
+            current = HookCall(call.name, dict(answer.args), call.effect_key, call.call_id, call.effect)
     verdict = combine(call.args, answers)
     if not verdict.allowed:
         log.info(
@@ -261,9 +253,7 @@ def add_context(agent: Agent, ctx: HookContext) -> tuple[str, Failed | None]:
         if value is None:
             continue
         if not isinstance(value, str):
-            return "", Failed(
-                "before_step", f"a context hook returns text or None, not {type(value).__name__}"
-            )
+            return "", Failed("before_step", f"a context hook returns text or None, not {type(value).__name__}")
         if value:
             parts.append(value)
     return "\n\n".join(parts), None
@@ -287,9 +277,7 @@ class Gated:
     ctx: HookContext | None
 
 
-def gate_call(
-    runtime: Runtime, run: Run, call: CallRow, agent: Agent, tool: Tool, parsed: BaseModel
-) -> Gated | str:
+def gate_call(runtime: Runtime, run: Run, call: CallRow, agent: Agent, tool: Tool, parsed: BaseModel) -> Gated | str:
     """Run ``before_tool`` (and ``before_subagent`` for a child call) on a call about to run.
 
     Returns the call to run, or (having committed the call's result) what happened: a denied
@@ -303,26 +291,18 @@ def gate_call(
     observed = bool(implementers(agent, "after_tool"))
     if not wanted and not observed:
         return Gated(call, parsed, None, None)
-    ctx = HookContext(
-        run_id=run.id, thread_id=run.thread_id, agent=agent.name, step=call.step, deps=agent.deps
-    )
-    hook_call = HookCall(
-        tool.name, parsed.model_dump(mode="json"), call.effect_key, call.call_id, tool.effect
-    )
+    ctx = HookContext(run_id=run.id, thread_id=run.thread_id, agent=agent.name, step=call.step, deps=agent.deps)
+    hook_call = HookCall(tool.name, parsed.model_dump(mode="json"), call.effect_key, call.call_id, tool.effect)
     for point in wanted:
         verdict = decide(agent, point, hook_call, ctx)
         assert verdict is not None
         if not verdict.allowed:
-            return runtime._commit_call(
-                run, run.fence, call, tool, f"denied: {verdict.reason}", is_error=True
-            )
+            return runtime._commit_call(run, run.fence, call, tool, f"denied: {verdict.reason}", is_error=True)
         if verdict.changed and verdict.args is not None:
             try:
                 parsed = tool.parse_arguments(dict(verdict.args))
             except ToolArgumentsError as exc:
-                content = (
-                    f"a {point} hook changed the arguments to ones that fail validation: {exc}"
-                )
+                content = f"a {point} hook changed the arguments to ones that fail validation: {exc}"
                 return runtime._commit_call(run, run.fence, call, tool, content, is_error=True)
             hook_call = HookCall(
                 tool.name,
@@ -357,9 +337,7 @@ def step_instructions(runtime: Runtime, run: Run, fence: int, step: int, agent: 
     error, saying why) if one failed: a context hook's failure stops the step."""
     if not implementers(agent, "before_step"):
         return str(agent.system_prompt())
-    ctx = HookContext(
-        run_id=run.id, thread_id=run.thread_id, agent=agent.name, step=step, deps=agent.deps
-    )
+    ctx = HookContext(run_id=run.id, thread_id=run.thread_id, agent=agent.name, step=step, deps=agent.deps)
     added, failed = add_context(agent, ctx)
     if failed is not None:
         runtime._finish(
@@ -381,9 +359,7 @@ def observe_result(agent: Agent, gated: Gated, content: str, is_error: bool) -> 
 def observe_stop(agent: Agent, run: Run, step: int, stop: Stop) -> None:
     """``on_stop``, once the run's end is recorded."""
     if implementers(agent, "on_stop"):
-        ctx = HookContext(
-            run_id=run.id, thread_id=run.thread_id, agent=agent.name, step=step, deps=agent.deps
-        )
+        ctx = HookContext(run_id=run.id, thread_id=run.thread_id, agent=agent.name, step=step, deps=agent.deps)
         observe(agent, "on_stop", (stop, ctx))
 
 

@@ -119,7 +119,13 @@ def approve(
         tx.grant_tool(call.thread_id, call.tool, granted_by=principal, now=now)
         log.info("tool %s is always allowed on thread %s (by %s)", call.tool, call.thread_id, principal)
     announce_answer(tx, run, call, "approved", now)
-    log.info("call %s (%s) approved by %s%s", effect_key, call.tool, principal, " with edited arguments" if override_args is not None else "")
+    log.info(
+        "call %s (%s) approved by %s%s",
+        effect_key,
+        call.tool,
+        principal,
+        " with edited arguments" if override_args is not None else "",
+    )
     return [_redispatch(tx, run, call, now)]
 
 
@@ -129,7 +135,15 @@ def deny(tx: Tx, effect_key: str, *, reason: str, now: datetime, principal: str 
     tx.update_call(effect_key, resolved_by=principal, resolved_at=now, resolution="denied")
     announce_answer(tx, run, call, "denied", now)
     _, entries = runs.record_call_result(
-        tx, run, call, fence=run.fence, content=f"denied: {reason}", is_error=True, ends_turn=False, now=now, resume=True
+        tx,
+        run,
+        call,
+        fence=run.fence,
+        content=f"denied: {reason}",
+        is_error=True,
+        ends_turn=False,
+        now=now,
+        resume=True,
     )
     log.info("call %s (%s) denied%s: %s", effect_key, call.tool, f" by {principal}" if principal else "", reason)
     return entries

@@ -47,7 +47,17 @@ BWRAP_MISSING = (
 )
 
 _ETC_ALWAYS = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives")
-_ETC_NETWORK = ("resolv.conf", "hosts", "nsswitch.conf", "gai.conf", "host.conf", "services", "protocols", "ssl", "ca-certificates")
+_ETC_NETWORK = (
+    "resolv.conf",
+    "hosts",
+    "nsswitch.conf",
+    "gai.conf",
+    "host.conf",
+    "services",
+    "protocols",
+    "ssl",
+    "ca-certificates",
+)
 _MERGED_USR_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 

@@ -222,16 +222,23 @@ class RunView:
         if self.thread_id is None:
             return  # following one run: its snapshots (update) say where it is
         status, run_id = payload.get("status", ""), payload.get("run_id", event.run_id)
-        waiting = next((c for c in self._calls.values() if c.result is None), None) if status in NEEDS_A_PERSON else None
+        waiting = (
+            next((c for c in self._calls.values() if c.result is None), None) if status in NEEDS_A_PERSON else None
+        )
         if waiting is not None:
             # Under the call it waits on, not after the turn (which settles only once it ran).
             waiting.notes.append(Text(f"    ⏸ {status.replace('_', ' ')}", style="yellow"))
             return
         if status == "queued":
-            line = Text.assemble(("▶ run ", "bold magenta"), (str(run_id), "dim"), (f"  {payload.get('agent', '')}", "bold"))
+            line = Text.assemble(
+                ("▶ run ", "bold magenta"), (str(run_id), "dim"), (f"  {payload.get('agent', '')}", "bold")
+            )
         elif status in STOP_STATUSES:
             line = Text.assemble(
-                (f"{STATUS_MARKS.get(status, '•')} run {run_id} {status.replace('_', ' ')}", STATUS_STYLES.get(status, "")),
+                (
+                    f"{STATUS_MARKS.get(status, '•')} run {run_id} {status.replace('_', ' ')}",
+                    STATUS_STYLES.get(status, ""),
+                ),
                 (f": {payload['error']}" if payload.get("error") else "", "red"),
             )
         else:
@@ -245,7 +252,9 @@ class RunView:
         if event.type == "agent_tool.started":
             if child is None:
                 name = str(payload.get("display") or payload.get("agent_type") or "agent")
-                child = self._children[run_id] = ChildRun(run_id, name, input_label(str(payload.get("input_preview", ""))))
+                child = self._children[run_id] = ChildRun(
+                    run_id, name, input_label(str(payload.get("input_preview", "")))
+                )
                 child.call = self._call_of(run_id, payload.get("parent_tool_call_id"))
                 if child.call is not None:
                     child.call.children.append(child)
@@ -263,7 +272,11 @@ class RunView:
         elif event.type == "agent_tool.chunk":
             body = payload.get("body") or {}
             names = body.get("tool_calls") or []
-            child.activity = f"calling {', '.join(names)}" if names else shorten(" ".join(str(body.get("text", "")).split()), 60) or None
+            child.activity = (
+                f"calling {', '.join(names)}"
+                if names
+                else shorten(" ".join(str(body.get("text", "")).split()), 60) or None
+            )
         elif event.type in CHILD_END and not child.is_terminal:
             child.status = CHILD_END[event.type]
             if child.status == "completed":
@@ -357,7 +370,9 @@ class RunView:
 
     def _render_header(self) -> RenderableType:
         if self.thread_id is not None and self.run is None:
-            return Text.assemble(("▶ thread ", "bold magenta"), (self.thread_id, "dim"), (f"  {self.agent or ''}", "bold"))
+            return Text.assemble(
+                ("▶ thread ", "bold magenta"), (self.thread_id, "dim"), (f"  {self.agent or ''}", "bold")
+            )
         title = Text.assemble(("▶ ", "bold magenta"), (self.agent or "agent", "bold"))
         if self.run is not None:
             title.append(f"  {self.run.id}", style="dim")
@@ -387,14 +402,20 @@ class RunView:
     def _render_call(self, entry: _CallEntry) -> RenderableType:
         call = entry.call
         head = Text.assemble(
-            ("  ⚙ ", "yellow"), (call.name, "bold yellow"), ("(", "dim"), format_args(call.args, self.arg_limit), (")", "dim")
+            ("  ⚙ ", "yellow"),
+            (call.name, "bold yellow"),
+            ("(", "dim"),
+            format_args(call.args, self.arg_limit),
+            (")", "dim"),
         )
         result = entry.result
         # While the call waits, its children are drawn under it; once it has a result, only
         # those that ended with it stay, and the ones still running move to the live region.
         shown = [c for c in entry.children if result is None or c.ended_with_call]
         moved = [c for c in entry.children if result is not None and not c.ended_with_call]
-        children: list[RenderableType] = [self._children_grid(shown, indent=4, summaries=result is None)] if shown else []
+        children: list[RenderableType] = (
+            [self._children_grid(shown, indent=4, summaries=result is None)] if shown else []
+        )
         children.extend(Text(f"    ⇢ started {c.name} in the background", style="dim") for c in moved)
         if result is None:
             return Group(head, *entry.notes, *children, self._pending_line(call.id))
@@ -508,7 +529,13 @@ class RunView:
             line.append(f" · {len(self._children)} child run{'s' if len(self._children) != 1 else ''}", style="dim")
         if run.error and run.status in TERMINAL_STATUSES:
             parts.append(
-                Panel(Text(run.error, style="red"), title=Text(run.status, style="bold red"), title_align="left", border_style="red", padding=(0, 1))
+                Panel(
+                    Text(run.error, style="red"),
+                    title=Text(run.status, style="bold red"),
+                    title_align="left",
+                    border_style="red",
+                    padding=(0, 1),
+                )
             )
         note = WAITING_NOTES.get(run.status)
         if note:

@@ -130,31 +130,23 @@ class MCPServer:
         include: Sequence[str] | None = None,
     ) -> None:
         if (command is None) == (url is None):
-            raise ConfigError(
-                "MCPServer needs exactly one of command= (stdio) or url= (streamable HTTP)"
-            )
+            raise ConfigError("MCPServer needs exactly one of command= (stdio) or url= (streamable HTTP)")
         if isinstance(args, str):
             raise ConfigError("MCPServer args must be a list of strings, not one string")
         if url is not None and not url.startswith(("http://", "https://")):
             raise ConfigError(f"MCPServer url must start with http:// or https://, not {url!r}")
         for option, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ConfigError(
-                    f"MCPServer {option} must be a positive number of seconds, not {value!r}"
-                )
+                raise ConfigError(f"MCPServer {option} must be a positive number of seconds, not {value!r}")
         if prefix is not None and not MODEL_TOOL_NAME.match(prefix):
             raise ConfigError(f"MCPServer prefix {prefix!r} must be letters, digits, '_' or '-'")
-        self.name = name or (
-            _shown_url(url) if url is not None else " ".join([str(command), *args])
-        )
+        self.name = name or (_shown_url(url) if url is not None else " ".join([str(command), *args]))
         self.command = command
         self.args = tuple(args)
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
         self.url = url
-        self._headers = (
-            dict(headers) if headers is not None else None
-        )  # may hold a token: never shown
+        self._headers = dict(headers) if headers is not None else None  # may hold a token: never shown
         self.effects = dict(effects or {})
         self.dedup_window_ms = dedup_window_ms
         self.timeout_s = float(timeout_s)
@@ -255,9 +247,7 @@ class MCPServer:
         validate = _json_schema_validator(self.name, remote_name, schema)
 
         async def execute(arguments: ToolArguments, ctx: Any) -> str:
-            return await self.call(
-                remote_name, arguments.values, effect_key=getattr(ctx, "effect_key", None)
-            )
+            return await self.call(remote_name, arguments.values, effect_key=getattr(ctx, "effect_key", None))
 
         return schema_tool(
             name=local_name,
@@ -277,9 +267,7 @@ class MCPServer:
         from mcp import Client, StdioServerParameters
 
         if self.command is not None:
-            params = StdioServerParameters(
-                command=self.command, args=list(self.args), env=self.env, cwd=self.cwd
-            )
+            params = StdioServerParameters(command=self.command, args=list(self.args), env=self.env, cwd=self.cwd)
             return Client(params, read_timeout_seconds=self.connect_timeout_s)
         assert self.url is not None
         if not self._headers:
@@ -298,9 +286,7 @@ class MCPServer:
                     return tools
             raise ConfigError("the server's tool list did not end after 100 pages")
 
-    async def call(
-        self, remote_name: str, arguments: dict[str, Any], *, effect_key: str | None = None
-    ) -> str:
+    async def call(self, remote_name: str, arguments: dict[str, Any], *, effect_key: str | None = None) -> str:
         """Call one tool on the server and return what the model sees.
 
         Raises :class:`MCPUnreachable` when nothing was sent, :class:`MCPToolFailed` for an
@@ -324,9 +310,7 @@ class MCPServer:
             if result is None:
                 why = describe_failure(exc, self.timeout_s if sent else self.connect_timeout_s)
                 if not sent:
-                    raise MCPUnreachable(
-                        f"MCP server {self.name!r} could not be reached: {why}"
-                    ) from None
+                    raise MCPUnreachable(f"MCP server {self.name!r} could not be reached: {why}") from None
                 raise EffectUnknown(
                     f"MCP server {self.name!r} {why} during a call of {remote_name!r}, so whether the tool "
                     "acted is unknown"
@@ -359,9 +343,7 @@ def render_call_result(result: CallToolResult) -> str:
             texts.append(str(getattr(block, "text", "")))
         else:
             others.append(
-                f"[{kind} {getattr(block, 'mime_type', None) or getattr(block, 'uri', '')}]".replace(
-                    " ]", "]"
-                )
+                f"[{kind} {getattr(block, 'mime_type', None) or getattr(block, 'uri', '')}]".replace(" ]", "]")
             )
     if texts or others:
         return "\n".join([*texts, *others])
@@ -383,11 +365,7 @@ def describe_failure(exc: BaseException, timeout_s: float) -> str:
     message = str(first)
     if "Connection closed" in message:
         return "closed the connection (the server process may have died)"
-    return (
-        f"failed ({type(first).__name__}: {message})"
-        if message
-        else f"failed ({type(first).__name__})"
-    )
+    return f"failed ({type(first).__name__}: {message})" if message else f"failed ({type(first).__name__})"
 
 
 def _leaf_exceptions(exc: BaseException) -> list[BaseException]:
@@ -448,9 +426,7 @@ def _http_client_with_headers(
     async def connect() -> Any:
         async with (
             httpx2.AsyncClient(headers=dict(headers), timeout=timeout_s) as http,
-            Client(
-                streamable_http_client(url, http_client=http), read_timeout_seconds=timeout_s
-            ) as client,
+            Client(streamable_http_client(url, http_client=http), read_timeout_seconds=timeout_s) as client,
         ):
             yield client
 

@@ -44,15 +44,9 @@ class _Instruments:
         from prometheus_client import Counter, Histogram
 
         buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-        self.step = Histogram(
-            "threads_step_duration_seconds", "Model step latency.", ["agent"], buckets=buckets
-        )
-        self.tool = Histogram(
-            "threads_tool_duration_seconds", "Tool call latency.", ["tool"], buckets=buckets
-        )
-        self.tick = Histogram(
-            "threads_reconcile_tick_seconds", "Reconcile tick duration.", buckets=buckets
-        )
+        self.step = Histogram("threads_step_duration_seconds", "Model step latency.", ["agent"], buckets=buckets)
+        self.tool = Histogram("threads_tool_duration_seconds", "Tool call latency.", ["tool"], buckets=buckets)
+        self.tick = Histogram("threads_reconcile_tick_seconds", "Reconcile tick duration.", buckets=buckets)
         self.finished = Counter("threads_runs_finished", "Runs ended by this process.", ["status"])
 
 
@@ -130,12 +124,8 @@ class LedgerCollector:
         for status, count in sorted(snapshot.runs_by_status.items()):
             runs.add_metric([status], count)
         yield runs
-        yield GaugeMetricFamily(
-            "threads_parked_calls", "Tool calls parked for a person.", value=snapshot.parked_calls
-        )
-        awaiting = GaugeMetricFamily(
-            "threads_awaiting_runs", "Runs waiting for a person.", labels=["status"]
-        )
+        yield GaugeMetricFamily("threads_parked_calls", "Tool calls parked for a person.", value=snapshot.parked_calls)
+        awaiting = GaugeMetricFamily("threads_awaiting_runs", "Runs waiting for a person.", labels=["status"])
         for status in ("awaiting_approval", "awaiting_variable", "parked"):
             awaiting.add_metric([status], snapshot.runs_by_status.get(status, 0))
         yield awaiting

@@ -187,8 +187,7 @@ class ModelHistory:
                 if message.text:
                     parts.append(TextPart(content=message.text))
                 parts.extend(
-                    ToolCallPart(tool_name=c.name, args=c.args or "{}", tool_call_id=c.id)
-                    for c in message.tool_calls
+                    ToolCallPart(tool_name=c.name, args=c.args or "{}", tool_call_id=c.id) for c in message.tool_calls
                 )
                 self._closed.append(ModelResponse(parts=parts or [TextPart(content="")]))
             elif message.role == "tool" and message.tool_result is not None:
@@ -209,10 +208,7 @@ def tool_definitions(tools: Sequence[Tool]) -> list[Any]:
     """pydantic-ai ToolDefinitions for our tools."""
     from pydantic_ai.tools import ToolDefinition
 
-    return [
-        ToolDefinition(name=t.name, description=t.description, parameters_json_schema=_schema_of(t))
-        for t in tools
-    ]
+    return [ToolDefinition(name=t.name, description=t.description, parameters_json_schema=_schema_of(t)) for t in tools]
 
 
 _schemas: dict[int, tuple[Tool, dict[str, Any]]] = {}
@@ -273,9 +269,7 @@ async def request_turn_async(
 
     params = ModelRequestParameters(function_tools=tool_definitions(tools), allow_text_output=True)
     messages = (converted or ModelHistory()).messages(system_prompt, history)
-    async with model_request_stream(
-        resolve_model(model), messages, model_request_parameters=params
-    ) as stream:
+    async with model_request_stream(resolve_model(model), messages, model_request_parameters=params) as stream:
         async for event in stream:
             if on_stream is None:
                 continue
@@ -284,9 +278,7 @@ async def request_turn_async(
                 if isinstance(part, TextPart) and part.content:
                     on_stream(StreamEvent("text", event.index, text=part.content))
                 elif isinstance(part, ToolCallPart):
-                    on_stream(
-                        StreamEvent("call", event.index, name=part.tool_name, call_id=part.tool_call_id)
-                    )
+                    on_stream(StreamEvent("call", event.index, name=part.tool_name, call_id=part.tool_call_id))
                     if isinstance(part.args, str) and part.args:
                         on_stream(StreamEvent("args", event.index, text=part.args))
             elif isinstance(event, PartDeltaEvent):
@@ -302,9 +294,7 @@ async def request_turn_async(
         if isinstance(part, TextPart):
             texts.append(part.content)
         elif isinstance(part, ToolCallPart):
-            calls.append(
-                RequestedCall(call_id=part.tool_call_id, name=part.tool_name, args=_args_text(part.args))
-            )
+            calls.append(RequestedCall(call_id=part.tool_call_id, name=part.tool_name, args=_args_text(part.args)))
     usage = response.usage
     return ModelTurn(
         text="".join(texts),

@@ -55,9 +55,7 @@ def wait_for_a_person(
     run's fence when a claim moved it past the one read with ``run``."""
     fence = run.fence if fence is None else fence
     with store.transaction() as tx:
-        moved = tx.advance_run(
-            run.id, fence=fence, now=now, status=status, lease_owner=None, lease_expires_at=None
-        )
+        moved = tx.advance_run(run.id, fence=fence, now=now, status=status, lease_owner=None, lease_expires_at=None)
         if moved is None:
             raise FenceLost(run.id, fence)
         if status == "parked":
@@ -69,9 +67,7 @@ def wait_for_a_person(
             announce_pending(tx, run, call, status=status, reason=reason, now=now)
 
 
-def announce_pending(
-    tx: Tx, run: Run, call: CallRow, *, status: str, reason: str, now: datetime
-) -> None:
+def announce_pending(tx: Tx, run: Run, call: CallRow, *, status: str, reason: str, now: datetime) -> None:
     """A child run's call started to wait for a person: tell every ancestor's event log."""
     payload = {
         "effect_key": call.effect_key,

@@ -42,11 +42,7 @@ def check_call(
     if run.agent_tool_run_id is None and not may_be_remembered(tool.name, tool.effect, own):
         return decide_permission(tool.name, tool.effect, own, approved_for_these_args=approved)
     with store.read() as tx:
-        chain = (
-            tx.thread_chain(run.thread_id)
-            if run.agent_tool_run_id is not None
-            else [(run.thread_id, run.agent)]
-        )
+        chain = tx.thread_chain(run.thread_id) if run.agent_tool_run_id is not None else [(run.thread_id, run.agent)]
         levels = [(thread_id, _permissions_of(registry, name)) for thread_id, name in chain]
         levels[0] = (levels[0][0], own)  # the calling agent as this worker defines it
         wanted = any(may_be_remembered(tool.name, tool.effect, p) for _, p in levels)

@@ -181,7 +181,9 @@ def _by_mode(tool: str, effect: str, rules: Permissions) -> PermissionDecision:
     if rules.mode == "accept_edits":
         if effect in EDIT_EFFECTS:
             return Allow(f"accept_edits mode: {effect} tools run without asking")
-        return Ask(f"{effect} tool {tool!r} asks for approval first (accept_edits accepts only idempotent and reconcilable tools)")
+        return Ask(
+            f"{effect} tool {tool!r} asks for approval first (accept_edits accepts only idempotent and reconcilable tools)"
+        )
     if rules.mode == "plan":
         return Deny(f"plan mode: only read_only tools run, and {tool!r} is {effect}; describe the change instead")
     if rules.mode == "dont_ask":

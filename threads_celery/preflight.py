@@ -60,8 +60,7 @@ def check_database(store: Store) -> str:
     head = head_revision()
     if current != head:
         raise ConfigError(
-            f"the database at {where} is at migration {current or 'none'}, not {head}: "
-            "run `threads-celery db upgrade`"
+            f"the database at {where} is at migration {current or 'none'}, not {head}: run `threads-celery db upgrade`"
         )
     return head
 
@@ -92,9 +91,7 @@ def check_models(agents: Iterable[Agent]) -> None:
     for agent in agents:
         problem = model_problem(agent.model)
         if problem is not None:
-            raise ConfigError(
-                f"agent {agent.name!r}: model {agent.model!r} cannot be used: {problem}"
-            )
+            raise ConfigError(f"agent {agent.name!r}: model {agent.model!r} cannot be used: {problem}")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -105,9 +102,7 @@ def _first_line(exc: BaseException) -> str:
 def one_line(exc: BaseException) -> str:
     """The message of a start-up failure as one line (agent import errors can span several)."""
     message = exc.message if isinstance(exc, ThreadsError) else f"{type(exc).__name__}: {exc}"
-    return " ".join(
-        part.strip() for part in (message or type(exc).__name__).splitlines() if part.strip()
-    )
+    return " ".join(part.strip() for part in (message or type(exc).__name__).splitlines() if part.strip())
 
 
 def refuse(exc: BaseException, *, service: str) -> NoReturn:

@@ -60,7 +60,9 @@ class ProgressReporter:
                 return "coalesced"
             self._last_emit[agent_tool_run_id] = now_mono
         now = self.runtime.clock()
-        snapshot = {k: v for k, v in {"fraction": fraction, "message": message, "phase": phase}.items() if v is not None}
+        snapshot = {
+            k: v for k, v in {"fraction": fraction, "message": message, "phase": phase}.items() if v is not None
+        }
         entries = []
         with self.runtime.store.transaction() as tx:
             row: AgentToolRun | None = tx.get_agent_tool_run(agent_tool_run_id)
@@ -74,7 +76,13 @@ class ProgressReporter:
             else:
                 stored = {**snapshot, "data": data} if persist and data is not None else snapshot
                 tx.update_agent_tool_run(agent_tool_run_id, progress=stored)
-                tx.append_event(row.parent_thread_id, row.parent_run_id, "agent_tool.progress", {"run_id": row.run_id, **stored}, now)
+                tx.append_event(
+                    row.parent_thread_id,
+                    row.parent_run_id,
+                    "agent_tool.progress",
+                    {"run_id": row.run_id, **stored},
+                    now,
+                )
             child_signal(tx, agent_tool_run_id, now)
         self.runtime.publish(entries)
         self._call_on_progress(row, {**snapshot, "milestone": milestone, "data": data})

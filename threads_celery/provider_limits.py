@@ -50,13 +50,9 @@ class RateLimit:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(
-                    f"{RATE_LIMITS_VARIABLE}: {name} must be a positive whole number, not {value!r}"
-                )
+                raise ConfigError(f"{RATE_LIMITS_VARIABLE}: {name} must be a positive whole number, not {value!r}")
         if self.requests_per_minute is None and self.tokens_per_minute is None:
-            raise ConfigError(
-                f"{RATE_LIMITS_VARIABLE}: set requests_per_minute, tokens_per_minute or both"
-            )
+            raise ConfigError(f"{RATE_LIMITS_VARIABLE}: set requests_per_minute, tokens_per_minute or both")
 
 
 def rate_limits_from_json(raw: str) -> dict[str, RateLimit]:
@@ -89,9 +85,7 @@ def retry_for_from_env(raw: str | None) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(
-            f"{RETRY_FOR_VARIABLE} must be a number of seconds, not {raw!r}"
-        ) from None
+        raise ConfigError(f"{RETRY_FOR_VARIABLE} must be a number of seconds, not {raw!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{RETRY_FOR_VARIABLE} must be a positive number of seconds, not {raw!r}")
     return value

@@ -33,12 +33,7 @@ def release_and_retry(
     from .runtime import RetryLater
 
     with runtime.store.transaction() as tx:
-        if (
-            tx.advance_run(
-                run.id, fence=fence, now=runtime.clock(), lease_owner=None, lease_expires_at=None
-            )
-            is None
-        ):
+        if tx.advance_run(run.id, fence=fence, now=runtime.clock(), lease_owner=None, lease_expires_at=None) is None:
             raise FenceLost(run.id, fence)
         if event is not None:
             tx.append_event(run.thread_id, run.id, RETRY_EVENT, event, runtime.clock())
@@ -55,14 +50,10 @@ def wait_for_window(runtime: Runtime, run: Run, fence: int, provider: str) -> No
             provider,
             wait,
         )
-        release_and_retry(
-            runtime, run, fence, wait, f"{provider} rate limit: waiting for the next window"
-        )
+        release_and_retry(runtime, run, fence, wait, f"{provider} rate limit: waiting for the next window")
 
 
-def provider_failed(
-    runtime: Runtime, run: Run, fence: int, step: int, exc: Exception
-) -> str | None:
+def provider_failed(runtime: Runtime, run: Run, fence: int, step: int, exc: Exception) -> str | None:
     """Wait out a transient provider failure (429, 5xx, timeout) for at most the configured time.
 
     Returns None when the failure is not transient (the caller's attempt-based retry applies);
@@ -76,9 +67,7 @@ def provider_failed(
     with runtime.store.read() as tx:
         last = tx.last_event_of(run.thread_id, run.id, RETRY_EVENT)
     same_step = last is not None and last.get("step") == step
-    first_failed_at = (
-        datetime.fromisoformat(str(last["first_failed_at"])) if same_step and last else now
-    )
+    first_failed_at = datetime.fromisoformat(str(last["first_failed_at"])) if same_step and last else now
     failures = int(last.get("failures", 0)) + 1 if same_step and last else 1
     decision = decide_provider_retry(
         failure,

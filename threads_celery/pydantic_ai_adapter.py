@@ -71,9 +71,7 @@ class PydanticAIAgent(Agent):
     #: ``"module:function"`` of the factory that builds the tools' dependencies (None: no deps).
     deps_factory: str | None = None
 
-    def __init__(
-        self, *args: Any, output_type: Any = str, deps_factory: str | None = None, **kwargs: Any
-    ) -> None:
+    def __init__(self, *args: Any, output_type: Any = str, deps_factory: str | None = None, **kwargs: Any) -> None:
         self.output_type = output_type
         self.deps_factory = deps_factory
         self._deps_by_thread = threading.local()
@@ -152,15 +150,11 @@ def from_pydantic_ai(
         raise ConfigError(f"from_pydantic_ai takes a pydantic_ai.Agent, not {type(agent).__name__}")
     agent_name = name or agent.name
     if not agent_name:
-        raise ConfigError(
-            "the Pydantic AI agent has no name: pass from_pydantic_ai(agent, name=...)"
-        )
+        raise ConfigError("the Pydantic AI agent has no name: pass from_pydantic_ai(agent, name=...)")
     owner = f"agent {agent_name!r}"
     base_model = model if model is not None else agent.model
     if base_model is None:
-        raise ConfigError(
-            f"{owner}: the Pydantic AI agent has no model: pass from_pydantic_ai(agent, model=...)"
-        )
+        raise ConfigError(f"{owner}: the Pydantic AI agent has no model: pass from_pydantic_ai(agent, model=...)")
     _refuse_what_does_not_carry_over(agent, owner)
     factory_path = factory_reference(owner, deps) if deps is not None else None
     deps_type = getattr(agent, "deps_type", type(None))
@@ -180,23 +174,17 @@ def from_pydantic_ai(
             f"(its tools: {', '.join(sorted(function_tools)) or 'none'})"
         )
     if output is not None and OUTPUT_TOOL in function_tools:
-        raise ConfigError(
-            f"{owner}: a tool may not be named {OUTPUT_TOOL!r} when the agent has an output type"
-        )
+        raise ConfigError(f"{owner}: a tool may not be named {OUTPUT_TOOL!r} when the agent has an output type")
 
     holder: dict[str, PydanticAIAgent] = {}
     tools: list[SchemaTool] = []
     for tool_name, pai_tool in function_tools.items():
-        effect, window, reconcile = stated_effect(
-            owner, tool_name, stated.get(tool_name, "unguarded"), dedup_window_ms
-        )
+        effect, window, reconcile = stated_effect(owner, tool_name, stated.get(tool_name, "unguarded"), dedup_window_ms)
         tools.append(_durable_tool(pai_tool, effect, window, reconcile, holder))
     if output is not None:
         tools.append(output.tool())
     if permissions is None:
-        needs_approval = [
-            n for n, t in function_tools.items() if getattr(t, "requires_approval", False)
-        ]
+        needs_approval = [n for n, t in function_tools.items() if getattr(t, "requires_approval", False)]
         permissions = Permissions(ask=needs_approval)
 
     durable = PydanticAIAgent(
@@ -217,9 +205,7 @@ def from_pydantic_ai(
 def _model_settings(agent: Any, owner: str) -> dict[str, Any]:
     settings = agent.model_settings
     if callable(settings):
-        raise ConfigError(
-            f"{owner}: model settings computed per run do not carry over; give a mapping"
-        )
+        raise ConfigError(f"{owner}: model settings computed per run do not carry over; give a mapping")
     return dict(settings or {})
 
 
@@ -258,9 +244,7 @@ def resolve_factory(path: str) -> DepsFactory:
         for part in qualname.split("."):
             value = getattr(value, part)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(
-            f"the dependency factory {path!r} cannot be imported in this worker: {exc}"
-        ) from None
+        raise ConfigError(f"the dependency factory {path!r} cannot be imported in this worker: {exc}") from None
     if not callable(value):
         raise ConfigError(f"the dependency factory {path!r} is not callable")
     factory: DepsFactory = value
@@ -335,13 +319,9 @@ def _refuse_what_does_not_carry_over(agent: Any, owner: str) -> None:
         )
     for tool_name, pai_tool in agent._function_toolset.tools.items():
         if getattr(pai_tool, "prepare", None) is not None:
-            raise ConfigError(
-                f"{owner}: tool {tool_name!r} has a prepare function, which does not carry over"
-            )
+            raise ConfigError(f"{owner}: tool {tool_name!r} has a prepare function, which does not carry over")
     if getattr(agent, "_output_validators", None):
-        raise ConfigError(
-            f"{owner}: output validators do not carry over; validate in the output type instead"
-        )
+        raise ConfigError(f"{owner}: output validators do not carry over; validate in the output type instead")
 
 
 # -- instructions ---------------------------------------------------------------------------------
@@ -375,9 +355,7 @@ def _instructions(agent: Any, holder: dict[str, PydanticAIAgent]) -> str | Calla
 
     # The config fingerprint reads a callable's __qualname__: make it name every part.
     names = [p if isinstance(p, str) else f"{p.__module__}.{p.__qualname__}" for p in parts]
-    render.__qualname__ = (
-        "pydantic_ai_instructions:" + hashlib.sha256(json.dumps(names).encode()).hexdigest()[:16]
-    )
+    render.__qualname__ = "pydantic_ai_instructions:" + hashlib.sha256(json.dumps(names).encode()).hexdigest()[:16]
     return render
 
 
@@ -397,9 +375,7 @@ class _OutputSpec:
     def for_type(cls, output_type: Any) -> _OutputSpec | None:
         if output_type is str or output_type is None:
             return None
-        if isinstance(output_type, list | tuple) or type(output_type).__module__.startswith(
-            "pydantic_ai"
-        ):
+        if isinstance(output_type, list | tuple) or type(output_type).__module__.startswith("pydantic_ai"):
             raise ConfigError(
                 f"output_type {output_type!r} does not carry over: use str or a single type (a model, a "
                 "dataclass, a TypedDict, ...)"
@@ -449,9 +425,7 @@ class _OutputSpec:
             try:
                 self.validate_args(values)
             except (ValidationError, ValueError) as exc:
-                why = (
-                    describe_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
-                )
+                why = describe_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
                 raise ToolArgumentsError(f"the final result is not valid: {why}") from None
             return values
 
@@ -551,9 +525,7 @@ class DurableModel(WrapperModel):
                     value = self._output.validate_args(part.args)
                 except (ValidationError, ValueError):
                     return response
-                return dataclasses.replace(
-                    response, parts=[TextPart(content=self._output.to_json(value))]
-                )
+                return dataclasses.replace(response, parts=[TextPart(content=self._output.to_json(value))])
         return response
 
     def _streams(self) -> bool:
@@ -567,9 +539,7 @@ class DurableModel(WrapperModel):
         model_request_parameters: ModelRequestParameters,
     ) -> ModelResponse:
         params = self._parameters(model_request_parameters)
-        return self._finalise(
-            await self.inner.request(messages, self._merged_settings(model_settings), params)
-        )
+        return self._finalise(await self.inner.request(messages, self._merged_settings(model_settings), params))
 
     @asynccontextmanager
     async def request_stream(
@@ -588,9 +558,7 @@ class DurableModel(WrapperModel):
         # Whether the output call is valid is only known once the answer is complete (and a
         # FunctionModel without a stream function answers whole): take the answer whole.
         response = self._finalise(await self.inner.request(messages, settings, params))
-        yield CompletedStreamedResponse(
-            response, model_request_parameters=params, replay_events=True
-        )
+        yield CompletedStreamedResponse(response, model_request_parameters=params, replay_events=True)
 
 
 __all__ = ["PydanticAIAgent", "factory_reference", "from_pydantic_ai", "resolve_factory"]

@@ -83,9 +83,7 @@ class RedisWindows:
             if self._client is None:
                 import redis
 
-                self._client = redis.Redis.from_url(
-                    self.url, socket_timeout=5, socket_connect_timeout=5
-                )
+                self._client = redis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=5)
             return self._client
 
     def acquire(self, provider: str, now: datetime) -> float | None:

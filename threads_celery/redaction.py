@@ -109,7 +109,11 @@ def redact_value(value: Any, secrets: Sequence[str]) -> Any:
     if isinstance(value, dict):
         return {redact_value(k, secrets): redact_value(v, secrets) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(redact_value(v, secrets) for v in value) if type(value) in (list, tuple) else [redact_value(v, secrets) for v in value]
+        return (
+            type(value)(redact_value(v, secrets) for v in value)
+            if type(value) in (list, tuple)
+            else [redact_value(v, secrets) for v in value]
+        )
     if isinstance(value, (set, frozenset)):
         return [redact_value(v, secrets) for v in value]
     return value

@@ -119,13 +119,10 @@ def submit_run(
             raise ThreadNotFound(thread_id)
         else:
             if thread.agent != agent:
-                raise ConfigError(
-                    f"thread {thread_id!r} belongs to agent {thread.agent!r}, not {agent!r}"
-                )
+                raise ConfigError(f"thread {thread_id!r} belongs to agent {thread.agent!r}, not {agent!r}")
             if thread.config_hash != config_hash:
                 raise ConfigError(
-                    f"agent {agent!r} changed since thread {thread_id!r} began; "
-                    "a config change starts a new thread"
+                    f"agent {agent!r} changed since thread {thread_id!r} began; a config change starts a new thread"
                 )
     # The run's span, under whatever is current (a request, a parent's tool call): its context
     # is stored, so every task of the run joins the same trace (threads_celery.tracing).
@@ -268,7 +265,10 @@ def _settle_waiting_calls(tx: Tx, run: Run, reason: str, now: datetime) -> None:
         if call.status not in WAITING_CALL_STATUSES:
             continue
         if call.status == "parked":
-            status, text = "error", f"not settled: the run was cancelled ({reason}); the call was interrupted and may have taken effect"
+            status, text = (
+                "error",
+                f"not settled: the run was cancelled ({reason}); the call was interrupted and may have taken effect",
+            )
         else:
             status, text = "skipped", f"not run: the run was cancelled ({reason})"
         tx.settle_call(call.effect_key, status=status, result=text, is_error=True, now=now)
@@ -281,7 +281,14 @@ def _settle_waiting_calls(tx: Tx, run: Run, reason: str, now: datetime) -> None:
             tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=text, is_error=True),
         )
         tx.delete_outbox(call.effect_key)
-        payload = {"run_id": run.id, "effect_key": call.effect_key, "name": call.tool, "was": call.status, "status": status, "reason": text}
+        payload = {
+            "run_id": run.id,
+            "effect_key": call.effect_key,
+            "name": call.tool,
+            "was": call.status,
+            "status": status,
+            "reason": text,
+        }
         tx.append_event(run.thread_id, run.id, "tool_call_cancelled", payload, now)
 
 
@@ -327,7 +334,12 @@ def record_call_result(
     if run.agent_tool_run_id is not None:
         from .agent_tools import child_signal
 
-        child_signal(tx, run.agent_tool_run_id, now, chunk={"role": "tool", "name": call.tool, "text": content, "is_error": is_error})
+        child_signal(
+            tx,
+            run.agent_tool_run_id,
+            now,
+            chunk={"role": "tool", "name": call.tool, "text": content, "is_error": is_error},
+        )
     if ends_turn and not is_error:
         skipped = _skip_rest_of_step(tx, run, call, seq + 1, now)
         entries = finish(tx, run, fence=moved, status="completed", now=now, output=_last_assistant_text(tx, run))

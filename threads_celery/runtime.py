@@ -233,9 +233,7 @@ class Runtime:
         plan = batches.plan_groups([self._may_run_concurrently(run, agent, t) for _, _, t in calls])
         entries: list[OutboxEntry] = []
         with self.store.transaction() as tx:
-            moved = tx.advance_run(
-                run.id, fence=fence, now=now, step=step + 1, lease_owner=None, lease_expires_at=None
-            )
+            moved = tx.advance_run(run.id, fence=fence, now=now, step=step + 1, lease_owner=None, lease_expires_at=None)
             if moved is None:
                 raise FenceLost(run.id, fence)
             self._record_usage(tx, run, step, agent, turn, now)
@@ -300,9 +298,7 @@ class Runtime:
                     entries.append(entry)
                 outcome = f"called {', '.join(r.name for _, r, _ in calls)}"
             else:
-                entries.extend(
-                    runs.finish(tx, run, fence=moved, status="completed", now=now, output=turn.text)
-                )
+                entries.extend(runs.finish(tx, run, fence=moved, status="completed", now=now, output=turn.text))
                 outcome = "completed"
         self.publish(entries)
         if outcome == "completed":
@@ -340,14 +336,19 @@ class Runtime:
         if attempt < self.settings.model_retries and not permanent:
             # Give the lease back so the retry (on any worker) can claim at once.
             with self.store.transaction() as tx:
-                if tx.advance_run(run.id, fence=fence, now=self.clock(), lease_owner=None, lease_expires_at=None) is None:
+                if (
+                    tx.advance_run(run.id, fence=fence, now=self.clock(), lease_owner=None, lease_expires_at=None)
+                    is None
+                ):
                     raise FenceLost(run.id, fence)
             log.warning("run %s step %d failed (attempt %d), retrying: %s", run.id, step, attempt + 1, reason)
             raise RetryLater(min(2.0**attempt, 30.0), reason)
         self._finish(run, fence, "error", error=f"model step {step} failed after {attempt + 1} attempts: {reason}")
         return f"error: {reason}"
 
-    def _finish(self, run: Run, fence: int, status: str, *, output: str | None = None, error: str | None = None) -> None:
+    def _finish(
+        self, run: Run, fence: int, status: str, *, output: str | None = None, error: str | None = None
+    ) -> None:
         with self.store.transaction() as tx:
             entries = runs.finish(tx, run, fence=fence, status=status, now=self.clock(), output=output, error=error)
         self.publish(entries)
@@ -394,7 +395,9 @@ class Runtime:
             return self._commit_call(run, run.fence, call, tool, render_result(decision.value), is_error=False)
         if isinstance(decision, (Proceed, RunAgain)):
             with (
-                tracing.tool_span(run.traceparent, run_id=run.id, effect_key=effect_key, tool=call.tool, effect=call.effect),
+                tracing.tool_span(
+                    run.traceparent, run_id=run.id, effect_key=effect_key, tool=call.tool, effect=call.effect
+                ),
                 metrics.timed_tool(call.tool),
             ):
                 return self._execute(run, call, agent, tool, now)
@@ -563,7 +566,9 @@ class Runtime:
             except StoreUnavailable as exc:
                 if time.monotonic() + delay >= deadline:
                     raise
-                log.warning("call %s: cannot commit its result yet, retrying in %.1f s: %s", call.effect_key, delay, exc)
+                log.warning(
+                    "call %s: cannot commit its result yet, retrying in %.1f s: %s", call.effect_key, delay, exc
+                )
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
             except FenceLost:
@@ -643,7 +648,9 @@ class Runtime:
         self.publish(entries)
         return outcome
 
-    def _commit_call_in_one(self, run: Run, fence: int, call: CallRow, content: str, *, is_error: bool, own_outbox: bool) -> str:
+    def _commit_call_in_one(
+        self, run: Run, fence: int, call: CallRow, content: str, *, is_error: bool, own_outbox: bool
+    ) -> str:
         """The common result commit as one statement and one round trip (PostgreSQL).
 
         Writes what :func:`runs.record_call_result` writes for a call that neither ends the turn

@@ -186,10 +186,15 @@ def run_code(
                 stdin_file.seek(0)
         except (OSError, UnicodeError) as exc:
             return _not_started(f"could not prepare the code to run: {exc}")
-        spec = {"limits": _limits(lang, timeout_s, memory_mb, sandboxed=bwrap is not None), "argv": [*interpreter, entry.name]}
+        spec = {
+            "limits": _limits(lang, timeout_s, memory_mb, sandboxed=bwrap is not None),
+            "argv": [*interpreter, entry.name],
+        }
         command = [*argv, json.dumps(spec)]
         if bwrap is not None:
-            command = isolation.bwrap_argv(bwrap, scratch=workdir, command=command, network=network, extra_read_only=mounts)
+            command = isolation.bwrap_argv(
+                bwrap, scratch=workdir, command=command, network=network, extra_read_only=mounts
+            )
         return _supervise(
             command,
             workdir if bwrap is None else Path("/"),
@@ -361,7 +366,9 @@ def _supervise(
     exit_code = proc.wait()
     if exit_code == -signal.SIGXCPU:
         timed_out = True  # the CPU-time backstop fired before the wall clock
-    return _result(exit_code, stdout.text(), stderr.text(), timed_out=timed_out, cancelled=cancelled, timeout_s=timeout_s)
+    return _result(
+        exit_code, stdout.text(), stderr.text(), timed_out=timed_out, cancelled=cancelled, timeout_s=timeout_s
+    )
 
 
 def _asked_to_cancel(cancel: Callable[[], bool]) -> bool:

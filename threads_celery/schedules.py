@@ -8,8 +8,14 @@ Declare schedules in the module that defines the agent, as a module-level list n
 
     SCHEDULES = [
         Schedule("nightly-report", agent, "Write last night's report.", every=crontab(hour=2, minute=0)),
-        Schedule("inbox-sweep", "triage", "Sweep the inbox.", every=timedelta(minutes=15),
-                 thread="accumulate", missed="run_once"),
+        Schedule(
+            "inbox-sweep",
+            "triage",
+            "Sweep the inbox.",
+            every=timedelta(minutes=15),
+            thread="accumulate",
+            missed="run_once",
+        ),
     ]
 
 How it runs. Beat (``celery -A tasks beat``, whose scheduler is ``beat.schedule.Scheduler``) publishes
@@ -217,7 +223,9 @@ class Timing:
         raise ConfigError(f"{self.describe()} matches no time within {_MAX_DAYS} days")
 
 
-def beat_slot(timing: Timing, missed: MissedPolicy, last_published: datetime | None, now: datetime) -> tuple[datetime | None, bool]:
+def beat_slot(
+    timing: Timing, missed: MissedPolicy, last_published: datetime | None, now: datetime
+) -> tuple[datetime | None, bool]:
     """What Beat publishes at ``now``: ``(slot or None, whether slots were missed)``.
 
     Slots were missed when more than one slot passed since ``last_published`` (Beat was down
@@ -319,7 +327,6 @@ class Schedule:
             and self.enabled == other.enabled
             and (self.message == other.message if isinstance(self.message, str) else self.message is other.message)
         )
-
 
 
 class ScheduleRegistry:

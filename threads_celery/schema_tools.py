@@ -76,22 +76,16 @@ def schema_tool(
 ) -> SchemaTool:
     """A :class:`SchemaTool`, with the effect rules of :func:`~threads_celery.tools.tool`."""
     if effect not in EFFECTS:
-        raise ConfigError(
-            f"tool {name!r}: effect must be one of {', '.join(EFFECTS)}, not {effect!r}"
-        )
+        raise ConfigError(f"tool {name!r}: effect must be one of {', '.join(EFFECTS)}, not {effect!r}")
     if effect == "idempotent" and (
-        isinstance(dedup_window_ms, bool)
-        or not isinstance(dedup_window_ms, int)
-        or dedup_window_ms <= 0
+        isinstance(dedup_window_ms, bool) or not isinstance(dedup_window_ms, int) or dedup_window_ms <= 0
     ):
         raise ConfigError(
             f"tool {name!r}: effect='idempotent' needs dedup_window_ms, a positive number of "
             "milliseconds during which a repeated call is harmless"
         )
     if effect == "reconcilable" and not isinstance(reconcile, Reconcile):
-        raise ConfigError(
-            f"tool {name!r}: effect='reconcilable' needs a Reconcile(finality=..., lookup=...)"
-        )
+        raise ConfigError(f"tool {name!r}: effect='reconcilable' needs a Reconcile(finality=..., lookup=...)")
     if not description.strip():
         description = f"The {name} tool."
     return SchemaTool(
@@ -128,18 +122,13 @@ def stated_effect(
         return "reconcilable", None, choice
     if choice not in EFFECTS:
         raise ConfigError(
-            f"{owner}: the effect of {tool_name!r} must be one of {', '.join(EFFECTS)} or a Reconcile, "
-            f"not {choice!r}"
+            f"{owner}: the effect of {tool_name!r} must be one of {', '.join(EFFECTS)} or a Reconcile, not {choice!r}"
         )
     if choice == "reconcilable":
-        raise ConfigError(
-            f"{owner}: state {tool_name!r} as reconcilable with a Reconcile(finality=..., lookup=...)"
-        )
+        raise ConfigError(f"{owner}: state {tool_name!r} as reconcilable with a Reconcile(finality=..., lookup=...)")
     if choice != "idempotent":
         return choice, None, None
-    window = (
-        dedup_window_ms.get(tool_name) if isinstance(dedup_window_ms, Mapping) else dedup_window_ms
-    )
+    window = dedup_window_ms.get(tool_name) if isinstance(dedup_window_ms, Mapping) else dedup_window_ms
     if window is None:
         raise ConfigError(
             f"{owner}: {tool_name!r} is idempotent but no dedup_window_ms says for how long a repeated "

@@ -102,8 +102,14 @@ class Settings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer (0: no limit), not {value!r}")
-        if isinstance(self.max_parallel_tool_calls, bool) or not isinstance(self.max_parallel_tool_calls, int) or self.max_parallel_tool_calls < 1:
-            raise ConfigError(f"max_parallel_tool_calls must be a positive integer, not {self.max_parallel_tool_calls!r}")
+        if (
+            isinstance(self.max_parallel_tool_calls, bool)
+            or not isinstance(self.max_parallel_tool_calls, int)
+            or self.max_parallel_tool_calls < 1
+        ):
+            raise ConfigError(
+                f"max_parallel_tool_calls must be a positive integer, not {self.max_parallel_tool_calls!r}"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

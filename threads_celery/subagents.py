@@ -73,7 +73,9 @@ def lifecycle_tools(relationships: list[SubagentRelationship]) -> list[Tool]:
 
     return [
         definition("subagents", "List the subagent instances of this conversation.", ListIn, "list"),
-        definition("subagent_create", f"Create a subagent instance and get its reply. Kinds: {kinds}", CreateIn, "create"),
+        definition(
+            "subagent_create", f"Create a subagent instance and get its reply. Kinds: {kinds}", CreateIn, "create"
+        ),
         definition("subagent_message", "Send a subagent instance a message and get its reply.", MessageIn, "message"),
     ]
 
@@ -82,7 +84,9 @@ def _dispatched(inp: Any, ctx: Any) -> Any:
     raise RuntimeError("subagent tools are dispatched by the runtime")
 
 
-def subagent_call(runtime: Runtime, run: Run, call: CallRow, agent: Agent, tool_: Tool, parsed: Any, now: datetime) -> str:
+def subagent_call(
+    runtime: Runtime, run: Run, call: CallRow, agent: Agent, tool_: Tool, parsed: Any, now: datetime
+) -> str:
     """Carry out one lifecycle call; errors go back to the model as the call's result."""
     relationships = {r.name: r for r in agent.subagents}
     if tool_.subagent_op == "list":
@@ -105,16 +109,22 @@ def subagent_call(runtime: Runtime, run: Run, call: CallRow, agent: Agent, tool_
         relationship = relationships.get(parsed.subagent)
         if relationship is None or relationship.hidden:
             known = ", ".join(sorted(n for n, r in relationships.items() if not r.hidden)) or "none"
-            return runtime._commit_call(run, run.fence, call, tool_, f"unknown subagent {parsed.subagent!r}; known: {known}", is_error=True)
+            return runtime._commit_call(
+                run, run.fence, call, tool_, f"unknown subagent {parsed.subagent!r}; known: {known}", is_error=True
+            )
         return runtime._dispatch_child(
             run, call, _labelled(tool_, relationship), parsed, now, child=relationship.agent, input_value=parsed.message
         )
     if tool_.subagent_op == "message":
         with runtime.store.read() as tx:
             thread = tx.get_thread(parsed.instance_id)
-        relationship = next((r for r in relationships.values() if thread is not None and r.agent.name == thread.agent), None)
+        relationship = next(
+            (r for r in relationships.values() if thread is not None and r.agent.name == thread.agent), None
+        )
         if thread is None or thread.parent_thread_id != run.thread_id or relationship is None:
-            return runtime._commit_call(run, run.fence, call, tool_, f"unknown subagent instance {parsed.instance_id!r}", is_error=True)
+            return runtime._commit_call(
+                run, run.fence, call, tool_, f"unknown subagent instance {parsed.instance_id!r}", is_error=True
+            )
         return runtime._dispatch_child(
             run,
             call,

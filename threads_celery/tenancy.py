@@ -4,7 +4,7 @@
 (its caller is ``api:<first 8 hex of the token's SHA-256>`` in the ``default`` tenant, so a
 one-tenant set-up needs nothing new), or ``principal@tenant=token``::
 
-    THREADS_API_TOKENS="alice@acme=tok_a1,ci-bot@acme=tok_a2,bob@globex=tok_b1"
+    THREADS_API_TOKENS = "alice@acme=tok_a1,ci-bot@acme=tok_a2,bob@globex=tok_b1"
 
 Every thread belongs to one tenant: the tenant of the token that started it, and for a child
 thread (agent tool, subagent, prompt tool) its parent's. A caller sees, lists, streams, cancels

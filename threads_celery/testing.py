@@ -51,9 +51,7 @@ def call(name: str, args: dict[str, Any] | str | None = None, /, **kwargs: Any) 
 
 def calls(*pairs: tuple[str, dict[str, Any] | str]) -> Reply:
     """A turn that calls several tools, in order."""
-    return Reply(
-        calls=tuple((name, a if isinstance(a, str) else json.dumps(a)) for name, a in pairs)
-    )
+    return Reply(calls=tuple((name, a if isinstance(a, str) else json.dumps(a)) for name, a in pairs))
 
 
 ScriptEntry = Reply | str | Callable[[list[ModelMessage]], "Reply | str"]
@@ -88,9 +86,7 @@ class ScriptedModel(FunctionModel):
         """The scripted reply for a conversation."""
         turn = self._turn_index(messages)
         if turn >= len(self.script):
-            raise ScriptExhausted(
-                f"the script has {len(self.script)} turns and turn {turn + 1} was asked for"
-            )
+            raise ScriptExhausted(f"the script has {len(self.script)} turns and turn {turn + 1} was asked for")
         entry = self.script[turn]
         if callable(entry) and not isinstance(entry, Reply):
             entry = entry(messages)
@@ -129,9 +125,7 @@ class ScriptedModel(FunctionModel):
         for start in range(0, len(reply.text), size):
             yield reply.text[start : start + size]
         for i, (name, args) in enumerate(reply.calls):
-            yield {
-                i: DeltaToolCall(name=name, json_args="", tool_call_id=self._call_id(messages, i))
-            }
+            yield {i: DeltaToolCall(name=name, json_args="", tool_call_id=self._call_id(messages, i))}
             for start in range(0, len(args), size):
                 yield {i: DeltaToolCall(json_args=args[start : start + size])}
         if not reply.text and not reply.calls:

@@ -100,17 +100,14 @@ class Tool:
                 data = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise ToolArgumentsError(
-                    f"the arguments are not valid JSON ({exc.msg} at position {exc.pos}); "
-                    "send one JSON object"
+                    f"the arguments are not valid JSON ({exc.msg} at position {exc.pos}); send one JSON object"
                 ) from None
             except RecursionError:
                 raise ToolArgumentsError(TOO_DEEP) from None
         else:
             data = raw
         if not isinstance(data, dict):
-            raise ToolArgumentsError(
-                f"the arguments must be a JSON object, not {type(data).__name__}"
-            )
+            raise ToolArgumentsError(f"the arguments must be a JSON object, not {type(data).__name__}")
         try:
             return self.input.model_validate(data)
         except ValidationError as exc:
@@ -128,8 +125,7 @@ class Tool:
             return self._output_adapter.validate_python(value)
         except ValidationError as exc:
             raise ToolOutputError(
-                f"tool {self.name!r} returned a result that fails its output schema: "
-                f"{describe_validation_error(exc)}"
+                f"tool {self.name!r} returned a result that fails its output schema: {describe_validation_error(exc)}"
             ) from None
 
 
@@ -204,9 +200,7 @@ def tool(
     if reconcile is not None and effect != "reconcilable":
         raise ConfigError(f"tool {name!r}: reconcile is only for effect='reconcilable'")
     if effect == "reconcilable" and not isinstance(reconcile, Reconcile):
-        raise ConfigError(
-            f"tool {name!r}: effect='reconcilable' needs reconcile=Reconcile(finality=..., lookup=...)"
-        )
+        raise ConfigError(f"tool {name!r}: effect='reconcilable' needs reconcile=Reconcile(finality=..., lookup=...)")
     if progress_argument is not None:
         _check_progress_argument(name, input, progress_argument)
     refused = check_queue_name(f"tool {name!r}", queue)
@@ -216,8 +210,7 @@ def tool(
         raise ConfigError(f"tool {name!r}: concurrent must be True or False, not {concurrent!r}")
     if concurrent and effect != "read_only":
         raise ConfigError(
-            f"tool {name!r}: concurrent=True is only for effect='read_only' (a {effect} call must run "
-            "alone, in order)"
+            f"tool {name!r}: concurrent=True is only for effect='read_only' (a {effect} call must run alone, in order)"
         )
     if concurrent and ends_turn:
         raise ConfigError(f"tool {name!r}: concurrent=True cannot be combined with ends_turn=True")
@@ -244,13 +237,10 @@ def tool(
 def _check_progress_argument(name: str, input: type[BaseModel], argument: str) -> None:
     field_info = input.model_fields.get(argument)
     if field_info is None:
-        raise ConfigError(
-            f"tool {name!r}: progress_argument {argument!r} is not a field of {input.__name__}"
-        )
+        raise ConfigError(f"tool {name!r}: progress_argument {argument!r} is not a field of {input.__name__}")
     if field_info.annotation is not str:
         raise ConfigError(
-            f"tool {name!r}: progress_argument {argument!r} must be a str field, "
-            f"not {field_info.annotation!r}"
+            f"tool {name!r}: progress_argument {argument!r} must be a str field, not {field_info.annotation!r}"
         )
 
 

@@ -31,9 +31,7 @@ def _tracer() -> Any | None:
     return trace.get_tracer(TRACER_NAME)
 
 
-def start_run_span(
-    run_id: str, thread_id: str, agent: str, *, parent_run_id: str | None = None
-) -> str | None:
+def start_run_span(run_id: str, thread_id: str, agent: str, *, parent_run_id: str | None = None) -> str | None:
     """Record the run's span under the current context; its ``traceparent``, or None untraced."""
     tracer = _tracer()
     if tracer is None:
@@ -63,9 +61,7 @@ def run_child_span(traceparent: str | None, name: str, attributes: dict[str, Any
     from opentelemetry.trace import Status, StatusCode
 
     parent = extract({"traceparent": traceparent})
-    with tracer.start_as_current_span(
-        name, context=parent, attributes=attributes, record_exception=False
-    ) as span:
+    with tracer.start_as_current_span(name, context=parent, attributes=attributes, record_exception=False) as span:
         try:
             yield span
         except Exception as exc:
@@ -84,9 +80,7 @@ def step_span(traceparent: str | None, *, run_id: str, step: int, agent: str) ->
     )
 
 
-def tool_span(
-    traceparent: str | None, *, run_id: str, effect_key: str, tool: str, effect: str
-) -> Any:
+def tool_span(traceparent: str | None, *, run_id: str, effect_key: str, tool: str, effect: str) -> Any:
     """``threads.tool``: one tool call of a run."""
     return run_child_span(
         traceparent,

@@ -85,9 +85,7 @@ class Limits:
         for f in fields(self):
             _positive_number("Limits", f.name, getattr(self, f.name), whole=f.name != "cost")
         if all(getattr(self, f.name) is None for f in fields(self)):
-            raise ConfigError(
-                "Limits: set at least one of requests, input_tokens, output_tokens, total_tokens, cost"
-            )
+            raise ConfigError("Limits: set at least one of requests, input_tokens, output_tokens, total_tokens, cost")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,9 +128,7 @@ class LimitReached:
 
     @property
     def message(self) -> str:
-        what = {"run": "this run", "thread": "this thread", "agent-day": "this agent today (UTC)"}[
-            self.scope
-        ]
+        what = {"run": "this run", "thread": "this thread", "agent-day": "this agent today (UTC)"}[self.scope]
         used = f"{self.used:g}" if self.measure == "cost" else str(int(self.used))
         return f"{LIMIT_REASON}: {what} used {used} {self.measure.replace('_', ' ')}, its limit is {self.limit:g}"
 
@@ -185,19 +181,13 @@ class Prices:
         table: dict[str, Price] = {}
         for model, price in data.items():
             if not isinstance(price, dict) or set(price) != {"input", "output"}:
-                raise ConfigError(
-                    f"{source}: {model!r} needs exactly 'input' and 'output' (per million tokens)"
-                )
+                raise ConfigError(f"{source}: {model!r} needs exactly 'input' and 'output' (per million tokens)")
             for side in ("input", "output"):
                 value = price[side]
                 if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise ConfigError(
-                        f"{source}: {model!r} {side} price must be a number, not {value!r}"
-                    )
+                    raise ConfigError(f"{source}: {model!r} {side} price must be a number, not {value!r}")
                 if not math.isfinite(value) or value < 0:
-                    raise ConfigError(
-                        f"{source}: {model!r} {side} price must be zero or more, not {value!r}"
-                    )
+                    raise ConfigError(f"{source}: {model!r} {side} price must be zero or more, not {value!r}")
             table[str(model)] = Price(float(price["input"]), float(price["output"]))
         return cls(table)
 

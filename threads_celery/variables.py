@@ -138,7 +138,16 @@ def resolve(
 class ThreadEnv:
     """The variables one tool call can read: its declarations resolved against its thread."""
 
-    def __init__(self, store: Store, registry: AgentRegistry, thread_id: str, declarations: Mapping[str, Variable], *, owner: str, box: SecretBox | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        registry: AgentRegistry,
+        thread_id: str,
+        declarations: Mapping[str, Variable],
+        *,
+        owner: str,
+        box: SecretBox | None = None,
+    ) -> None:
         self.store = store
         self.registry = registry
         self.thread_id = thread_id

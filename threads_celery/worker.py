@@ -276,7 +276,7 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
             log.info("%s: %s", task.name, exc)
             return "fence lost"
         except StoreUnavailable as exc:
-            countdown = min(2 ** task.request.retries, 30)
+            countdown = min(2**task.request.retries, 30)
             log.warning("%s: store unavailable, retrying in %ss: %s", task.name, countdown, exc)
             raise task.retry(countdown=countdown, max_retries=None, exc=None) from None
         except Exception as exc:
@@ -303,7 +303,14 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         runtime = holder.get()
         return _run(self, lambda: runtime.run_tool(effect_key), effect_key)
 
-    @app.task(name=DELIVER_TASK, bind=True, shared=False, priority=control_priority, acks_late=True, reject_on_worker_lost=True)
+    @app.task(
+        name=DELIVER_TASK,
+        bind=True,
+        shared=False,
+        priority=control_priority,
+        acks_late=True,
+        reject_on_worker_lost=True,
+    )
     def deliver(self: Task[Any, Any], run_id: str, status: str) -> str:
         """Deliver an agent-tool run's finish: the parent's tool result, on_finish or notify."""
         runtime = holder.get()
@@ -325,7 +332,14 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         with timed_tick():
             return _run(self, lambda: str(runtime.reconcile_tick()))
 
-    @app.task(name=SCHEDULED_RUN_TASK, bind=True, shared=False, priority=control_priority, acks_late=True, reject_on_worker_lost=True)
+    @app.task(
+        name=SCHEDULED_RUN_TASK,
+        bind=True,
+        shared=False,
+        priority=control_priority,
+        acks_late=True,
+        reject_on_worker_lost=True,
+    )
     def scheduled_run(self: Task[Any, Any], schedule_name: str, slot_iso: str | None = None) -> str:
         """Start the run of one slot of a schedule (Beat publishes it); idempotent by slot."""
         from .schedules import start_scheduled_run
@@ -372,7 +386,9 @@ def serve_metrics(store: Store) -> None:
     try:
         serve(store, int(raw))
     except ImportError:
-        raise ConfigError(f"{METRICS_PORT_VARIABLE} needs prometheus-client: pip install 'threads-celery[metrics]'") from None
+        raise ConfigError(
+            f"{METRICS_PORT_VARIABLE} needs prometheus-client: pip install 'threads-celery[metrics]'"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{METRICS_PORT_VARIABLE}={raw}: cannot listen: {exc}") from None
 

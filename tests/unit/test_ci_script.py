@@ -128,5 +128,4 @@ def test_ci_script_lints_the_package_before_the_tests_and_fails_on_findings() ->
     assert code.index("-m mypy --strict") < code.index(TEST_COMMAND), "lint runs before the tests"
     lint = code[code.index('phase "lint"') : code.index('phase "browser"')]
     assert "die " in lint, "a lint finding must fail the run"
-    # The formatter is configured but not enforced in CI (see pyproject's [tool.ruff.format]).
-    assert "ruff format" not in code
+    assert '-m ruff format --check "${LINT_PATHS[@]}"' in code, "formatting is checked too"

@@ -25,7 +25,9 @@ class AgentToolQueries:
     def insert_agent_tool_run(self, values: dict[str, Any]) -> None:
         self.conn.execute(insert(agent_tool_runs).values(**values))
 
-    def get_agent_tool_run(self, run_id: str, *, lock: bool = False, with_milestones: bool = False) -> AgentToolRun | None:
+    def get_agent_tool_run(
+        self, run_id: str, *, lock: bool = False, with_milestones: bool = False
+    ) -> AgentToolRun | None:
         query = select(agent_tool_runs).where(agent_tool_runs.c.run_id == run_id)
         if lock:
             query = query.with_for_update()
@@ -176,5 +178,3 @@ def _agent_tool_run(row: Row[Any], found: tuple[Milestone, ...]) -> AgentToolRun
         finished_at=m["finished_at"],
         milestones=found,
     )
-
-

@@ -43,9 +43,7 @@ def parse_database_url(raw: str, *, source: str = "database URL") -> URL:
         return url
     if backend == "sqlite":
         return url
-    raise ConfigError(
-        f"{source} uses {backend!r}; threads-celery stores in PostgreSQL or SQLite"
-    )
+    raise ConfigError(f"{source} uses {backend!r}; threads-celery stores in PostgreSQL or SQLite")
 
 
 def safe_url(url: URL | str) -> str:

@@ -27,9 +27,7 @@ class GrantQueries:
         ).first()
         if exists is None:
             self.conn.execute(
-                insert(permission_grants).values(
-                    thread_id=thread_id, tool=tool, granted_by=granted_by, granted_at=now
-                )
+                insert(permission_grants).values(thread_id=thread_id, tool=tool, granted_by=granted_by, granted_at=now)
             )
 
     def granted_threads(self, thread_ids: Sequence[str], tool: str) -> set[str]:
@@ -51,9 +49,7 @@ class GrantQueries:
             .order_by(permission_grants.c.tool)
         )
         return [
-            PermissionGrant(
-                thread_id=r.thread_id, tool=r.tool, granted_by=r.granted_by, granted_at=r.granted_at
-            )
+            PermissionGrant(thread_id=r.thread_id, tool=r.tool, granted_by=r.granted_by, granted_at=r.granted_at)
             for r in rows
         ]
 

@@ -23,9 +23,7 @@ class MessageQueries:
     # -- messages ----------------------------------------------------------------------------
 
     def next_seq(self, thread_id: str) -> int:
-        last = self.conn.execute(
-            select(func.max(messages.c.seq)).where(messages.c.thread_id == thread_id)
-        ).scalar()
+        last = self.conn.execute(select(func.max(messages.c.seq)).where(messages.c.thread_id == thread_id)).scalar()
         return 0 if last is None else int(last) + 1
 
     def insert_message(
@@ -48,7 +46,15 @@ class MessageQueries:
             parts = {"tool_calls": [c.to_json() for c in tool_calls]}
         elif tool_result is not None:
             parts = {"tool_result": tool_result.to_json()}
-        values = {"run_id": run_id, "role": role, "text": text, "parts": parts, "key": key, "meta": meta, "created_at": now}
+        values = {
+            "run_id": run_id,
+            "role": role,
+            "text": text,
+            "parts": parts,
+            "key": key,
+            "meta": meta,
+            "created_at": now,
+        }
         if seq is None:
             seq = int(self.conn.execute(statements.INSERT_NEXT_MESSAGE, {"b_thread": thread_id, **values}).scalar_one())
         else:
@@ -119,9 +125,7 @@ class MessageQueries:
 
     def list_messages(self, thread_id: str, *, after: int = -1, limit: int | None = None) -> list[Message]:
         query = (
-            select(messages)
-            .where(messages.c.thread_id == thread_id, messages.c.seq > after)
-            .order_by(messages.c.seq)
+            select(messages).where(messages.c.thread_id == thread_id, messages.c.seq > after).order_by(messages.c.seq)
         )
         if limit is not None:
             query = query.limit(limit)

@@ -30,9 +30,7 @@ class MetricsQueries:
         """Runs by status, parked calls, outbox depth and the most overdue outbox row's lag."""
         by_status = {
             str(status): int(count)
-            for status, count in self.conn.execute(
-                select(runs.c.status, func.count()).group_by(runs.c.status)
-            )
+            for status, count in self.conn.execute(select(runs.c.status, func.count()).group_by(runs.c.status))
         }
         parked = int(
             self.conn.execute(

@@ -115,8 +115,7 @@ def _is_connection_error(exc: DBAPIError) -> bool:
         return True
     text = str(exc.orig).lower() if exc.orig is not None else ""
     return any(
-        marker in text
-        for marker in ("connection", "could not connect", "server closed", "terminating", "timeout")
+        marker in text for marker in ("connection", "could not connect", "server closed", "terminating", "timeout")
     )
 
 
@@ -147,9 +146,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
         row = self.conn.execute(select(agents.c.config_hash, agents.c.description).where(agents.c.name == name)).first()
         if row is None:
             self.conn.execute(
-                insert(agents).values(
-                    name=name, config_hash=config_hash, description=description, updated_at=now
-                )
+                insert(agents).values(name=name, config_hash=config_hash, description=description, updated_at=now)
             )
         elif row.config_hash != config_hash or row.description != description:
             # The description also holds what the hash leaves out on purpose (the agent's queue).
@@ -209,14 +206,8 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
 
     def set_active_run(self, thread_id: str, run_id: str | None, *, expected: str | None) -> bool:
         """Hand the thread to ``run_id`` if it is held by ``expected`` (None: idle)."""
-        held = (
-            threads.c.active_run_id.is_(None)
-            if expected is None
-            else threads.c.active_run_id == expected
-        )
-        result = self.conn.execute(
-            update(threads).where(threads.c.id == thread_id, held).values(active_run_id=run_id)
-        )
+        held = threads.c.active_run_id.is_(None) if expected is None else threads.c.active_run_id == expected
+        result = self.conn.execute(update(threads).where(threads.c.id == thread_id, held).values(active_run_id=run_id))
         return result.rowcount == 1
 
     # -- runs --------------------------------------------------------------------------------
@@ -283,9 +274,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
             query = query.where(runs.c.status.in_(list(statuses)))
         return [_run(row) for row in self.conn.execute(query)]
 
-    def claim_run(
-        self, run_id: str, *, fence: int, owner: str, lease_until: datetime, now: datetime
-    ) -> int | None:
+    def claim_run(self, run_id: str, *, fence: int, owner: str, lease_until: datetime, now: datetime) -> int | None:
         """Take the run's lease; returns the new fence, or None if the fence moved."""
         return self.conn.execute(
             statements.CLAIM_RUN,
@@ -409,9 +398,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
             .values(lease_expires_at=lease_until)
         )
 
-    def claim_call(
-        self, effect_key: str, *, owner: str, lease_until: datetime, now: datetime
-    ) -> None:
+    def claim_call(self, effect_key: str, *, owner: str, lease_until: datetime, now: datetime) -> None:
         """Record that the call is starting: the evidence that its effect may have happened."""
         self.conn.execute(
             statements.CLAIM_CALL, {"b_key": effect_key, "b_owner": owner, "b_until": lease_until, "b_now": now}
@@ -424,12 +411,17 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
 
         Returns the new fence, or None if the fence moved (then nothing was written).
         """
-        params = {"run_id": run_id, "effect_key": effect_key, "fence": fence, "owner": owner, "until": lease_until, "now": now}
+        params = {
+            "run_id": run_id,
+            "effect_key": effect_key,
+            "fence": fence,
+            "owner": owner,
+            "until": lease_until,
+            "now": now,
+        }
         return self.conn.execute(statements.CLAIM_CALL_PG, params).scalar()
 
-    def settle_call(
-        self, effect_key: str, *, status: str, result: str, is_error: bool, now: datetime
-    ) -> None:
+    def settle_call(self, effect_key: str, *, status: str, result: str, is_error: bool, now: datetime) -> None:
         self.conn.execute(
             statements.SETTLE_CALL,
             {"b_key": effect_key, "b_status": status, "b_result": result, "b_is_error": is_error, "b_now": now},
@@ -453,10 +445,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
 
     def calls_with_status(self, status: str, *, limit: int = 200) -> list[CallRow]:
         rows = self.conn.execute(
-            select(tool_calls)
-            .where(tool_calls.c.status == status)
-            .order_by(tool_calls.c.created_at)
-            .limit(limit)
+            select(tool_calls).where(tool_calls.c.status == status).order_by(tool_calls.c.created_at).limit(limit)
         )
         return [_call(row._mapping) for row in rows]
 
@@ -562,8 +551,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
             )
         )
         entries = [
-            OutboxEntry(key=r.key, task=r.task, args=tuple(r.args), queue=r.queue, argsrepr=r.argsrepr)
-            for r in rows
+            OutboxEntry(key=r.key, task=r.task, args=tuple(r.args), queue=r.queue, argsrepr=r.argsrepr) for r in rows
         ]
         # Backing off keeps a message that only waits behind a backlog from being copied into
         # the queue on every tick (see republish_delay).
@@ -581,9 +569,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
 
     def touch_outbox(self, key: str, now: datetime) -> None:
         """A running read_only call is alive: push its row's due time forward."""
-        self.conn.execute(
-            update(outbox).where(outbox.c.key == key).values(due_at=now + self.tool_grace)
-        )
+        self.conn.execute(update(outbox).where(outbox.c.key == key).values(due_at=now + self.tool_grace))
 
     def outbox_keys(self) -> list[str]:
         return list(self.conn.execute(select(outbox.c.key).order_by(outbox.c.key)).scalars())

@@ -67,17 +67,21 @@ INSERT_EVENT = insert(events)
 
 #: PostgreSQL: bump the thread's event counter and insert the event in one round trip.
 _bumped = BUMP_EVENT_SEQ.cte("bumped")
-APPEND_EVENT_PG = insert(events).from_select(
-    ["thread_id", "seq", "run_id", "type", "payload", "created_at"],
-    select(
-        bindparam("b_thread", type_=events.c.thread_id.type),
-        _bumped.c.event_seq,
-        bindparam("b_run", type_=events.c.run_id.type),
-        bindparam("b_type", type_=events.c.type.type),
-        bindparam("b_payload", type_=events.c.payload.type),
-        bindparam("b_now", type_=events.c.created_at.type),
-    ),
-).returning(events.c.seq)
+APPEND_EVENT_PG = (
+    insert(events)
+    .from_select(
+        ["thread_id", "seq", "run_id", "type", "payload", "created_at"],
+        select(
+            bindparam("b_thread", type_=events.c.thread_id.type),
+            _bumped.c.event_seq,
+            bindparam("b_run", type_=events.c.run_id.type),
+            bindparam("b_type", type_=events.c.type.type),
+            bindparam("b_payload", type_=events.c.payload.type),
+            bindparam("b_now", type_=events.c.created_at.type),
+        ),
+    )
+    .returning(events.c.seq)
+)
 
 SETTLE_CALL = (
     update(tool_calls)
@@ -118,6 +122,7 @@ def insert_outbox(dialect: str) -> Any:
             statement = sqlite_insert(outbox).values(**values).on_conflict_do_nothing(index_elements=["key"])
         _INSERT_OUTBOX[dialect] = statement
     return statement
+
 
 CLAIM_RUN = (
     update(runs)
@@ -165,7 +170,6 @@ def advance_run(columns: tuple[str, ...]) -> Any:
             .returning(runs.c.fence, runs.c.thread_id)
         )
     return statement
-
 
 
 #: PostgreSQL: a tool call's whole result commit in one statement (so one round trip, in
