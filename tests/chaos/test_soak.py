@@ -126,8 +126,9 @@ class Chaos:
                 self._replace_dead()
                 self._outages()
                 if time.monotonic() >= next_strike:
-                    next_strike = time.monotonic() + self.rng.uniform(1.5, 3.0)
-                    self._strike()
+                    # Nothing to strike yet (workers booting, frozen or restarting): soon again.
+                    pause = self.rng.uniform(1.5, 3.0) if self._strike() else 0.3
+                    next_strike = time.monotonic() + pause
             except Exception as exc:  # noqa: BLE001 - a miss (a process that just died) is fine
                 self.errors.append(f"{type(exc).__name__}: {exc}")
 
@@ -159,18 +160,21 @@ class Chaos:
             and time.monotonic() >= self._spared_until.get(id(worker), 0.0)
         )
 
-    def _strike(self) -> None:
+    def _strike(self) -> bool:
+        """Kill a pool process or a whole worker, whichever kind is behind; False if neither could be."""
         self._strikes += 1
-        # A whole worker every other strike, only while every worker is up and none is frozen:
-        # one always keeps serving (and running Beat's ticks) while the other restarts.
-        whole = self._strikes % 2 == 0 and all(self._strikable(w) for w in self.workers)
-        if not whole:
+        # A whole worker only while every worker is up and none is frozen: one always keeps
+        # serving (and running Beat's ticks) while the other restarts.
+        whole_ok = all(self._strikable(w) for w in self.workers)
+        if not (whole_ok and self.whole_kills <= self.child_kills):
             busy = self._busy_child()
             if busy is not None:
                 worker, pid = busy
                 worker.kill_child(pid)
                 self.child_kills += 1
-            return
+                return True
+            if not whole_ok:
+                return False
         slot = self.rng.randrange(len(self.workers))
         victim = self.workers[slot]
         owners = self._owners(victim)
@@ -178,6 +182,7 @@ class Chaos:
         self.whole_kill_log.append((time.time(), owners))
         self.whole_kills += 1
         self.workers[slot] = self.cluster.start_worker(wait=False)
+        return True
 
     def _busy_child(self) -> tuple[WorkerProcess, int] | None:
         children = {pid: w for w in self.workers if self._strikable(w) for pid in w.child_pids()}

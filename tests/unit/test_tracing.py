@@ -41,9 +41,15 @@ def spans() -> Iterator[InMemorySpanExporter]:
     """The process's tracer provider (set once: OpenTelemetry refuses to replace it), cleared."""
     global _provider, _recording
     if _provider is None:
-        _provider = sdk.TracerProvider()
+        # One SDK provider per process: another test module may have set it first (the
+        # cross-worker trace test does); record through it rather than fail to replace it.
+        current = trace.get_tracer_provider()
+        if isinstance(current, sdk.TracerProvider):
+            _provider = current
+        else:
+            _provider = sdk.TracerProvider()
+            trace.set_tracer_provider(_provider)
         _provider.add_span_processor(_WhileRecording(_exporter))
-        trace.set_tracer_provider(_provider)
     assert trace.get_tracer_provider() is _provider, "another tracer provider was set in this process"
     _exporter.clear()
     _recording = True
