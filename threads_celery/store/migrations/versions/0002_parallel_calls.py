@@ -10,17 +10,17 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002"
-down_revision = "0001"
+revision = '0002'
+down_revision = '0001'
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("tool_calls", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("batch", sa.Integer(), nullable=True))
+    with op.batch_alter_table('tool_calls', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('batch', sa.Integer(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("tool_calls", schema=None) as batch_op:
-        batch_op.drop_column("batch")
+    with op.batch_alter_table('tool_calls', schema=None) as batch_op:
+        batch_op.drop_column('batch')
