@@ -1,9 +1,9 @@
 """Celery Beat's side of scheduled batch agents: when a schedule is due, and what to publish.
 
 :class:`Scheduler` is the ``beat_scheduler`` of every threads app (see
-:func:`threads_celery.worker.celery_config`), so ``celery -A tasks beat`` and
+:func:`threads_celery.worker.app.celery_config`), so ``celery -A tasks beat`` and
 ``threads-celery beat`` use it. On start-up it reads the ``SCHEDULES`` lists of the modules in
-``THREADS_AGENTS`` (:class:`threads_celery.schedules.Schedule` values) and adds one Beat entry
+``THREADS_AGENTS`` (:class:`threads_celery.runtime.schedules.Schedule` values) and adds one Beat entry
 per enabled schedule, ``threads-schedule:<name>``, next to the reconcile backbone. It keeps
 Celery's persistent schedule file (``-s PATH``), which is where it remembers when it last
 published each schedule.
@@ -13,7 +13,7 @@ fails it logs the error and runs the reconcile backbone alone.
 
 When an entry is due it publishes ``threads.scheduled_run(name, slot_iso)`` with Celery task id
 ``sched:<name>:<slot>``. The slot is the clock floored to the schedule
-(:func:`threads_celery.schedules.beat_slot`), not the moment of publishing, so two Beats agree on
+(:func:`threads_celery.runtime.schedules.beat_slot`), not the moment of publishing, so two Beats agree on
 it, and the worker's run id is derived from it: two Beats, or one Beat and a redelivery, start one
 run per slot. Entries are due on the schedule's own slots (an interval is aligned to multiples of
 itself since 1970-01-01 UTC, not to when Beat started), so Beat's drift cannot skip a slot.
@@ -33,8 +33,8 @@ from celery.beat import PersistentScheduler, ScheduleEntry
 from celery.schedules import BaseSchedule, schedstate
 from kombu import Producer
 
-from threads_celery.backbone import RECONCILE_TASK
-from threads_celery.schedules import (
+from threads_celery.decisions.backbone import RECONCILE_TASK
+from threads_celery.runtime.schedules import (
     SCHEDULED_RUN_TASK,
     MissedPolicy,
     Schedule,
@@ -132,7 +132,7 @@ class Scheduler(PersistentScheduler):
     """Celery's persistent scheduler, plus the declared schedules, published with their slot."""
 
     def setup_schedule(self) -> None:
-        # The app's start-up check (threads_celery.worker.app_from_environment): a Beat that
+        # The app's start-up check (threads_celery.worker.app.app_from_environment): a Beat that
         # cannot reach a migrated ledger or import its agents refuses to start, in one line.
         preflight = getattr(self.app, "threads_beat_preflight", None)
         if preflight is not None:
@@ -153,7 +153,7 @@ class Scheduler(PersistentScheduler):
         schedule = entry.schedule
         if entry.task == RECONCILE_TASK:
             # The tick says when it was published, so a worker can tell that a later tick already
-            # covered one that waited in the queue (threads_celery.backbone.tick_is_covered).
+            # covered one that waited in the queue (threads_celery.decisions.backbone.tick_is_covered).
             if advance:
                 self.reserve(entry)
             stamped = self.Entry(**_fields(entry, kwargs={**(entry.kwargs or {}), "published_at": time.time()}))

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from threads_celery import Agent, tool
-from threads_celery.permissions import Permissions
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.testing import Reply, ScriptedModel, calls
 
 DONE_PREFIX = "bench:done:"

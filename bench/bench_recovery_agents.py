@@ -5,7 +5,7 @@ import time
 from pydantic import BaseModel
 
 from threads_celery import Agent, tool
-from threads_celery.permissions import Permissions
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.testing import ScriptedModel, call, say
 
 

@@ -20,13 +20,13 @@ from datetime import timedelta
 import psycopg
 from sqlalchemy import delete, insert, update
 
-from threads_celery.agents import AgentRegistry
-from threads_celery.runs import utcnow
-from threads_celery.runtime import Runtime
+from threads_celery.definitions.agents import AgentRegistry
+from threads_celery.runtime.machine import Runtime
 from threads_celery.settings import Settings
 from threads_celery.store import Store, create_store_engine, parse_database_url
 from threads_celery.store.migrate import upgrade
 from threads_celery.store.schema import outbox, runs, threads, tool_calls
+from threads_celery.transitions.runs import utcnow
 
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 

@@ -52,11 +52,11 @@ from tests.support.processes import (  # noqa: E402
 )
 from tests.support.waiting import eventually  # noqa: E402
 from threads_celery import Settings, Threads  # noqa: E402
-from threads_celery.agents import AgentRegistry  # noqa: E402
-from threads_celery.backbone import message_priority  # noqa: E402
-from threads_celery.runs import STEP_TASK  # noqa: E402
+from threads_celery.decisions.backbone import message_priority  # noqa: E402
+from threads_celery.definitions.agents import AgentRegistry  # noqa: E402
 from threads_celery.store.schema import runs, tool_calls  # noqa: E402
-from threads_celery.worker import create_app  # noqa: E402
+from threads_celery.transitions.runs import STEP_TASK  # noqa: E402
+from threads_celery.worker.app import create_app  # noqa: E402
 
 AGENTS = "bench.bench_recovery_agents"
 

@@ -72,11 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from bench.bench_agents import bench_turns
-    from threads_celery import runs
-    from threads_celery.agents import AgentRegistry
+    from threads_celery.definitions.agents import AgentRegistry
     from threads_celery.records import OutboxEntry
-    from threads_celery.runtime import Runtime
-    from threads_celery.worker import open_store
+    from threads_celery.runtime.machine import Runtime
+    from threads_celery.transitions import runs
+    from threads_celery.worker.app import open_store
 
     print(f"step profile: turns={args.turns} date={time.strftime('%Y-%m-%d %H:%M:%S %z')} "
           f"load={' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -208,10 +208,10 @@ def run_durable(threads: Any, redis_client: Any, trace_dir: str, tool_name: str,
 def explain_one_call(database_url: str) -> dict[str, list[str]]:
     """Run one call of each effect through ``Runtime.run_tool`` here, logging every round trip."""
     from bench import bench_agents
-    from threads_celery import runs
-    from threads_celery.agents import AgentRegistry
-    from threads_celery.runtime import Runtime
-    from threads_celery.worker import open_store
+    from threads_celery.definitions.agents import AgentRegistry
+    from threads_celery.runtime.machine import Runtime
+    from threads_celery.transitions import runs
+    from threads_celery.worker.app import open_store
 
     bench_agents.install_sql_counters()
     store = open_store(database_url)

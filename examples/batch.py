@@ -42,8 +42,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart, UserPromptPart
 
-from threads_celery import Agent, ToolContext, tool
-from threads_celery.schedules import Schedule, crontab
+from threads_celery import Agent, Schedule, ToolContext, crontab, tool
 from threads_celery.testing import Reply, ScriptedModel
 
 REGIONS = ("north", "south", "east", "west")

@@ -34,7 +34,7 @@ import hashlib
 import json
 import os
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +125,7 @@ def _send_email(inp: EmailIn, ctx: ToolContext) -> str:
         "subject": inp.subject,
         "body": inp.body,
         "effect_key": ctx.effect_key,
-        "at": datetime.now(timezone.utc).isoformat(),
+        "at": datetime.now(UTC).isoformat(),
     }
     with OUTBOX.open("a", encoding="utf-8") as outbox:
         outbox.write(json.dumps(record) + "\n")

@@ -45,9 +45,17 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from threads_celery import Agent, Detached, ToolContext, agent_tool, tool
-from threads_celery.agent_tools import AgentToolFailure, AgentToolResult, AgentToolRun
-from threads_celery.permissions import Permissions
+from threads_celery import (
+    Agent,
+    AgentToolFailure,
+    AgentToolResult,
+    AgentToolRun,
+    Detached,
+    Permissions,
+    ToolContext,
+    agent_tool,
+    tool,
+)
 from threads_celery.testing import Reply, ScriptedModel
 
 IMPORTS = Path(".threads-celery") / "imports"

@@ -8,8 +8,8 @@ status 2, not a traceback.
 
 from celery import Celery
 
-from threads_celery.preflight import exit_on_failure
-from threads_celery.worker import app_from_environment
+from threads_celery.runtime.preflight import exit_on_failure
+from threads_celery.worker.app import app_from_environment
 
 
 def _app() -> Celery:

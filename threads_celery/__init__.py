@@ -1,6 +1,6 @@
 """threads-celery: a durable agent runtime on Celery and PostgreSQL.
 
-Names are imported lazily, so ``import threads_celery.client`` in a web app pulls in neither the
+Names are imported lazily, so ``import threads_celery.client.threads`` in a web app pulls in neither the
 model layer nor any tool code.
 """
 
@@ -12,32 +12,32 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "tool": "tools",
-    "Tool": "tools",
-    "Agent": "agents",
-    "MCPServer": "mcp_servers",
-    "from_pydantic_ai": "pydantic_ai_adapter",
-    "ToolContext": "context",
-    "Reconcile": "effects",
-    "Found": "effects",
-    "NotFound": "effects",
-    "LookupUnknown": "effects",
-    "Threads": "client",
-    "agent_tool": "agent_tools",
-    "Detached": "agent_tools",
-    "AgentToolFailure": "agent_tools",
-    "AgentToolResult": "agent_tools",
-    "Permissions": "permissions",
-    "Allow": "hooks",
-    "Deny": "hooks",
-    "Modify": "hooks",
-    "HookCall": "hooks",
-    "HookContext": "hooks",
-    "HookResult": "hooks",
-    "Stop": "hooks",
-    "Variable": "variables",
-    "Prompt": "prompts",
-    "SubagentRelationship": "subagents",
+    "tool": "definitions.tools",
+    "Tool": "definitions.tools",
+    "Agent": "definitions.agents",
+    "MCPServer": "definitions.mcp_servers",
+    "from_pydantic_ai": "definitions.pydantic_ai_adapter",
+    "ToolContext": "definitions.context",
+    "Reconcile": "decisions.effects",
+    "Found": "decisions.effects",
+    "NotFound": "decisions.effects",
+    "LookupUnknown": "decisions.effects",
+    "Threads": "client.threads",
+    "agent_tool": "transitions.agent_tools",
+    "Detached": "transitions.agent_tools",
+    "AgentToolFailure": "transitions.agent_tools",
+    "AgentToolResult": "transitions.agent_tools",
+    "Permissions": "decisions.permissions",
+    "Allow": "definitions.hooks",
+    "Deny": "definitions.hooks",
+    "Modify": "definitions.hooks",
+    "HookCall": "definitions.hooks",
+    "HookContext": "definitions.hooks",
+    "HookResult": "definitions.hooks",
+    "Stop": "definitions.hooks",
+    "Variable": "definitions.variables",
+    "Prompt": "definitions.prompts",
+    "SubagentRelationship": "definitions.subagents",
     "Settings": "settings",
     "Message": "records",
     "ToolCall": "records",
@@ -53,6 +53,12 @@ _EXPORTS = {
     "StoreUnavailable": "exceptions",
     "BrokerUnavailable": "exceptions",
     "EffectUnknown": "exceptions",
+    "Schedule": "runtime.schedules",
+    "crontab": "runtime.schedules",
+    "UsageLimits": "decisions.usage",
+    "Limits": "decisions.usage",
+    "UsageTotals": "decisions.usage",
+    "AgentToolRun": "transitions.agent_tools",
 }
 
 # Written out (not computed from _EXPORTS) so type checkers and linters can read it; a unit
@@ -61,6 +67,7 @@ __all__ = [
     "Agent",
     "AgentToolFailure",
     "AgentToolResult",
+    "AgentToolRun",
     "Allow",
     "BrokerUnavailable",
     "ConfigError",
@@ -71,6 +78,7 @@ __all__ = [
     "HookCall",
     "HookContext",
     "HookResult",
+    "Limits",
     "LookupUnknown",
     "MCPServer",
     "Message",
@@ -84,6 +92,7 @@ __all__ = [
     "RunHandle",
     "RunNotFound",
     "RunTimeout",
+    "Schedule",
     "Settings",
     "Stop",
     "StoreUnavailable",
@@ -95,19 +104,30 @@ __all__ = [
     "ToolContext",
     "ToolResult",
     "UnknownAgent",
+    "UsageLimits",
+    "UsageTotals",
     "Variable",
     "agent_tool",
+    "crontab",
     "from_pydantic_ai",
     "tool",
 ]
 
 if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports them lazily
-    from .agent_tools import AgentToolFailure, AgentToolResult, Detached, agent_tool
-    from .agents import Agent
-    from .client import Threads
-    from .context import ToolContext
-    from .effects import Found, LookupUnknown, NotFound, Reconcile
-    from .exceptions import (
+    from threads_celery.client.threads import Threads
+    from threads_celery.decisions.effects import Found, LookupUnknown, NotFound, Reconcile
+    from threads_celery.decisions.permissions import Permissions
+    from threads_celery.decisions.usage import Limits, UsageLimits, UsageTotals
+    from threads_celery.definitions.agents import Agent
+    from threads_celery.definitions.context import ToolContext
+    from threads_celery.definitions.hooks import Allow, Deny, HookCall, HookContext, HookResult, Modify, Stop
+    from threads_celery.definitions.mcp_servers import MCPServer
+    from threads_celery.definitions.prompts import Prompt
+    from threads_celery.definitions.pydantic_ai_adapter import from_pydantic_ai
+    from threads_celery.definitions.subagents import SubagentRelationship
+    from threads_celery.definitions.tools import Tool, tool
+    from threads_celery.definitions.variables import Variable
+    from threads_celery.exceptions import (
         BrokerUnavailable,
         ConfigError,
         EffectUnknown,
@@ -118,16 +138,16 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
         ThreadsError,
         UnknownAgent,
     )
-    from .hooks import Allow, Deny, HookCall, HookContext, HookResult, Modify, Stop
-    from .mcp_servers import MCPServer
-    from .permissions import Permissions
-    from .prompts import Prompt
-    from .pydantic_ai_adapter import from_pydantic_ai
-    from .records import Message, Run, RunHandle, ToolCall, ToolResult
-    from .settings import Settings
-    from .subagents import SubagentRelationship
-    from .tools import Tool, tool
-    from .variables import Variable
+    from threads_celery.records import Message, Run, RunHandle, ToolCall, ToolResult
+    from threads_celery.runtime.schedules import Schedule, crontab
+    from threads_celery.settings import Settings
+    from threads_celery.transitions.agent_tools import (
+        AgentToolFailure,
+        AgentToolResult,
+        AgentToolRun,
+        Detached,
+        agent_tool,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import Any, cast
 
-from .exceptions import ConfigError
+from threads_celery.exceptions import ConfigError
 
 CONFIG_VARIABLE = "THREADS_CELERY_CONFIG"
 SETTING_PREFIX = "THREADS_CELERY_"

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from .effects import Effect, Finality
+from threads_celery.decisions.effects import Effect, Finality
 
 RunStatus = Literal[
     "queued",
@@ -124,7 +124,7 @@ class Run:
     lease_expires_at: datetime | None = None
     input_meta: dict[str, Any] | None = None
     agent_tool_run_id: str | None = None
-    #: The W3C traceparent of the run's span (see :mod:`threads_celery.tracing`), None untraced.
+    #: The W3C traceparent of the run's span (see :mod:`threads_celery.telemetry.tracing`), None untraced.
     traceparent: str | None = None
 
     @property

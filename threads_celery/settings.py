@@ -7,9 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .celery_settings import user_celery_settings
-from .exceptions import ConfigError
-from .provider_limits import (
+from threads_celery.celery_settings import user_celery_settings
+from threads_celery.decisions.provider_limits import (
     DEFAULT_RETRY_FOR_S,
     RATE_LIMITS_VARIABLE,
     RETRY_FOR_VARIABLE,
@@ -17,7 +16,8 @@ from .provider_limits import (
     rate_limits_from_json,
     retry_for_from_env,
 )
-from .usage import PRICES_VARIABLE, Prices
+from threads_celery.decisions.usage import PRICES_VARIABLE, Prices
+from threads_celery.exceptions import ConfigError
 
 DEFAULT_BROKER_VISIBILITY_TIMEOUT_S = 3600
 DEFAULT_FILES_ROOT = ".threads-celery/files"

@@ -28,7 +28,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
 if TYPE_CHECKING:
-    from .client import Threads
+    from threads_celery.client.threads import Threads
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,9 +53,9 @@ from fastapi.responses import (
 )
 from fastapi.staticfiles import StaticFiles
 
+from threads_celery import UsageTotals
 from threads_celery.client import Threads
 from threads_celery.exceptions import BrokerUnavailable, RunNotFound, StoreUnavailable, ThreadsError
-from threads_celery.usage import UsageTotals
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_AGENTS = ("examples.research", "examples.demo")

@@ -28,12 +28,12 @@ from sqlalchemy import update
 from tests.support.processes import THREADS_CELERY, ManagedProcess, free_port
 from tests.support.waiting import eventually
 from threads_celery import Agent, Permissions, Threads, agent_tool, tool
-from threads_celery.api import create_api
+from threads_celery.api.app import create_api
 from threads_celery.exceptions import BrokerUnavailable, ConfigError, StoreUnavailable
-from threads_celery.runs import utcnow
 from threads_celery.store.schema import runs as runs_table
 from threads_celery.store.schema import tool_calls
 from threads_celery.testing import ScriptedModel, call, say
+from threads_celery.transitions.runs import utcnow
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-token-0123456789"
@@ -527,7 +527,7 @@ def _cli_env(**extra: str) -> dict[str, str]:
 
 def test_the_api_command_refuses_to_start_without_tokens(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "threads_celery.cli", "api", "--port", "1"],
+        [sys.executable, "-m", "threads_celery.cli.app", "api", "--port", "1"],
         cwd=tmp_path, env=_cli_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from threads_celery import Agent, Threads, Variable, agent_tool, tool
-from threads_celery.api import create_api
+from threads_celery.api.app import create_api
 from threads_celery.testing import ScriptedModel, call, say
 
 TOKEN = "children-token-0123456789"

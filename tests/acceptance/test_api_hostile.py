@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from threads_celery import Agent, Settings, Threads, tool
-from threads_celery.api import create_api
-from threads_celery.embedded import EmbeddedWorker
+from threads_celery.api.app import create_api
 from threads_celery.testing import Reply, ScriptedModel, call, say
+from threads_celery.worker.embedded import EmbeddedWorker
 
 TOKEN = "hostile-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from threads_celery import Agent, Threads, Variable, agent_tool, tool
-from threads_celery.api import create_api
+from threads_celery.api.app import create_api
 from threads_celery.store.schema import tool_calls
 from threads_celery.testing import ScriptedModel, call, say
 

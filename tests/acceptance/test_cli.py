@@ -32,7 +32,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 def cli(*args: str, cwd: Path, timeout: float = 90, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "threads_celery.cli", *args],
+        [sys.executable, "-m", "threads_celery.cli.app", *args],
         cwd=cwd,
         env=cli_env(**env),
         stdin=subprocess.DEVNULL,

@@ -22,7 +22,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from tests.support.processes import THREADS_CELERY, ManagedProcess
-from threads_celery.cli import app
+from threads_celery.cli.app import app
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = f"{REPO / 'examples' / 'demo.py'}:agent"
@@ -36,7 +36,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 def cli(*args: str, cwd: Path, timeout: float = 90, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "threads_celery.cli", *args],
+        [sys.executable, "-m", "threads_celery.cli.app", *args],
         cwd=cwd,
         env=cli_env(**env),
         stdin=subprocess.DEVNULL,
@@ -60,7 +60,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from threads_celery import Agent, tool
-from threads_celery.permissions import Permissions
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.testing import ScriptedModel, call
 
 LEDGER = Path("ledger.txt")

@@ -90,7 +90,7 @@ def test_the_quickstart_has_every_production_step() -> None:
 
 
 def test_the_approve_body_in_the_quickstart_is_what_the_api_takes() -> None:
-    from threads_celery.api_models import Approve
+    from threads_celery.api.bodies import Approve
 
     bodies = re.findall(r"-d '(\{[^']*\})' \"\$API/v1/calls/\$KEY/approve\"", quickstart())
     assert len(bodies) == 1

@@ -194,7 +194,7 @@ def test_the_app_module_imports_no_agent_code_and_no_model_layer() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     modules = json.loads(out.stdout)
-    leaked = [m for m in modules if m.startswith(("pydantic_ai", "examples.demo", "examples.research", "threads_celery.models", "threads_celery.testing"))]
+    leaked = [m for m in modules if m.startswith(("pydantic_ai", "examples.demo", "examples.research", "threads_celery.runtime.models", "threads_celery.testing"))]
     assert leaked == []
 
 

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from threads_celery import Agent, Found, NotFound, Reconcile, ToolContext, tool
-from threads_celery.permissions import Permissions
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.testing import Reply, ScriptedModel, call, say
 
 try:  # imported as tests.chaos.chaos_agents (workers, tests) or by path

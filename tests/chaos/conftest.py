@@ -219,7 +219,7 @@ class ChaosCluster:
 
     def wait_settled(self, run_id: str, timeout: float = 30.0) -> Any:
         """Wait until the run ended or waits for a person; AssertionError after ``timeout``."""
-        from threads_celery.client import NEEDS_A_PERSON
+        from threads_celery.client.threads import NEEDS_A_PERSON
         from threads_celery.records import TERMINAL_STATUSES
 
         def settled() -> Any:

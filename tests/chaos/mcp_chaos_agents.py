@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.support.mcp_servers import stdio_server
 from threads_celery import Agent
-from threads_celery.permissions import Permissions
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.testing import ScriptedModel, call, say
 
 _ledger = os.environ.get("MCP_TEST_LEDGER")

@@ -30,16 +30,16 @@ import pytest
 from tests.chaos import chaos_agents
 from tests.support.processes import queued_messages
 from tests.support.waiting import eventually
-from threads_celery.runs import effect_key_for
+from threads_celery.transitions.runs import effect_key_for
 
 if TYPE_CHECKING:  # the conftest is pytest's to import; tests only name its types
     from tests.chaos.conftest import BeatProcess, ChaosCluster, ChaosServices, WorkerProcess
 
 SETTLE_S = 60.0
 RESULT_COMMIT_FAILED = (
-    "cannot commit its result yet"  # threads_celery.runtime, riding out an outage
+    "cannot commit its result yet"  # threads_celery.runtime.machine, riding out an outage
 )
-PUBLISH_FAILED = "left for the reconcile backbone"  # threads_celery.worker.Publisher's warning
+PUBLISH_FAILED = "left for the reconcile backbone"  # threads_celery.worker.app.Publisher's warning
 
 # Every class of effect, plus a reply with two calls. Without kills, nothing needs a rerun.
 MIX = [

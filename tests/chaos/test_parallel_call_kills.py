@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.chaos import chaos_agents
-from threads_celery.runs import effect_key_for
+from threads_celery.transitions.runs import effect_key_for
 
 if TYPE_CHECKING:
     from tests.chaos.conftest import ChaosCluster, WorkerProcess

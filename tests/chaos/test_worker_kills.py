@@ -26,7 +26,7 @@ import pytest
 
 from tests.chaos import chaos_agents
 from tests.support.waiting import eventually
-from threads_celery.runs import effect_key_for
+from threads_celery.transitions.runs import effect_key_for
 
 if TYPE_CHECKING:  # the conftest is pytest's to import; tests only name its types
     from tests.chaos.conftest import BeatProcess, ChaosCluster, WorkerProcess

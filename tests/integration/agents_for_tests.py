@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from threads_celery import Agent, tool
-from threads_celery.permissions import Permissions
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.testing import ScriptedModel, call, say
 
 GATE_TIMEOUT_S = 60.0

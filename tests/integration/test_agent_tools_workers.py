@@ -27,7 +27,7 @@ from tests.support.agent_tool_agents import RecordingParent, quick_child, unique
 from tests.support.processes import WorkerProcess, subprocess_env
 from tests.support.waiting import eventually
 from threads_celery import Detached, Settings, Threads
-from threads_celery.runtime import Runtime
+from threads_celery.runtime.machine import Runtime
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER_AGENTS = "tests.support.agent_tool_agents"

@@ -41,7 +41,7 @@ AGENTS_SOURCE = textwrap.dedent(
     from datetime import timedelta
 
     from threads_celery import Agent
-    from threads_celery.schedules import Schedule
+    from threads_celery.runtime.schedules import Schedule
     from threads_celery.testing import ScriptedModel, say
 
     ticker = Agent(name="it_ticker", instructions="Tick.", model=ScriptedModel([say("tick done")]))
@@ -119,7 +119,7 @@ def services(
 
 @pytest.fixture
 def client(migrated_pg_url: str, batch_redis_url: str) -> Iterator[Any]:
-    from threads_celery.client import Threads
+    from threads_celery.client.threads import Threads
 
     threads = Threads(database_url=migrated_pg_url, broker_url=batch_redis_url)
     try:

@@ -33,9 +33,9 @@ AGENT_MODULES = {
 
 WORKER = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "solo", "-l", "INFO"]
 BEAT = [sys.executable, "-m", "celery", "-A", "tasks", "beat", "-l", "INFO"]
-CLI_WORKER = [sys.executable, "-m", "threads_celery.cli", "worker", "--pool", "solo"]
-CLI_BEAT = [sys.executable, "-m", "threads_celery.cli", "beat"]
-CLI_API = [sys.executable, "-m", "threads_celery.cli", "api", "--port", "1"]
+CLI_WORKER = [sys.executable, "-m", "threads_celery.cli.app", "worker", "--pool", "solo"]
+CLI_BEAT = [sys.executable, "-m", "threads_celery.cli.app", "beat"]
+CLI_API = [sys.executable, "-m", "threads_celery.cli.app", "api", "--port", "1"]
 
 
 @pytest.fixture

@@ -20,12 +20,12 @@ from pydantic import BaseModel
 from sqlalchemy import insert, select
 
 from threads_celery import Agent, Permissions, Prompt, Settings, Threads, tool
-from threads_celery.embedded import EmbeddedWorker
 from threads_celery.records import Run
-from threads_celery.runtime import Runtime
+from threads_celery.runtime.machine import Runtime
 from threads_celery.store import schema
 from threads_celery.store.storable import REPLACEMENT
 from threads_celery.testing import ScriptedModel, call, say
+from threads_celery.worker.embedded import EmbeddedWorker
 
 WAIT_S = 60.0
 
@@ -342,6 +342,6 @@ def test_a_task_failing_on_a_statement_logs_no_parameters(
 
 
 def _now() -> Any:
-    from threads_celery.runs import utcnow
+    from threads_celery.transitions.runs import utcnow
 
     return utcnow()

@@ -20,14 +20,14 @@ import pytest
 from sqlalchemy import text
 
 from threads_celery import Agent, Settings
-from threads_celery import agent_tools
-from threads_celery import runs as run_ledger
-from threads_celery.agents import AgentRegistry
+from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.records import OutboxEntry
-from threads_celery.runtime import Runtime
+from threads_celery.runtime.machine import Runtime
 from threads_celery.store import Store, create_store_engine, parse_database_url
 from threads_celery.store.migrate import upgrade
 from threads_celery.testing import ScriptedModel, say
+from threads_celery.transitions import agent_tools
+from threads_celery.transitions import runs as run_ledger
 
 WAIT_S = 30.0
 
@@ -87,7 +87,7 @@ def test_a_child_step_commit_and_the_reconcile_tick_do_not_deadlock(store: Store
     tick_result: list[dict[str, int]] = []
 
     def tick() -> None:
-        from threads_celery.delivery import reconcile_agent_tools
+        from threads_celery.runtime.delivery import reconcile_agent_tools
 
         try:
             tick_result.append(reconcile_agent_tools(runtime))

@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.mcp_servers import http_server_process, ledger_lines, stdio_server
 from threads_celery import Agent, ConfigError, MCPServer, Settings, Threads
-from threads_celery.permissions import Permissions
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.records import Message
 from threads_celery.testing import ScriptedModel, call, say
 

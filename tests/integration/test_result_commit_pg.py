@@ -7,15 +7,15 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from threads_celery import Agent, Permissions, tool
-from threads_celery import runs as run_ledger
-from threads_celery.agents import AgentRegistry
+from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.exceptions import FenceLost
-from threads_celery.runtime import Runtime
+from threads_celery.runtime.machine import Runtime
 from threads_celery.settings import Settings
 from threads_celery.store import Store, create_store_engine, parse_database_url
 from threads_celery.store.migrate import upgrade
 from threads_celery.store.schema import outbox, tool_calls
 from threads_celery.testing import ScriptedModel, calls, say
+from threads_celery.transitions import runs as run_ledger
 
 
 class In(BaseModel):

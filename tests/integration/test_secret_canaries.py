@@ -135,7 +135,7 @@ def test_flower_shows_no_form_of_the_secret(leaked_run: Any, threads: Any, flowe
 
 
 def test_the_sse_stream_and_the_cli_show_no_form_of_the_secret(leaked_run: Any, threads: Any, migrated_pg_url: str) -> None:
-    from threads_celery.api import create_api
+    from threads_celery.api.app import create_api
 
     frames: list[str] = []
     url = f"/v1/threads/{leaked_run.thread_id}/events"

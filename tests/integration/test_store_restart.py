@@ -13,12 +13,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from examples.webapp.app import create_app as create_webapp
+from tests.support.own_postgres import OwnPostgres, own_postgres
 from threads_celery import Agent, Settings, Threads
-from threads_celery.api import create_api
-from threads_celery.embedded import EmbeddedWorker
+from threads_celery.api.app import create_api
 from threads_celery.exceptions import RunNotFound, StoreUnavailable
 from threads_celery.testing import ScriptedModel, say
-from tests.support.own_postgres import OwnPostgres, own_postgres
+from threads_celery.worker.embedded import EmbeddedWorker
 
 TOKEN = "restart-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

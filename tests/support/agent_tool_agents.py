@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 
 from tests.support.waiting import eventually  # noqa: F401 - re-exported for the agent-tool tests
 from threads_celery import Agent, agent_tool, tool
-from threads_celery.permissions import Permissions
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.testing import Reply, ScriptedModel, call, say
 
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from threads_celery import Agent, agent_tool, tool
-from threads_celery.permissions import Permissions
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.testing import ScriptedModel, call, say
 
 

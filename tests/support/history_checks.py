@@ -1,6 +1,6 @@
 """Shared checks of the history cache, run on SQLite (unit) and PostgreSQL (integration).
 
-Two workers (two :class:`~threads_celery.runtime.Runtime` objects, each with its own engine and
+Two workers (two :class:`~threads_celery.runtime.machine.Runtime` objects, each with its own engine and
 its own cache, as two processes would have) drive one run step by step, taking turns, while a
 third writer appends messages to the thread between steps. A recording model compares the
 history it is given at every step with a full read of the thread in a fresh transaction.
@@ -16,13 +16,13 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
 from threads_celery import Agent, tool
-from threads_celery import runs as run_ledger
-from threads_celery.agents import AgentRegistry
-from threads_celery.models import to_model_messages
+from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.records import OutboxEntry
-from threads_celery.runtime import Runtime
+from threads_celery.runtime.machine import Runtime
+from threads_celery.runtime.models import to_model_messages
 from threads_celery.settings import Settings
 from threads_celery.store import Store
+from threads_celery.transitions import runs as run_ledger
 
 INSTRUCTIONS = "Call echo each turn."
 

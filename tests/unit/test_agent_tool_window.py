@@ -10,9 +10,9 @@ from pydantic import BaseModel
 from sqlalchemy import update
 
 from threads_celery import Agent, Permissions, Threads, agent_tool, tool
-from threads_celery.runs import utcnow
 from threads_celery.store.schema import agent_tool_runs
 from threads_celery.testing import ScriptedModel, call, say
+from threads_celery.transitions.runs import utcnow
 
 GATE = threading.Event()
 

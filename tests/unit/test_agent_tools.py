@@ -33,9 +33,9 @@ from tests.support.agent_tool_agents import (
     unique,
 )
 from threads_celery import Agent, ConfigError, Detached, Settings, Threads, agent_tool
-from threads_celery.agent_tools import AgentToolFailure, AgentToolResult, AgentToolRun, DetachedHandle
 from threads_celery.exceptions import UnknownAgent
 from threads_celery.testing import ScriptedModel, call, say
+from threads_celery.transitions.agent_tools import AgentToolFailure, AgentToolResult, AgentToolRun, DetachedHandle
 
 WAIT_S = 30.0
 
@@ -311,7 +311,7 @@ def test_the_cap_counts_running_children_of_every_agent_type(threads: Threads, g
 
 
 def test_interrupted_runs_do_not_count_toward_the_cap(threads: Threads, gate: Gate) -> None:
-    from threads_celery import agent_tools, runs
+    from threads_celery.transitions import agent_tools, runs
 
     parent_thread = idle_parent(threads, CappedParent(unique("capped")))
     first = threads.run_agent_tool(parent_thread, gated_child(gate), input="one", detached=True)
@@ -565,7 +565,7 @@ def test_cancelling_an_unknown_or_hard_terminal_run_is_a_no_op(threads: Threads)
 
 
 def test_a_softly_interrupted_run_can_be_cancelled(threads: Threads, gate: Gate) -> None:
-    from threads_celery import agent_tools, runs
+    from threads_celery.transitions import agent_tools, runs
 
     parent = Parent(unique("parent"))
     parent_thread = idle_parent(threads, parent)
@@ -621,7 +621,7 @@ def test_has_agent_tool_run_only_when_parent_thread_agent_and_run_id_all_match(t
 def test_clear_agent_tool_runs_filters_on_status_and_start_time_and_cancels_running_children(
     threads: Threads, gate: Gate
 ) -> None:
-    from threads_celery import runs
+    from threads_celery.transitions import runs
 
     parent_thread = idle_parent(threads, Parent(unique("parent")))
     child = quick_child()
@@ -659,7 +659,7 @@ def test_clear_agent_tool_runs_filters_on_status_and_start_time_and_cancels_runn
 
 
 def test_running_an_interrupted_run_id_again_reattaches_and_collects_the_completion(threads: Threads, gate: Gate) -> None:
-    from threads_celery import agent_tools, runs
+    from threads_celery.transitions import agent_tools, runs
 
     parent_thread = idle_parent(threads, Parent(unique("parent")))
     child = gated_child(gate, "finished after all")
@@ -803,8 +803,8 @@ def test_an_error_in_one_run_leaves_a_healthy_sibling_alone(threads: Threads, ga
 def test_a_detached_redispatch_of_an_interrupted_run_id_reattaches_and_rearms_the_backbone(threads: Threads, gate: Gate) -> None:
     from datetime import timedelta
 
-    from threads_celery import agent_tools, runs
-    from threads_celery.runtime import Runtime
+    from threads_celery.runtime.machine import Runtime
+    from threads_celery.transitions import agent_tools, runs
 
     parent = Parent(unique("parent"))
     parent_thread = idle_parent(threads, parent)

@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from threads_celery import Agent, tool
-from threads_celery.agents import AgentRegistry, import_agents
+from threads_celery.definitions.agents import AgentRegistry, import_agents
 from threads_celery.exceptions import ConfigError, UnknownAgent
 from threads_celery.testing import ScriptedModel, say
 

@@ -1,6 +1,6 @@
 """The HTTP API's edges without a runtime: request models, cursors, frames, limits, error mapping.
 
-A stub stands in for :class:`~threads_celery.client.Threads` (the API only calls its methods), so
+A stub stands in for :class:`~threads_celery.client.threads.Threads` (the API only calls its methods), so
 these tests need no database, broker or worker.
 """
 
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from threads_celery.api import (
+from threads_celery.api.app import (
     ERROR_STATUS,
     ApiError,
     _parse_cursor,
@@ -27,7 +27,8 @@ from threads_celery.api import (
     sse_frame,
     tokens_from_env,
 )
-from threads_celery.api_models import Approve, Deny, Resolve, StartRun
+from threads_celery.api.bodies import Approve, Deny, Resolve, StartRun
+from threads_celery.api.tenancy import parse_token_entry
 from threads_celery.exceptions import (
     BrokerUnavailable,
     CallNotFound,
@@ -42,7 +43,6 @@ from threads_celery.exceptions import (
     UnknownAgent,
 )
 from threads_celery.records import Event, Run, RunHandle
-from threads_celery.tenancy import parse_token_entry
 
 TOKEN = "unit-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

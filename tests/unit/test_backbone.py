@@ -13,8 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from threads_celery import Agent, ConfigError, tool
-from threads_celery.agents import AgentRegistry
-from threads_celery.backbone import (
+from threads_celery.decisions.backbone import (
     CONTROL_QUEUE,
     CONTROL_TASKS,
     DELIVER_TASK,
@@ -25,11 +24,12 @@ from threads_celery.backbone import (
     queue_for,
     tick_is_covered,
 )
+from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.records import OutboxEntry
-from threads_celery.runs import STEP_TASK, TOOL_TASK
 from threads_celery.settings import Settings
 from threads_celery.testing import ScriptedModel
-from threads_celery.worker import Publisher, consume_control_queue, create_app
+from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
+from threads_celery.worker.app import Publisher, consume_control_queue, create_app
 
 
 class Empty(BaseModel):
@@ -167,8 +167,8 @@ def test_the_embedded_app_has_a_control_queue_of_its_own() -> None:
 
 def test_an_agents_steps_carry_its_queue_and_the_embedded_worker_still_runs_them() -> None:
     from threads_celery import Threads
-    from threads_celery import runs as run_records
     from threads_celery.testing import say
+    from threads_celery.transitions import runs as run_records
 
     routed = Agent(
         name="routed",
@@ -196,7 +196,7 @@ def test_an_agents_steps_carry_its_queue_and_the_embedded_worker_still_runs_them
 
 def test_moving_an_agent_to_another_queue_is_recorded_for_its_next_runs() -> None:
     from threads_celery import Threads
-    from threads_celery import runs as run_records
+    from threads_celery.transitions import runs as run_records
 
     with Threads.embedded(reconcile_interval=None) as threads:
         threads.register(Agent(name="mover", instructions="i", model=ScriptedModel([])))
@@ -223,7 +223,7 @@ def test_each_queue_is_bound_by_its_own_name_so_no_message_is_copied_into_the_ot
 def test_a_row_republished_again_and_again_backs_off_to_four_graces() -> None:
     from datetime import timedelta
 
-    from threads_celery.backbone import republish_delay
+    from threads_celery.decisions.backbone import republish_delay
 
     grace = timedelta(seconds=10)
     assert [republish_delay(grace, n).total_seconds() for n in range(6)] == [20, 40, 80, 160, 160, 160]
@@ -236,8 +236,8 @@ def test_the_store_spaces_the_republishes_of_a_row_nobody_consumes() -> None:
     from sqlalchemy import select
 
     from threads_celery import Threads
-    from threads_celery.runs import utcnow
     from threads_celery.store.schema import outbox
+    from threads_celery.transitions.runs import utcnow
 
     with Threads.embedded(reconcile_interval=None) as threads:
         store = threads.store
@@ -260,7 +260,7 @@ def test_the_store_spaces_the_republishes_of_a_row_nobody_consumes() -> None:
 
 
 def test_on_redis_control_and_recovered_work_are_published_ahead_of_waiting_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    from threads_celery.backbone import URGENT_PRIORITY, WORK_PRIORITY, message_priority
+    from threads_celery.decisions.backbone import URGENT_PRIORITY, WORK_PRIORITY, message_priority
 
     assert URGENT_PRIORITY < WORK_PRIORITY  # kombu's Redis transport serves lower numbers first
     assert message_priority(STEP_TASK, recovered=True, broker_url="redis://h/0") == URGENT_PRIORITY
@@ -290,7 +290,7 @@ def test_a_republished_row_is_ordinary_work_not_urgent() -> None:
     from datetime import timedelta
 
     from threads_celery import Threads
-    from threads_celery.runs import utcnow
+    from threads_celery.transitions.runs import utcnow
 
     with Threads.embedded(reconcile_interval=None) as threads:
         runtime = threads.app.threads_runtime.get()

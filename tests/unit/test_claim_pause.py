@@ -19,12 +19,12 @@ import pytest
 from pydantic import BaseModel
 from sqlalchemy import update
 
-import threads_celery.runtime as runtime_module
+import threads_celery.runtime.machine as runtime_module
 from threads_celery import Agent, NotFound, Reconcile, Threads, tool
-from threads_celery.permissions import Permissions
-from threads_celery.runs import utcnow
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.store.schema import runs, tool_calls
 from threads_celery.testing import ScriptedModel, call, say
+from threads_celery.transitions.runs import utcnow
 
 EFFECTS: list[int] = []
 

@@ -42,7 +42,7 @@ TOOL_MODULE_SOURCE = textwrap.dedent(
 )
 
 FORBIDDEN_PREFIXES = ("pydantic_ai", "openai", "anthropic", TOOL_MODULE, "tests")
-FORBIDDEN_MODULES = ("threads_celery.models", "threads_celery.testing")
+FORBIDDEN_MODULES = ("threads_celery.runtime.models", "threads_celery.testing")
 
 REPORT = textwrap.dedent(
     """
@@ -86,11 +86,11 @@ def tool_module(tmp_path: Path) -> Path:
 
 def test_importing_the_client_module_loads_no_model_layer_or_tool_code(tool_module: Path) -> None:
     modules = imported_modules(
-        "import threads_celery.client",
+        "import threads_celery.client.threads",
         extra_path=tool_module,
         env={"THREADS_AGENTS": TOOL_MODULE},
     )
-    assert "threads_celery.client" in modules
+    assert "threads_celery.client.threads" in modules
     assert leaks(modules) == []
 
 
@@ -100,7 +100,7 @@ def test_importing_threads_from_the_package_loads_no_model_layer_or_tool_code(to
         extra_path=tool_module,
         env={"THREADS_AGENTS": TOOL_MODULE},
     )
-    assert "threads_celery.client" in modules
+    assert "threads_celery.client.threads" in modules
     assert leaks(modules) == []
 
 
@@ -124,7 +124,7 @@ def test_a_web_app_starts_a_run_by_name_without_loading_tool_code(tool_module: P
             assert [m.text for m in threads.messages(handle.thread_id)] == ["where is my refund?"]
     """
     modules = imported_modules(web_app, extra_path=tool_module, env={"THREADS_AGENTS": TOOL_MODULE})
-    assert "threads_celery.client" in modules
+    assert "threads_celery.client.threads" in modules
     assert leaks(modules) == []
 
 

@@ -60,7 +60,7 @@ def cli_command(*path: str) -> Any:
     """The click command behind ``threads-celery <path...>``, or None."""
     import typer
 
-    from threads_celery.cli import app
+    from threads_celery.cli.app import app
 
     command: Any = typer.main.get_command(app)
     for name in path:
@@ -97,7 +97,7 @@ def test_threads_variables_are_real_settings_and_documented(services: dict[str, 
         env = service.get("environment") or {}
         used |= {k for k in (env if isinstance(env, dict) else dict(e.split("=", 1) for e in env)) if k.startswith("THREADS_")}
     assert CORE_VARS <= used
-    package_src = "\n".join(p.read_text() for p in (REPO / "threads_celery").glob("*.py"))
+    package_src = "\n".join(p.read_text() for p in (REPO / "threads_celery").rglob("*.py"))
     for var in used:
         assert f'"{var}"' in package_src, f"{var} is read nowhere in the package"
     for var in CORE_VARS:
@@ -175,7 +175,7 @@ def test_long_running_services_have_health_checks_and_restart_policies(services:
 
 
 def test_the_health_endpoints_named_are_real_routes() -> None:
-    from threads_celery.api import create_api
+    from threads_celery.api.app import create_api
 
     app = create_api(object(), tokens={"t"})  # type: ignore[arg-type]  # routes only; nothing is called
     paths = {getattr(route, "path", None) for route in app.routes}
@@ -229,7 +229,7 @@ def _named_volume_mounts(service: dict[str, Any], compose: dict[str, Any]) -> di
 
 
 def test_the_secret_key_and_model_keys_come_from_the_environment(services: dict[str, Any]) -> None:
-    from threads_celery.variables import SECRET_KEY_ENV
+    from threads_celery.definitions.variables import SECRET_KEY_ENV
 
     for name in OUR_IMAGE:
         env = services[name]["environment"]
@@ -276,7 +276,7 @@ def test_beats_schedule_state_is_on_a_volume(services: dict[str, Any], compose: 
 
 
 def test_a_control_queue_worker_consumes_the_backbones_queue(services: dict[str, Any]) -> None:
-    from threads_celery.backbone import WORK_QUEUE, control_queue_for
+    from threads_celery.decisions.backbone import WORK_QUEUE, control_queue_for
 
     args = argv(services["control-worker"])
     assert args[:4] == ["celery", "-A", "tasks", "worker"]

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from threads_celery import Agent, EffectUnknown, Settings, Threads, tool
-from threads_celery.permissions import Permissions
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.testing import ScriptedModel, call, say
 
 WAIT_S = 30.0

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from threads_celery.effects import (
+from threads_celery.decisions.effects import (
     CALL_STATUSES,
     EFFECTS,
     AlreadySettled,

@@ -21,8 +21,8 @@ from celery.signals import task_postrun
 from pydantic import BaseModel
 
 from threads_celery import Agent, Settings, Threads, tool
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.exceptions import RunNotFound, RunTimeout
-from threads_celery.permissions import Permissions
 from threads_celery.records import Message, Run
 from threads_celery.testing import Reply, ScriptedModel, call, calls, say
 

@@ -16,15 +16,15 @@ import pytest
 from pydantic import BaseModel
 
 from threads_celery import Agent, Settings, Threads, tool
-from threads_celery.context import ToolContext
+from threads_celery.decisions.permissions import Permissions
+from threads_celery.definitions.context import ToolContext
 from threads_celery.exceptions import AttachmentPathError
-from threads_celery.files import (
+from threads_celery.runtime.files import (
     ThreadFiles,
     area_name,
     copy_back_to_parent,
     copy_into_child,
 )
-from threads_celery.permissions import Permissions
 from threads_celery.testing import ScriptedModel, call, say
 
 WAIT_S = 30.0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from threads_celery.exceptions import ConfigError
-from threads_celery.flower_gate import flower_argv, flower_credentials, require_auth_on_metrics
+from threads_celery.worker.flower_gate import flower_argv, flower_credentials, require_auth_on_metrics
 
 
 @pytest.mark.parametrize(

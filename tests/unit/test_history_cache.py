@@ -10,13 +10,13 @@ import pytest
 from sqlalchemy import delete, update
 
 from tests.support.history_checks import comparable, drive_with_two_workers
-from threads_celery import runs as run_ledger
-from threads_celery.history import HistoryCache, message_size
-from threads_celery.models import ModelHistory, to_model_messages
 from threads_celery.records import Message, ToolCall, ToolResult
+from threads_celery.runtime.history import HistoryCache, message_size
+from threads_celery.runtime.models import ModelHistory, to_model_messages
 from threads_celery.store import Store, create_store_engine, parse_database_url
 from threads_celery.store.migrate import upgrade
 from threads_celery.store.schema import messages
+from threads_celery.transitions import runs as run_ledger
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from tests.support.agent_tool_agents import eventually, unique
 from threads_celery import Agent, ConfigError, Settings, Threads, agent_tool, tool
-from threads_celery.hooks import (
+from threads_celery.definitions.hooks import (
     Allow,
     Deny,
     Failed,
@@ -482,7 +482,7 @@ def test_a_hanging_observing_hook_is_cut_at_its_limit_and_the_run_goes_on(
     release = threading.Event()
     weather = Weather()
     try:
-        with caplog.at_level("WARNING", logger="threads_celery.hooks"):
+        with caplog.at_level("WARNING", logger="threads_celery.definitions.hooks"):
             run, [result] = _run(threads, HangingObserver(weather, release))
             # The hook runs after the result is recorded, so the run may end before it is cut.
             eventually(
@@ -499,7 +499,7 @@ def test_a_failing_observing_hook_is_logged_and_ignored(
 ) -> None:
     weather = Weather()
     observer = Observer(weather, fail=True)
-    with caplog.at_level("WARNING", logger="threads_celery.hooks"):
+    with caplog.at_level("WARNING", logger="threads_celery.definitions.hooks"):
         run, [result] = _run(threads, observer)
         eventually(lambda: "observer broke again" in caplog.text, what="the on_stop failure logged")
     assert run.status == "completed" and result.tool_result.content == "sunny in Oslo"

@@ -10,8 +10,8 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from threads_celery import Agent, Threads, tool
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.exceptions import CallNotFound, CallStateError, InvalidArguments
-from threads_celery.permissions import Permissions
 from threads_celery.store.schema import tool_calls
 from threads_celery.testing import ScriptedModel, call, say
 
@@ -141,8 +141,8 @@ def _park(threads: Threads, agent: Agent) -> tuple[str, str]:
 
     from sqlalchemy import update
 
-    from threads_celery.runs import utcnow
     from threads_celery.store.schema import runs as runs_table
+    from threads_celery.transitions.runs import utcnow
 
     run_id, key = _awaiting(threads, agent)
     past = utcnow() - timedelta(seconds=5)

@@ -8,14 +8,14 @@ from typing import Any
 
 from rich.console import Console, Group
 
-from threads_celery.cli_watch import follow_run, follow_thread
-from threads_celery.live import (
+from threads_celery.cli.live import (
     RunView,
     format_args,
     format_result,
     message_from_event,
     shorten,
 )
+from threads_celery.cli.watch import follow_run, follow_thread
 from threads_celery.records import Event, Message, Run, ToolCall, ToolResult
 
 RUN = "run_1"

@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 
 from threads_celery import ConfigError, MCPServer
-from threads_celery.effects import NotFound, Reconcile
-from threads_celery.mcp_servers import (
+from threads_celery.decisions.effects import NotFound, Reconcile
+from threads_celery.definitions.mcp_servers import (
     Hints,
     decide_tool_effect,
     describe_failure,
     effect_from_hints,
 )
-from threads_celery.schema_tools import stated_effect
+from threads_celery.definitions.schema_tools import stated_effect
 
 
 @pytest.mark.parametrize(

@@ -47,7 +47,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_the_ledger_gauges_and_the_latencies_are_exported() -> None:
-    from threads_celery.metrics import render
+    from threads_celery.telemetry.metrics import render
 
     noting = Agent(
         name="metered",
@@ -91,7 +91,7 @@ def test_the_ledger_gauges_and_the_latencies_are_exported() -> None:
 def test_the_api_serves_metrics_behind_its_token() -> None:
     from fastapi.testclient import TestClient
 
-    from threads_celery.api import create_api
+    from threads_celery.api.app import create_api
 
     with Threads.embedded() as threads:
         api = TestClient(create_api(threads, tokens={"t"}))
@@ -105,7 +105,7 @@ def test_the_api_serves_metrics_behind_its_token() -> None:
 
 def test_a_bad_metrics_port_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from threads_celery import ConfigError
-    from threads_celery.worker import serve_metrics
+    from threads_celery.worker.app import serve_metrics
 
     monkeypatch.setenv("THREADS_METRICS_PORT", "ninety")
     with pytest.raises(ConfigError, match="THREADS_METRICS_PORT"):

@@ -19,8 +19,8 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
 from threads_celery import tool
-from threads_celery.models import ModelTurn, StreamEvent, request_turn, to_model_messages
 from threads_celery.records import Message, ToolCall, ToolResult
+from threads_celery.runtime.models import ModelTurn, StreamEvent, request_turn, to_model_messages
 from threads_celery.testing import ScriptedModel, call, calls, say
 
 
@@ -253,7 +253,7 @@ def test_a_failing_model_raises_out_of_request_turn() -> None:
 
 
 def test_openai_strings_use_chat_completions_against_a_compatible_base_url(monkeypatch) -> None:
-    from threads_celery import models
+    from threads_celery.runtime import models
 
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     monkeypatch.setenv("OPENAI_API_KEY", "test")

@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import delete, update
 
 from threads_celery import Agent, Detached, Threads
-from threads_celery.observability import ObservedEvent, subscribe
-from threads_celery.runs import utcnow
 from threads_celery.store.schema import agent_tool_runs, runs
+from threads_celery.telemetry.observability import ObservedEvent, subscribe
 from threads_celery.testing import ScriptedModel, say
+from threads_celery.transitions.runs import utcnow
 
 child = Agent(name="quick", instructions="x", model=ScriptedModel([say("done")], per="run"))
 parent = Agent(name="host", instructions="x", model=ScriptedModel([say("hi")], per="run"))

@@ -15,9 +15,10 @@ import pytest
 from pydantic import BaseModel
 
 from tests.support.fake_openai import FakeOpenAI
-from threads_celery import Agent, Threads, models, tool
-from threads_celery.models import StreamEvent, request_turn
+from threads_celery import Agent, Threads, tool
 from threads_celery.records import Message
+from threads_celery.runtime import models
+from threads_celery.runtime.models import StreamEvent, request_turn
 
 pytestmark = pytest.mark.usefixtures("allow_model_requests")
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from tests.support.agent_tool_agents import eventually, unique
 from threads_celery import Agent, ConfigError, Settings, Threads, tool
-from threads_celery.batches import (
+from threads_celery.runtime.batches import (
     first_wave,
     group_end,
     plan_groups,

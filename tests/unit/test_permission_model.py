@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from threads_celery.permissions import (
+from threads_celery.decisions.permissions import (
     Allow,
     Ask,
     Deny,

@@ -14,8 +14,8 @@ from pydantic import BaseModel
 
 from tests.support.agent_tool_agents import eventually, unique
 from threads_celery import Agent, Settings, Threads, agent_tool, tool
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.exceptions import RunNotFound
-from threads_celery.permissions import Permissions
 from threads_celery.testing import ScriptedModel, call, say
 
 WAIT_S = 30.0

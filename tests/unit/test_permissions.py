@@ -2,8 +2,8 @@
 
 import pytest
 
+from threads_celery.decisions.permissions import Allow, Ask, Deny, Permissions, decide_permission
 from threads_celery.exceptions import ConfigError
-from threads_celery.permissions import Allow, Ask, Deny, Permissions, decide_permission
 
 EFFECTS = ("read_only", "idempotent", "reconcilable", "unguarded")
 

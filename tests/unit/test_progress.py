@@ -1,7 +1,7 @@
 """Progress and milestones reported from inside a child agent-tool run (embedded, no services).
 
 A child reports through ``ctx.report_progress(...)``; the worker's
-:class:`~threads_celery.progress.ProgressReporter` coalesces ephemeral progress (200 ms, latest
+:class:`~threads_celery.runtime.progress.ProgressReporter` coalesces ephemeral progress (200 ms, latest
 wins, ``fraction >= 1`` always goes out), keeps the latest snapshot on the agent-tool row, stores
 milestones as durable rows with a per-run sequence, and surfaces configured milestones of
 detached runs in the parent thread (narrate: an assistant line; react: a user turn).
@@ -29,9 +29,10 @@ from tests.support.agent_tool_agents import (
     idle_parent,
     unique,
 )
-from threads_celery import Agent, Detached, Settings, Threads, progress, tool
-from threads_celery.context import ToolContext
-from threads_celery.progress import ProgressReporter
+from threads_celery import Agent, Detached, Settings, Threads, tool
+from threads_celery.definitions.context import ToolContext
+from threads_celery.runtime import progress
+from threads_celery.runtime.progress import ProgressReporter
 from threads_celery.testing import ScriptedModel, call, say
 
 WAIT_S = 30.0

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.fake_openai import FakeOpenAI
 from threads_celery import Agent, ConfigError, Threads
-from threads_celery.provider_limits import (
+from threads_celery.decisions.provider_limits import (
     GiveUp,
     ProviderFailure,
     RateLimit,
@@ -24,7 +24,7 @@ from threads_celery.provider_limits import (
     window_is_full,
     window_of,
 )
-from threads_celery.rate_limiter import LocalWindows, RedisWindows, rate_limiter_for
+from threads_celery.runtime.rate_limiter import LocalWindows, RedisWindows, rate_limiter_for
 from threads_celery.settings import Settings
 
 NOW = datetime(2026, 12, 1, 0, 0, 30, tzinfo=UTC)
@@ -231,7 +231,7 @@ def test_a_provider_that_answers_429_forever_ends_the_run_error_after_the_bound(
 
 
 def test_model_strings_leave_the_waiting_to_the_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
-    from threads_celery import models
+    from threads_celery.runtime import models
 
     monkeypatch.setattr(models, "_model_cache", {})
     monkeypatch.setenv("OPENAI_API_KEY", "test")
@@ -242,7 +242,7 @@ def test_model_strings_leave_the_waiting_to_the_runtime(monkeypatch: pytest.Monk
 
 @pytest.mark.usefixtures("allow_model_requests")
 def test_a_model_string_gets_429_then_the_answer_without_the_sdk_retrying(monkeypatch: pytest.MonkeyPatch) -> None:
-    from threads_celery import models
+    from threads_celery.runtime import models
 
     monkeypatch.setattr(models, "_model_cache", {})
     script = [{"error": "slow down", "status": 429, "retry_after": "1"}, {"text": "answered"}]

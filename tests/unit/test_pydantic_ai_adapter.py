@@ -18,7 +18,7 @@ from pydantic_ai.toolsets import FunctionToolset
 
 from tests.support import pydantic_ai_agents as pai
 from threads_celery import Agent, ConfigError, Settings, Threads, from_pydantic_ai
-from threads_celery.pydantic_ai_adapter import PydanticAIAgent, factory_reference
+from threads_celery.definitions.pydantic_ai_adapter import PydanticAIAgent, factory_reference
 
 WAIT_S = 30.0
 
@@ -246,7 +246,7 @@ def test_the_example_agent_runs_with_its_effects(
 def test_a_worker_checks_an_adapted_agents_model_string_at_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from threads_celery.preflight import check_models
+    from threads_celery.runtime.preflight import check_models
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)

@@ -12,10 +12,10 @@ from pydantic import BaseModel
 from sqlalchemy import select, update
 
 from threads_celery import Agent, Threads, tool
-from threads_celery.permissions import Permissions
-from threads_celery.runs import utcnow
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.store.schema import outbox, runs, tool_calls
 from threads_celery.testing import ScriptedModel, call, say
+from threads_celery.transitions.runs import utcnow
 
 RELEASE = threading.Event()
 CALLS: list[int] = []

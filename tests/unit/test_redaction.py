@@ -21,6 +21,8 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from threads_celery import Agent, Threads, tool
+from threads_celery.definitions.tools import render_result
+from threads_celery.definitions.variables import Variable
 from threads_celery.redaction import (
     REDACTED,
     describe_exception,
@@ -31,8 +33,6 @@ from threads_celery.redaction import (
 )
 from threads_celery.store import schema
 from threads_celery.testing import ScriptedModel, call, say
-from threads_celery.tools import render_result
-from threads_celery.variables import Variable
 
 PEM = (
     "-----BEGIN PRIVATE KEY-----\n"

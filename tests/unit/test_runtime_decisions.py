@@ -14,9 +14,9 @@ import pytest
 from pydantic import BaseModel
 
 from threads_celery import Found, LookupUnknown, NotFound, Reconcile, tool
-from threads_celery.effects import LookupFailed, NeedsLookup, Park, RecordFound, RunAgain
+from threads_celery.decisions.effects import LookupFailed, NeedsLookup, Park, RecordFound, RunAgain
 from threads_celery.records import TERMINAL_STATUSES, CallRow, Run
-from threads_celery.runtime import Busy, Proceed, Skip, decide_call, decide_step
+from threads_celery.runtime.machine import Busy, Proceed, Skip, decide_call, decide_step
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 LATER = NOW + timedelta(seconds=30)

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from threads_celery import Agent, Settings, Threads, sandbox, tool
-from threads_celery.context import ToolContext
-from threads_celery.sandbox import NODE_MISSING, CodeResult, run_code
+from threads_celery import Agent, Settings, Threads, tool
+from threads_celery.definitions.context import ToolContext
+from threads_celery.runtime import sandbox
+from threads_celery.runtime.sandbox import NODE_MISSING, CodeResult, run_code
 from threads_celery.testing import ScriptedModel, call, say
 
 WAIT_S = 30.0

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from threads_celery import isolation, sandbox
-from threads_celery.sandbox import run_code
+from threads_celery.runtime import isolation, sandbox
+from threads_celery.runtime.sandbox import run_code
 
 REPO = Path(__file__).resolve().parents[2]
 

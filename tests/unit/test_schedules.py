@@ -25,10 +25,9 @@ from pydantic import BaseModel
 
 from beat.schedule import ENTRY_PREFIX, Scheduler, SlotSchedule, beat_entries
 from threads_celery import Agent, Settings, Threads, tool
-from threads_celery.agents import AgentRegistry
+from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.exceptions import ConfigError
-from threads_celery.runs import utcnow
-from threads_celery.schedules import (
+from threads_celery.runtime.schedules import (
     SCHEDULED_RUN_TASK,
     Schedule,
     ScheduleRegistry,
@@ -40,8 +39,9 @@ from threads_celery.schedules import (
     start_scheduled_run,
 )
 from threads_celery.testing import ScriptedModel, call, say
-from threads_celery.worker import SCHEDULED_RUN_TASK as WORKER_TASK_NAME
-from threads_celery.worker import create_app
+from threads_celery.transitions.runs import utcnow
+from threads_celery.worker.app import SCHEDULED_RUN_TASK as WORKER_TASK_NAME
+from threads_celery.worker.app import create_app
 
 UTC = timezone.utc
 WAIT_S = 30.0
@@ -358,7 +358,7 @@ def test_schedules_are_found_in_the_agent_modules(tmp_path: Path, monkeypatch: p
         """
         from datetime import timedelta
         from threads_celery import Agent
-        from threads_celery.schedules import Schedule, crontab
+        from threads_celery.runtime.schedules import Schedule, crontab
         from threads_celery.testing import ScriptedModel, say
 
         agent = Agent(name="loader", instructions="", model=ScriptedModel([say("ok")]))

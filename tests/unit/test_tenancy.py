@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from threads_celery.api import callers_from_env, tokens_from_env
+from threads_celery.api.app import callers_from_env, tokens_from_env
+from threads_celery.api.tenancy import Caller, callers_from_tokens, parse_token_entry
 from threads_celery.exceptions import ConfigError
 from threads_celery.records import DEFAULT_TENANT
-from threads_celery.tenancy import Caller, callers_from_tokens, parse_token_entry
 
 
 def test_a_bare_token_is_an_anonymous_principal_of_the_default_tenant() -> None:

@@ -7,8 +7,8 @@ import json
 from pydantic import BaseModel, Field
 
 from threads_celery import Agent, Permissions, Threads, tool
-from threads_celery.models import StreamEvent
-from threads_celery.streaming import ToolCallStarted, ToolCallStarts
+from threads_celery.runtime.models import StreamEvent
+from threads_celery.runtime.streaming import ToolCallStarted, ToolCallStarts
 from threads_celery.testing import ScriptedModel, calls, say
 
 

@@ -9,14 +9,14 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from threads_celery import Found, Reconcile, tool
-from threads_celery.exceptions import ConfigError
-from threads_celery.tools import (
+from threads_celery.definitions.tools import (
     RESERVED_TOOL_NAMES,
     Tool,
     ToolArgumentsError,
     ToolOutputError,
     render_result,
 )
+from threads_celery.exceptions import ConfigError
 
 
 class WeatherIn(BaseModel):

@@ -11,9 +11,9 @@ import pytest
 from pydantic import BaseModel
 
 from threads_celery import Agent, ConfigError, Threads, tool
+from threads_celery.decisions.usage import Limits, Prices, UsageLimits, UsageTotals, day_bounds, limit_reached
 from threads_celery.settings import Settings
 from threads_celery.testing import ScriptedModel, call, say
-from threads_celery.usage import Limits, Prices, UsageLimits, UsageTotals, day_bounds, limit_reached
 
 RUN_TIMEOUT_S = 30.0
 
@@ -175,8 +175,8 @@ def test_the_api_and_the_cli_show_usage(tmp_path: Any) -> None:
     from fastapi.testclient import TestClient
     from typer.testing import CliRunner
 
-    from threads_celery.api import create_api
-    from threads_celery.cli import app as cli_app
+    from threads_celery.api.app import create_api
+    from threads_celery.cli.app import app as cli_app
 
     db = tmp_path / "usage.db"
     with Threads.embedded(db) as threads:
@@ -237,9 +237,9 @@ def test_the_web_page_shows_the_runs_usage() -> None:
 def test_a_run_asked_to_wait_at_its_limit_parks_and_goes_on_when_a_person_allows_it() -> None:
     from fastapi.testclient import TestClient
 
-    from threads_celery.api import create_api
+    from threads_celery.api.app import create_api
+    from threads_celery.api.tenancy import parse_token_entry
     from threads_celery.exceptions import ConfigError as NotParked
-    from threads_celery.tenancy import parse_token_entry
 
     limits = UsageLimits(per_run=Limits(requests=2), on_limit="ask")
     with Threads.embedded() as threads:
@@ -269,7 +269,7 @@ def test_a_run_asked_to_wait_at_its_limit_parks_and_goes_on_when_a_person_allows
 def test_the_cli_lets_a_parked_run_go_on(tmp_path: Any) -> None:
     from typer.testing import CliRunner
 
-    from threads_celery.cli import app as cli_app
+    from threads_celery.cli.app import app as cli_app
 
     db = tmp_path / "ask.db"
     env = {"THREADS_DATABASE_URL": "", "THREADS_BROKER_URL": ""}

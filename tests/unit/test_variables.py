@@ -10,9 +10,9 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from threads_celery import Agent, ConfigError, Permissions, Threads, agent_tool, tool
+from threads_celery.definitions.variables import Variable, VariableError, resolve
 from threads_celery.store import schema
 from threads_celery.testing import ScriptedModel, call, say
-from threads_celery.variables import Variable, VariableError, resolve
 
 CANARY = "canary-sk-9f8e7d6c5b4a"
 

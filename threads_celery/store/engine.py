@@ -15,8 +15,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, create_engine, make_url
 from sqlalchemy.exc import ArgumentError
 
-from ..exceptions import ConfigError
-from . import storable
+from threads_celery.exceptions import ConfigError
+from threads_celery.store import storable
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 

@@ -8,8 +8,8 @@ from datetime import datetime
 from sqlalchemy import delete, insert, select
 from sqlalchemy.engine import Connection
 
-from ..records import PermissionGrant
-from .schema import permission_grants
+from threads_celery.records import PermissionGrant
+from threads_celery.store.schema import permission_grants
 
 
 class GrantQueries:

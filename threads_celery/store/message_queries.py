@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Connection, Row
 
-from ..records import Event, Message, ToolCall, ToolResult
-from . import statements
-from .schema import events, messages
+from threads_celery.records import Event, Message, ToolCall, ToolResult
+from threads_celery.store import statements
+from threads_celery.store.schema import events, messages
 
 
 class MessageQueries:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from .schema import outbox, runs, tool_calls
+from threads_celery.store.schema import outbox, runs, tool_calls
 
 
 @dataclass(frozen=True, slots=True)

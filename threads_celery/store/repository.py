@@ -17,17 +17,17 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from ..backbone import republish_delay
-from ..exceptions import StoreUnavailable
-from ..records import DEFAULT_TENANT, CallRow, OutboxEntry, Run, ToolResult
-from . import statements
-from .agent_tool_queries import AgentToolQueries
-from .engine import safe_url
-from .grant_queries import GrantQueries
-from .message_queries import MessageQueries
-from .metrics_queries import MetricsQueries
-from .schema import agents, outbox, runs, threads, tool_calls, variables
-from .usage_queries import UsageQueries
+from threads_celery.decisions.backbone import republish_delay
+from threads_celery.exceptions import StoreUnavailable
+from threads_celery.records import DEFAULT_TENANT, CallRow, OutboxEntry, Run, ToolResult
+from threads_celery.store import statements
+from threads_celery.store.agent_tool_queries import AgentToolQueries
+from threads_celery.store.engine import safe_url
+from threads_celery.store.grant_queries import GrantQueries
+from threads_celery.store.message_queries import MessageQueries
+from threads_celery.store.metrics_queries import MetricsQueries
+from threads_celery.store.schema import agents, outbox, runs, threads, tool_calls, variables
+from threads_celery.store.usage_queries import UsageQueries
 
 TOOL_TASK_NAME = "threads.tool"
 
@@ -126,7 +126,7 @@ def _first_line(exc: BaseException) -> str:
 
 def args_digest(args: str) -> str:
     """The hash an approval binds to: the exact argument text, as the ledger holds it."""
-    from .storable import storable_text
+    from threads_celery.store.storable import storable_text
 
     return hashlib.sha256(storable_text(args).encode()).hexdigest()
 
@@ -359,7 +359,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
         now: datetime,
     ) -> int | None:
         """PostgreSQL: the result commit of a tool call as one statement; the new fence or None."""
-        from .storable import dumps
+        from threads_celery.store.storable import dumps
 
         parts = {"tool_result": tool_result.to_json()}
         params = {

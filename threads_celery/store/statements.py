@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Boolean, bindparam, delete, func, insert, select, text, update
 
-from .schema import UTCDateTime, events, messages, outbox, runs, threads, tool_calls
+from threads_celery.store.schema import UTCDateTime, events, messages, outbox, runs, threads, tool_calls
 
 _next = tool_calls.alias("nxt")
 

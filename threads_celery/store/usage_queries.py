@@ -8,8 +8,8 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Connection
 
-from ..usage import ALLOWED_EVENT, Scope, UsageLimits, UsageTotals, day_bounds
-from .schema import model_usage, threads
+from threads_celery.decisions.usage import ALLOWED_EVENT, Scope, UsageLimits, UsageTotals, day_bounds
+from threads_celery.store.schema import model_usage, threads
 
 
 class UsageQueries:

@@ -1,0 +1,700 @@
+"""The HTTP API for web apps: start and read runs, stream a thread's events, decide parked calls.
+
+Serve it with the CLI or any ASGI server::
+
+    THREADS_API_TOKENS=s3cret threads-celery api --host 127.0.0.1 --port 8000
+    uvicorn --factory threads_celery.api.app:app_from_environment
+
+Every route under ``/v1`` needs ``Authorization: Bearer <token>`` with a token from
+``THREADS_API_TOKENS`` (comma-separated). With no token configured the API refuses to start,
+unless ``THREADS_API_AUTH=off`` says, explicitly, that something in front of it authenticates.
+Each token maps to a principal and a tenant (``principal@tenant=token``; a bare token is an
+anonymous principal of the ``default`` tenant): a caller sees and acts on its tenant's threads,
+runs and calls only, another tenant's ids answer 404, and decisions are recorded under the
+token's principal (see :mod:`threads_celery.api.tenancy`).
+``/healthz`` (the process is up) and ``/readyz`` (the database and the broker answer) are open.
+
+Errors always have the shape ``{"error": {"type": ..., "message": ...}}``: 401 unauthenticated,
+404 unknown agent, run, thread or call, 409 a call not in the state the action needs (or a thread
+of another agent), 413 a body over ``THREADS_API_MAX_BODY_BYTES`` (default 1 MiB), 422 a body
+that is not valid JSON or does not fit the schema, 503 the database or broker is unavailable.
+Errors never carry a stack trace, a database URL or a secret.
+
+``GET /v1/threads/{id}/events`` is a Server-Sent Events stream: the thread's event log replayed
+after a cursor (the ``Last-Event-ID`` header, else ``?after=``), then tailed live. Each frame has
+``id: <seq>``, ``event: <type>`` and ``data: <json>``; sequence numbers are contiguous per thread
+and committed in order, so a client that resumes from the last id it saw misses nothing and sees
+nothing twice.
+
+TODO(agents as tools, issue 4): child drill-in (``GET /v1/runs/{run_id}/children`` and the child's
+messages and events), gated by the parent's agent-tool registry so that a guessed child run id
+is a 404 and spawns nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
+from contextlib import asynccontextmanager
+from itertools import islice
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from threads_celery import __version__
+from threads_celery.api.bodies import (
+    EFFECT_KEY_PATTERN,
+    ID_PATTERN,
+    MAX_SEQ,
+    Approve,
+    CallResultOut,
+    Decision,
+    Deny,
+    ErrorOut,
+    EventOut,
+    Health,
+    MessageOut,
+    PendingCallOut,
+    Resolve,
+    RunOut,
+    RunStarted,
+    StartRun,
+)
+from threads_celery.api.tenancy import (
+    UNAUTHENTICATED,
+    Caller,
+    callers_from_tokens,
+    only_theirs,
+    owned_call,
+    owned_run,
+    owned_thread,
+)
+from threads_celery.exceptions import (
+    BrokerUnavailable,
+    CallNotFound,
+    CallStateError,
+    ConfigError,
+    InvalidArguments,
+    PayloadTooLarge,
+    RunNotFound,
+    StoreUnavailable,
+    ThreadNotFound,
+    ThreadsError,
+    UnknownAgent,
+)
+from threads_celery.records import Event, RunStatus
+
+if TYPE_CHECKING:
+    from threads_celery.client.threads import Threads
+
+log = logging.getLogger("threads_celery.api.app")
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # room for a message at the default 1,000,000-byte limit, in JSON
+DEFAULT_KEEPALIVE_S = 15.0
+DEFAULT_POLL_INTERVAL_S = 0.25
+EVENT_BATCH = 500
+
+# A library error, by class (the first match along the MRO wins): status and error type.
+ERROR_STATUS: dict[type[ThreadsError], tuple[int, str]] = {
+    UnknownAgent: (404, "unknown_agent"),
+    RunNotFound: (404, "run_not_found"),
+    ThreadNotFound: (404, "thread_not_found"),
+    CallNotFound: (404, "call_not_found"),
+    CallStateError: (409, "call_state_conflict"),
+    InvalidArguments: (422, "invalid_arguments"),
+    PayloadTooLarge: (413, "payload_too_large"),
+    StoreUnavailable: (503, "store_unavailable"),
+    BrokerUnavailable: (503, "broker_unavailable"),
+    # At request time a ConfigError is a clash with the ledger's state, e.g. a thread_id that
+    # belongs to another agent (the API checks the schema when it starts).
+    ConfigError: (409, "conflict"),
+}
+# These say which service is down in the log, and only that it is down to the client.
+TERSE_ERRORS = (StoreUnavailable, BrokerUnavailable)
+HTTP_ERROR_TYPES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut, "description": text}
+    for code, text in {
+        401: "Missing or wrong bearer token.",
+        422: "The request does not fit the schema.",
+        503: "The database or broker is unavailable.",
+    }.items()
+}
+
+
+class ApiError(Exception):
+    """An error answer the API decided on itself (not a library exception)."""
+
+    def __init__(self, status: int, type: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.type, self.message = status, type, message
+
+
+def error_response(
+    status: int, type: str, message: str, *, headers: Mapping[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    body: dict[str, Any] = {"type": type, "message": message}
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return JSONResponse({"error": body}, status_code=status, headers=dict(headers or {}))
+
+
+# -- configuration -----------------------------------------------------------------------------
+
+
+def callers_from_env(env: Mapping[str, str]) -> dict[str, Caller]:
+    """Token -> caller as ``THREADS_API_TOKENS`` defines them (see :mod:`threads_celery.api.tenancy`)."""
+    return callers_from_tokens(env.get("THREADS_API_TOKENS", "").split(","))
+
+
+def tokens_from_env(env: Mapping[str, str]) -> set[str]:
+    """The bearer tokens ``THREADS_API_TOKENS`` defines."""
+    return set(callers_from_env(env))
+
+
+def auth_from_env(env: Mapping[str, str]) -> bool:
+    raw = env.get("THREADS_API_AUTH", "").strip().lower()
+    if raw in ("", "on", "true", "1", "bearer"):
+        return True
+    if raw in ("off", "false", "0"):
+        return False
+    raise ConfigError(f"THREADS_API_AUTH must be 'on' or 'off', not {raw!r}")
+
+
+def check_auth_config(auth: bool, tokens: set[str]) -> None:
+    """ConfigError for authentication switched on with no token to check against."""
+    if auth and not tokens:
+        raise ConfigError(
+            "the HTTP API needs bearer tokens: set THREADS_API_TOKENS=token1,token2 "
+            "(or THREADS_API_AUTH=off when something in front of it authenticates)"
+        )
+
+
+def max_body_from_env(env: Mapping[str, str]) -> int:
+    raw = env.get("THREADS_API_MAX_BODY_BYTES", "").strip()
+    if not raw:
+        return DEFAULT_MAX_BODY_BYTES
+    if not raw.isdigit() or int(raw) <= 0:
+        raise ConfigError(f"THREADS_API_MAX_BODY_BYTES must be a positive integer, not {raw!r}")
+    return int(raw)
+
+
+# -- the body limit ----------------------------------------------------------------------------
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class BodyLimit:
+    """413 for a request body over ``max_bytes``: by its Content-Length, or as it streams in.
+
+    A pure ASGI middleware, so a chunked upload is cut off at the limit instead of being read
+    into memory first.
+    """
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self) -> JSONResponse:
+        return error_response(413, "payload_too_large", f"the request body is over the limit of {self.max_bytes} bytes")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await error_response(400, "bad_request", "Content-Length is not a number")(scope, receive, send)
+                return
+            if int(declared) > self.max_bytes:
+                await self._too_large()(scope, receive, send)
+                return
+        received = 0
+        started = False
+
+        async def limited_receive() -> MutableMapping[str, Any]:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # FastAPI passes an HTTPException raised while reading the body on to the
+                    # exception handlers, which answer in the usual error shape.
+                    raise HTTPException(413, f"the request body is over the limit of {self.max_bytes} bytes")
+            return message
+
+        async def tracking_send(message: MutableMapping[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except HTTPException as exc:
+            if exc.status_code != 413 or started:
+                raise
+            await self._too_large()(scope, receive, send)
+
+
+# -- the app -----------------------------------------------------------------------------------
+
+
+def create_api(
+    threads: Threads,
+    *,
+    tokens: Iterable[str] | Mapping[str, Caller] | None = None,
+    auth: bool | None = None,
+    max_body_bytes: int | None = None,
+    keepalive_s: float = DEFAULT_KEEPALIVE_S,
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+    close_threads_on_shutdown: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``threads``.
+
+    ``tokens``, ``auth`` and ``max_body_bytes`` default to ``THREADS_API_TOKENS``,
+    ``THREADS_API_AUTH`` and ``THREADS_API_MAX_BODY_BYTES``. ``tokens`` entries are read as
+    ``THREADS_API_TOKENS`` entries are, or given as a mapping of token to :class:`Caller`. With
+    authentication on (the default) and no token, this raises ConfigError: an API that anyone
+    can drive is never the result of a missing variable.
+    """
+    env = os.environ if env is None else env
+    auth = auth_from_env(env) if auth is None else auth
+    callers = callers_from_env(env) if tokens is None else callers_from_tokens(tokens)
+    check_auth_config(auth, set(callers))
+    max_body_bytes = max_body_from_env(env) if max_body_bytes is None else max_body_bytes
+    if max_body_bytes <= 0:
+        raise ConfigError(f"max_body_bytes must be positive, not {max_body_bytes}")
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if close_threads_on_shutdown:
+                await run_in_threadpool(threads.close)
+
+    app = FastAPI(
+        title="threads-celery",
+        version=__version__,
+        description="Start durable agent runs, read them, stream their events and decide parked tool calls.",
+        lifespan=lifespan,
+    )
+    app.state.threads = threads
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    _install_error_handlers(app)
+    _install_health(app, threads)
+    caller_of = _bearer_auth(callers) if auth else _unauthenticated
+    # At the router too, so that no route can forget it; FastAPI runs it once per request.
+    app.include_router(
+        _v1(threads, caller_of, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s),
+        dependencies=[Depends(caller_of)],
+    )
+    return app
+
+
+def _unauthenticated() -> Caller:
+    return UNAUTHENTICATED
+
+
+def _bearer_auth(callers: Mapping[str, Caller]) -> Callable[..., Caller]:
+    scheme = HTTPBearer(auto_error=False, description="A token from THREADS_API_TOKENS.")
+    known = [(t.encode(), caller) for t, caller in callers.items()]
+
+    # A default, not Annotated[...]: with postponed annotations FastAPI resolves names in the
+    # module's globals, where this closure's ``scheme`` is not.
+    def require_token(credentials: HTTPAuthorizationCredentials | None = Depends(scheme)) -> Caller:
+        if credentials is None:
+            raise HTTPException(
+                401, "missing bearer token (send Authorization: Bearer <token>)",
+                headers={"WWW-Authenticate": 'Bearer realm="threads-celery"'},
+            )  # fmt: skip
+        given = credentials.credentials.encode()
+        # Compare against every token, always, so timing says nothing about which one is close.
+        matched: Caller | None = None
+        for token, caller in known:
+            if hmac.compare_digest(given, token):
+                matched = caller
+        if matched is None:
+            raise HTTPException(
+                401, "invalid bearer token",
+                headers={"WWW-Authenticate": 'Bearer realm="threads-celery", error="invalid_token"'},
+            )  # fmt: skip
+        return matched
+
+    return require_token
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ThreadsError)
+    async def library_error(request: Request, exc: ThreadsError) -> JSONResponse:
+        for cls in type(exc).__mro__:
+            if cls in ERROR_STATUS:
+                status, kind = ERROR_STATUS[cls]
+                break
+        else:
+            log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+            return error_response(500, "internal_error", "internal server error")
+        if isinstance(exc, TERSE_ERRORS):
+            log.warning("%s %s: %s", request.method, request.url.path, exc)
+            return error_response(status, kind, (type(exc).__doc__ or kind).strip())
+        return error_response(status, kind, exc.message or kind)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.type, exc.message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = HTTP_ERROR_TYPES.get(exc.status_code, "http_error")
+        message = exc.detail if isinstance(exc.detail, str) else kind
+        return error_response(exc.status_code, kind, message, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Never echo the input back: a rejected body may hold a secret.
+        details = [
+            {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+            for e in exc.errors()
+        ]
+        if any(d["type"] == "json_invalid" for d in details):
+            first = next(e for e in exc.errors() if e.get("type") == "json_invalid")
+            reason = (first.get("ctx") or {}).get("error", "malformed JSON")
+            message = f"the body is not valid JSON: {reason} (at position {first.get('loc', ('', '?'))[-1]})"
+        else:
+            message = "; ".join(f"{'.'.join(d['loc'])}: {d['msg']}" for d in details[:5]) or "invalid request"
+        return error_response(422, "validation_error", message, details=details)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return error_response(500, "internal_error", "internal server error")
+
+
+def _install_health(app: FastAPI, threads: Threads) -> None:
+    @app.get("/healthz", response_model=Health, tags=["health"])
+    def healthz() -> Health:
+        """The process is up (it does not look at the database or the broker)."""
+        return Health(status="ok")
+
+    @app.get("/readyz", response_model=Health, tags=["health"], responses={503: {"model": ErrorOut}})
+    def readyz() -> Any:
+        """Ready to serve: the database answers a query and the broker accepts a connection."""
+        checks: dict[str, Any] = {}
+        for name, check in (("database", threads.store.ping), ("broker", lambda: threads.publisher.check(timeout=2.0))):
+            try:
+                check()
+                checks[name] = "ok"
+            except Exception as exc:  # noqa: BLE001 - a readiness probe answers whatever went wrong
+                log.warning("readyz: the %s is unavailable: %s", name, exc)
+                checks[name] = "unavailable"
+        down = [name for name, state in checks.items() if state != "ok"]
+        if not down:
+            return Health(status="ok", checks=checks)
+        message = f"not ready: the {' and the '.join(down)} {'is' if len(down) == 1 else 'are'} unavailable"
+        return JSONResponse(
+            {"error": {"type": "not_ready", "message": message}, "status": "unavailable", "checks": checks},
+            status_code=503,
+        )
+
+
+# -- /v1 ---------------------------------------------------------------------------------------
+
+RunId = Annotated[str, Path(pattern=ID_PATTERN, description="A run id, e.g. run_3f2a...")]
+ThreadId = Annotated[str, Path(pattern=ID_PATTERN, description="A thread id.")]
+EffectKey = Annotated[str, Path(pattern=EFFECT_KEY_PATTERN, description="A tool call's effect key.")]
+
+
+def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: float, poll_interval_s: float) -> APIRouter:
+    router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
+    # FastAPI's own type for extra OpenAPI responses.
+    not_found: dict[int | str, dict[str, Any]] = {
+        404: {"model": ErrorOut, "description": "No such agent, run, thread or call."}
+    }
+    conflict: dict[int | str, dict[str, Any]] = {
+        409: {"model": ErrorOut, "description": "The call is not in a state that allows this."}
+    }
+
+    @router.post(
+        "/runs",
+        status_code=202,
+        response_model=RunStarted,
+        tags=["runs"],
+        responses={**not_found, **conflict, 413: {"model": ErrorOut}},
+    )
+    def start_run(body: StartRun, caller: Caller = Depends(caller_of)) -> JSONResponse:
+        """Record a run and enqueue its first step; answers at once with its ids."""
+        handle = threads.start(
+            body.agent, body.message, thread_id=body.thread_id, run_id=body.run_id, tenant=caller.tenant
+        )
+        started = RunStarted(run_id=handle.run_id, thread_id=handle.thread_id, status=handle.status)
+        return JSONResponse(
+            started.model_dump(mode="json"), status_code=202, headers={"Location": f"/v1/runs/{handle.run_id}"}
+        )
+
+    @router.get("/runs", response_model=list[RunOut], tags=["runs"])
+    def list_runs(
+        thread_id: Annotated[str | None, Query(pattern=ID_PATTERN)] = None,
+        status: RunStatus | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        caller: Caller = Depends(caller_of),
+    ) -> list[RunOut]:
+        """Recent runs of the caller's tenant, newest first."""
+        return [
+            RunOut.of(r) for r in threads.runs(thread_id=thread_id, status=status, limit=limit, tenant=caller.tenant)
+        ]
+
+    @router.get("/runs/{run_id}", response_model=RunOut, tags=["runs"], responses=not_found)
+    def get_run(run_id: RunId, caller: Caller = Depends(caller_of)) -> RunOut:
+        """One run's current snapshot."""
+        owned_run(threads, caller, run_id)
+        return RunOut.of(threads.get_run(run_id))
+
+    @router.post("/runs/{run_id}/cancel", response_model=RunOut, tags=["runs"], responses=not_found)
+    def cancel_run(run_id: RunId, caller: Caller = Depends(caller_of)) -> RunOut:
+        """Abort a run that has not ended; one that has is returned as it is."""
+        owned_run(threads, caller, run_id)
+        return RunOut.of(threads.cancel(run_id, reason="cancelled through the HTTP API"))
+
+    @router.get("/threads/{thread_id}/messages", response_model=list[MessageOut], tags=["threads"], responses=not_found)
+    def thread_messages(
+        thread_id: ThreadId,
+        after: Annotated[int, Query(ge=-1, le=MAX_SEQ)] = -1,
+        caller: Caller = Depends(caller_of),
+    ) -> list[MessageOut]:
+        """The thread's messages in order, those with ``seq`` greater than ``after``."""
+        owned_thread(threads, caller, thread_id)  # 404 for a thread that does not exist or is not the caller's
+        return [MessageOut.of(m) for m in threads.messages(thread_id, after=after)]
+
+    @router.get(
+        "/threads/{thread_id}/events",
+        tags=["threads"],
+        response_class=StreamingResponse,
+        responses={
+            200: {
+                "description": "A text/event-stream of the thread's events: replay after the cursor, then live.",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            },
+            400: {"model": ErrorOut, "description": "The cursor is not a sequence number of this thread."},
+            **not_found,
+        },
+    )
+    async def thread_events(
+        thread_id: ThreadId,
+        after: Annotated[
+            int | None, Query(ge=0, le=MAX_SEQ, description="Resume after this seq (Last-Event-ID wins).")
+        ] = None,
+        last_event_id: Annotated[str | None, Header(description="The id of the last frame seen.")] = None,
+        caller: Caller = Depends(caller_of),
+    ) -> StreamingResponse:
+        """Server-Sent Events: the thread's event log after the cursor, then tailed live.
+
+        Frames are ``id: <seq>``, ``event: <type>``, ``data: <json>``; a comment line comes
+        every ~15 s of silence to keep proxies from closing the connection.
+        """
+        cursor = _parse_cursor(last_event_id, after)
+        await run_in_threadpool(owned_thread, threads, caller, thread_id)
+        last = await run_in_threadpool(_last_event_seq, threads, thread_id)
+        if cursor > last:
+            raise ApiError(
+                400, "cursor_out_of_range",
+                f"cursor {cursor} is beyond the last event of thread {thread_id} ({last}); resume from an id you received",
+            )  # fmt: skip
+        return StreamingResponse(
+            _event_stream(threads, thread_id, cursor, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @router.get("/parked", response_model=list[PendingCallOut], tags=["calls"])
+    def parked(caller: Caller = Depends(caller_of)) -> list[PendingCallOut]:
+        """The caller's calls that wait for a person: parked after an interruption, or awaiting approval."""
+        return [PendingCallOut.of(c) for c in only_theirs(threads, caller, threads.parked())]
+
+    @router.get("/runs/{run_id}/pending", response_model=list[PendingCallOut], tags=["calls"], responses=not_found)
+    def run_pending(run_id: RunId, caller: Caller = Depends(caller_of)) -> list[PendingCallOut]:
+        """What waits for a person under a run: its own calls, then its child runs' (kind "child")."""
+        owned_run(threads, caller, run_id)
+        return [PendingCallOut.of(c) for c in threads.pending(run_id)]
+
+    # Decisions are recorded under the token's principal; a principal in the body is ignored.
+    @router.post(
+        "/calls/{effect_key}/approve", response_model=Decision, tags=["calls"], responses={**not_found, **conflict}
+    )
+    def approve(effect_key: EffectKey, body: Approve, caller: Caller = Depends(caller_of)) -> Decision:
+        """Approve a call awaiting approval, for its arguments or for edited (re-validated) ones."""
+        owned_call(threads, caller, effect_key)
+        threads.approve(
+            effect_key, principal=caller.principal, override_args=body.override_args, remember=body.remember
+        )
+        return Decision(effect_key=effect_key, decision="approved")
+
+    @router.post(
+        "/calls/{effect_key}/deny", response_model=Decision, tags=["calls"], responses={**not_found, **conflict}
+    )
+    def deny(effect_key: EffectKey, body: Deny, caller: Caller = Depends(caller_of)) -> Decision:
+        """Deny a call awaiting approval; the model sees ``denied: <reason>`` and goes on."""
+        owned_call(threads, caller, effect_key)
+        threads.deny(effect_key, body.reason, principal=caller.principal)
+        return Decision(effect_key=effect_key, decision="denied")
+
+    @router.post(
+        "/calls/{effect_key}/resolve", response_model=Decision, tags=["calls"], responses={**not_found, **conflict}
+    )
+    def resolve(effect_key: EffectKey, body: Resolve, caller: Caller = Depends(caller_of)) -> Decision:
+        """Settle a parked call: assume_done records ``result``; assume_not_done runs it again."""
+        owned_call(threads, caller, effect_key)
+        threads.resolve(effect_key, body.resolution, principal=caller.principal, result=body.result)
+        return Decision(effect_key=effect_key, decision=body.resolution)
+
+    @router.get("/calls/{effect_key}/result", response_model=CallResultOut, tags=["calls"], responses=not_found)
+    def call_result(effect_key: EffectKey, caller: Caller = Depends(caller_of)) -> CallResultOut:
+        """A tool call's whole result, also when the model was shown it shortened."""
+        owned_call(threads, caller, effect_key)
+        with threads.store.read() as tx:
+            found = tx.tool_result(effect_key)
+        if found is None:
+            raise CallNotFound(effect_key)
+        status, shown, whole, is_error = found
+        return CallResultOut(
+            effect_key=effect_key,
+            status=status,
+            is_error=is_error,
+            result=whole if whole is not None else shown,
+            shortened_for_model=whole is not None,
+        )
+
+    from threads_celery.api.children import add_agent_tool_routes
+
+    add_agent_tool_routes(
+        router,
+        threads,
+        caller_of=caller_of,
+        stream=lambda thread_id, cursor: _event_stream(
+            threads, thread_id, cursor, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s
+        ),
+        parse_cursor=_parse_cursor,
+        last_event_seq=_last_event_seq,
+        api_error=ApiError,
+    )
+    from threads_celery.api.usage import add_usage_routes
+
+    add_usage_routes(router, threads, caller_of=caller_of)
+    return router
+
+
+# -- the event stream --------------------------------------------------------------------------
+
+
+def _parse_cursor(last_event_id: str | None, after: int | None) -> int:
+    if last_event_id is not None and last_event_id.strip():
+        raw = last_event_id.strip()
+        # ASCII digits only (str.isdigit also takes other scripts' digits), and no more than a
+        # sequence number can be: int() of thousands of digits is refused by Python itself.
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(MAX_SEQ)) or int(raw) > MAX_SEQ:
+            raise ApiError(
+                400, "invalid_cursor", "Last-Event-ID must be the id (a sequence number) of a frame you received"
+            )
+        return int(raw)
+    return after or 0
+
+
+def _last_event_seq(threads: Threads, thread_id: str) -> int:
+    """The thread's last event sequence number; ThreadNotFound if there is no such thread."""
+    with threads.store.read() as tx:
+        thread = tx.get_thread(thread_id)
+    if thread is None:
+        raise ThreadNotFound(thread_id)
+    return int(thread.event_seq or 0)
+
+
+def _read_events(threads: Threads, thread_id: str, after: int) -> list[Event]:
+    return list(islice(threads.events(thread_id, after=after), EVENT_BATCH))
+
+
+def sse_frame(event: Event) -> str:
+    """One SSE frame. JSON has no raw newline, so ``data`` is a single line."""
+    return f"id: {event.seq}\nevent: {event.type}\ndata: {EventOut.of(event).model_dump_json()}\n\n"
+
+
+async def _event_stream(
+    threads: Threads, thread_id: str, cursor: int, *, keepalive_s: float, poll_interval_s: float
+) -> AsyncIterator[str]:
+    # Sequence numbers are allocated under the thread's row lock and committed in that order,
+    # so "everything after the last seq sent" is exact: no gap to wait for, no duplicate.
+    yield "retry: 3000\n\n"
+    quiet_since = time.monotonic()
+    while True:
+        try:
+            batch = await run_in_threadpool(_read_events, threads, thread_id, cursor)
+        except StoreUnavailable as exc:
+            log.warning("event stream of %s: %s", thread_id, exc)
+            batch = []
+            yield ": the store is unavailable; retrying\n\n"
+            await asyncio.sleep(min(keepalive_s, 2.0))
+        for event in batch:
+            cursor = event.seq
+            yield sse_frame(event)
+        if batch:
+            quiet_since = time.monotonic()
+            if len(batch) >= EVENT_BATCH:
+                continue
+        elif time.monotonic() - quiet_since >= keepalive_s:
+            yield ": keepalive\n\n"
+            quiet_since = time.monotonic()
+        await asyncio.sleep(poll_interval_s)
+
+
+# -- for uvicorn and the CLI -------------------------------------------------------------------
+
+
+def app_from_environment() -> FastAPI:
+    """The API for ``threads-celery api`` or ``uvicorn --factory threads_celery.api.app:app_from_environment``.
+
+    The runtime comes from ``THREADS_DATABASE_URL`` / ``THREADS_BROKER_URL`` (embedded SQLite
+    when neither is set), and the agents of ``THREADS_AGENTS`` are loaded so that approvals with
+    edited arguments can be validated against the tool's schema.
+    """
+    from threads_celery.client.threads import Threads
+    from threads_celery.runtime.preflight import check_database, check_models
+    from threads_celery.settings import Settings
+
+    env = os.environ
+    # Refuse a misconfigured API before opening any connection.
+    check_auth_config(auth_from_env(env), set(callers_from_env(env)))
+    max_body_from_env(env)
+    settings = Settings.from_env()
+    threads = Threads(settings=settings)
+    try:
+        if not threads.is_embedded:
+            check_database(threads.store)
+        agents = threads.registry.load(settings.agents) if settings.agents else []
+        check_models(agents)
+        for agent in agents:
+            threads.register(agent)
+        return create_api(threads, env=env, close_threads_on_shutdown=True)
+    except BaseException:
+        threads.close()
+        raise
+
+
+__all__ = ["ApiError", "BodyLimit", "app_from_environment", "create_api", "sse_frame"]

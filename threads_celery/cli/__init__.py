@@ -1,0 +1,1 @@
+"""The ``threads-celery`` command line (Typer)."""

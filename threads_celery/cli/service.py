@@ -1,0 +1,287 @@
+"""``threads-celery worker``, ``beat``, ``flower``, ``api`` and ``db``: the long-running services and migrations."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from threads_celery.cli.app import (
+    DEFAULT_EMBEDDED_DB,
+    UsageError,
+    app,
+    err,
+    friendly_errors,
+    out,
+    require_services,
+    resolve_spec,
+    settings_from_env,
+)
+from threads_celery.exceptions import ConfigError, StoreUnavailable
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from threads_celery.worker.app import ThreadsCelery
+
+db_app = typer.Typer(
+    help="Database migrations.\n\n\b\n  threads-celery db upgrade --database-url postgresql://app@db/threads\n  threads-celery db current",
+    no_args_is_help=True,
+)
+app.add_typer(db_app, name="db")
+
+
+class Pool(str, Enum):
+    prefork = "prefork"
+    threads = "threads"
+    solo = "solo"
+
+
+# -- worker and beat ---------------------------------------------------------------------------
+
+
+PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command(context_settings=PASS_THROUGH)
+@friendly_errors
+def worker(
+    ctx: typer.Context,
+    agents: Annotated[
+        str | None,
+        typer.Option(
+            "--agents",
+            help="Comma-separated agent specs to load (module, module:attr or file.py:attr); sets THREADS_AGENTS.",
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", "-c", min=1, help="Worker processes/threads [default: CPU count].")
+    ] = None,
+    pool: Annotated[Pool, typer.Option("--pool", "-P", help="Celery execution pool.")] = Pool.prefork,
+    queues: Annotated[
+        str | None,
+        typer.Option(
+            "--queues",
+            "-Q",
+            help="Comma-separated queues to consume [default: threads]. Include 'threads' unless another worker serves it; "
+            "'threads.control' (the backbone) is always added.",
+        ),
+    ] = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
+) -> None:
+    """Run a Celery worker that executes model steps and tool calls.
+
+    Needs THREADS_DATABASE_URL and THREADS_BROKER_URL. Load every agent a run can reach,
+    including child agents that tools start in the background (a bare module loads all of its
+    agents). Every other `celery worker` option is passed through as is (--autoscale, -n,
+    --max-tasks-per-child, -O, --without-gossip, ...; see `celery worker --help`).
+
+    \b
+      threads-celery worker --agents myapp.agents --concurrency 4
+      threads-celery worker --agents examples/demo.py:agent --pool threads -Q threads,email
+      threads-celery worker --agents myapp.agents --autoscale 8,2 -n slow@%h -Q slow-tools
+    """
+    require_services()
+    if agents:
+        os.environ["THREADS_AGENTS"] = ",".join(resolve_spec(s) for s in agents.split(",") if s.strip())
+    else:
+        specs = [s for s in os.environ.get("THREADS_AGENTS", "").split(",") if s.strip()]
+        if not specs:
+            raise ConfigError("no agents to run: pass --agents myapp.agents or set THREADS_AGENTS")
+        os.environ["THREADS_AGENTS"] = ",".join(resolve_spec(s) for s in specs)
+    from threads_celery.worker.app import app_from_environment
+
+    celery_app = app_from_environment()
+    _preflight(celery_app, "worker")
+    argv = ["worker", f"--loglevel={loglevel.upper()}", f"--pool={pool.value}"]
+    if concurrency is not None:
+        argv.append(f"--concurrency={concurrency}")
+    if queues:
+        argv.append(f"--queues={queues}")
+    celery_app.worker_main([*argv, *ctx.args])
+
+
+def _preflight(celery_app: ThreadsCelery, service: str) -> None:
+    """Fail now, with one clear line, if the ledger is not ready or an agent cannot run here."""
+    from threads_celery.worker.app import preflight
+
+    ready = preflight(celery_app, service=service)
+    err.print(f"agents: {', '.join(ready.agents) or 'none'}", style="dim")
+
+
+@app.command(context_settings=PASS_THROUGH)
+@friendly_errors
+def beat(
+    ctx: typer.Context,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
+    schedule: Annotated[
+        Path | None,
+        typer.Option(
+            "--schedule", "-s", help="Beat's schedule state file [default: a file under the temp dir].", dir_okay=False
+        ),
+    ] = None,
+) -> None:
+    """Run Celery beat: the reconcile backbone.
+
+    It ticks every THREADS_RECONCILE_INTERVAL_S seconds (default 5). Run exactly one beat per deployment (a second one is safe, just wasteful).
+    Every other `celery beat` option is passed through as is (--max-interval, --pidfile, ...).
+
+    \b
+      threads-celery beat
+      threads-celery beat --schedule /var/lib/threads/beat-schedule
+    """
+    require_services()
+    from threads_celery.worker.app import app_from_environment
+
+    celery_app = app_from_environment()
+    _preflight(celery_app, "beat")
+    if schedule is None:
+        user = getattr(os, "getuid", lambda: "user")()
+        schedule = Path(tempfile.gettempdir()) / f"threads-celery-{user}" / "beat-schedule"
+    schedule.parent.mkdir(parents=True, exist_ok=True)
+    celery_app.start(["beat", f"--loglevel={loglevel.upper()}", f"--schedule={schedule}", *ctx.args])
+
+
+# -- flower ------------------------------------------------------------------------------------
+
+
+@app.command()
+@friendly_errors
+def flower(
+    address: Annotated[
+        str, typer.Option("--address", help="Address to listen on (0.0.0.0 in a container).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 5555,
+) -> None:
+    """Run Flower behind basic authentication, /metrics included.
+
+    Needs THREADS_BROKER_URL, FLOWER_USER and FLOWER_PASSWORD; refuses to start when either
+    credential is empty. /healthcheck stays open for health probes.
+
+    \b
+      FLOWER_USER=admin FLOWER_PASSWORD=change-me threads-celery flower
+      threads-celery flower --address 0.0.0.0 --port 5555
+    """
+    from threads_celery.worker.flower_gate import flower_credentials, start_flower
+
+    flower_credentials(os.environ)  # before touching the broker: a missing password is one red line
+    require_services(database=False)
+    from threads_celery.worker.app import app_from_environment
+
+    start_flower(app_from_environment(), os.environ, address=address, port=port)
+
+
+# -- api ---------------------------------------------------------------------------------------
+
+
+@app.command()
+@friendly_errors
+def api(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0 in a container).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8000,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Serve the HTTP API (start runs, read them, stream events, approve, deny, resolve).
+
+    Routes under /v1 need `Authorization: Bearer <token>` with a token from THREADS_API_TOKENS
+    (comma-separated); set THREADS_API_AUTH=off only behind something that authenticates.
+    THREADS_AGENTS names the agents whose tool schemas approvals with edited arguments are checked
+    against. OpenAPI at /openapi.json; /healthz and /readyz are open.
+
+    \b
+      THREADS_API_TOKENS=change-me threads-celery api
+      threads-celery api --host 0.0.0.0 --port 8000
+    """
+    import uvicorn
+
+    from threads_celery.api.app import app_from_environment
+
+    api_app = app_from_environment()  # here, not in uvicorn: a bad configuration is one red line
+    uvicorn.run(api_app, host=host, port=port, log_level=loglevel.lower(), proxy_headers=True)
+
+
+# -- db ----------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _engine(database_url: str | None) -> Iterator[Engine]:
+    from sqlalchemy.exc import OperationalError
+
+    from threads_celery.store.engine import safe_url
+    from threads_celery.worker.app import open_store
+
+    url = database_url or settings_from_env().database_url or f"sqlite:///{DEFAULT_EMBEDDED_DB}"
+    store = open_store(url)
+    try:
+        yield store.engine
+    except OperationalError as exc:  # what a migration or a revision check meets when the server is away
+        first = (str(exc.orig).strip().splitlines() or [type(exc).__name__])[0]
+        raise StoreUnavailable(f"cannot reach the database at {safe_url(store.engine.url)}: {first}") from exc
+    finally:
+        store.dispose()
+
+
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        help="Database URL [default: THREADS_DATABASE_URL, else the embedded .threads-celery/embedded.db].",
+        show_default=False,
+    ),
+]
+
+
+@db_app.command("upgrade")
+@friendly_errors
+def db_upgrade(database_url: DatabaseUrl = None) -> None:
+    """Apply every pending migration.
+
+    \b
+      threads-celery db upgrade
+      threads-celery db upgrade --database-url postgresql://app@localhost/threads
+    """
+    from threads_celery.store.engine import safe_url
+    from threads_celery.store.migrate import current_revision, head_revision, upgrade
+
+    with _engine(database_url) as engine:
+        before = current_revision(engine)
+        upgrade(engine)
+        after = current_revision(engine)
+        where = safe_url(engine.url)
+    if before == after:
+        out.print(f"{where}: already at {after} (head)", soft_wrap=True)
+    else:
+        out.print(
+            f"{where}: upgraded {before or '(empty)'} → {after}" + (" (head)" if after == head_revision() else ""),
+            soft_wrap=True,
+        )
+
+
+@db_app.command("current")
+@friendly_errors
+def db_current(database_url: DatabaseUrl = None) -> None:
+    """Print the database's migration revision.
+
+    \b
+      threads-celery db current
+    """
+    from threads_celery.store.engine import safe_url
+    from threads_celery.store.migrate import current_revision, head_revision
+
+    if database_url is None and not settings_from_env().database_url and not DEFAULT_EMBEDDED_DB.exists():
+        raise UsageError(f"no embedded database at {DEFAULT_EMBEDDED_DB} (set THREADS_DATABASE_URL or --database-url)")
+    with _engine(database_url) as engine:
+        current = current_revision(engine)
+        where = safe_url(engine.url)
+    head = head_revision()
+    if current == head:
+        out.print(f"{current} (head)")
+    else:
+        out.print(f"{current or '(empty)'} (head is {head}: run `threads-celery db upgrade`)", soft_wrap=True)
+    err.print(where, style="dim", soft_wrap=True)

@@ -1,0 +1,606 @@
+"""The runtime handle a web app or script holds: start runs, wait, read, cancel.
+
+Importing this module pulls in neither users' tool code nor the model layer: a web app enqueues
+runs by agent name, and workers (which import the agents) do the work.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, date, datetime
+from pathlib import Path
+from types import EllipsisType
+from typing import TYPE_CHECKING, Any, Self
+
+from threads_celery.client.agent_tools import AgentToolsMixin
+from threads_celery.decisions.usage import ALLOWED_EVENT, LIMIT_REASON, UsageTotals, day_bounds
+from threads_celery.definitions.agents import Agent, AgentRegistry
+from threads_celery.definitions.variables import SecretBox
+from threads_celery.exceptions import (
+    CallNotFound,
+    ConfigError,
+    PayloadTooLarge,
+    RunNotFound,
+    RunTimeout,
+    StoreUnavailable,
+    ThreadNotFound,
+    UnknownAgent,
+)
+from threads_celery.records import TERMINAL_STATUSES, Event, Message, OutboxEntry, PermissionGrant, Run, RunHandle
+from threads_celery.settings import Settings
+from threads_celery.store import Store, Tx
+from threads_celery.store.engine import safe_url
+from threads_celery.store.storable import unstorable_reason
+from threads_celery.transitions import interventions, runs
+from threads_celery.transitions.interventions import PendingCall, Resolution
+from threads_celery.worker.app import EMBEDDED_BROKER, Publisher, create_app, open_store
+
+if TYPE_CHECKING:
+    from threads_celery.worker.embedded import EmbeddedWorker
+
+#: Statuses in which a run waits for a person, so :meth:`Threads.wait` returns.
+NEEDS_A_PERSON = ("parked", "awaiting_approval", "awaiting_variable")
+DEFAULT_EMBEDDED_PATH = Path(".threads-celery") / "embedded.db"
+
+
+class Threads(AgentToolsMixin):
+    """The runtime handle.
+
+    ``Threads(database_url=..., broker_url=...)`` talks to a PostgreSQL ledger and a broker
+    (defaults: ``THREADS_DATABASE_URL``, ``THREADS_BROKER_URL``). With neither set, it is the
+    embedded default: SQLite and an in-process Celery worker, as :meth:`embedded` gives.
+    """
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        broker_url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        registry: AgentRegistry | None = None,
+        migrate: bool | None = None,
+        embedded_path: str | os.PathLike[str] | None = None,
+        worker_concurrency: int = 2,
+        reconcile_interval: float | EllipsisType | None = ...,
+    ) -> None:
+        settings = settings or Settings.from_env()
+        database_url = database_url or settings.database_url
+        broker_url = broker_url or settings.broker_url
+        self.is_embedded = database_url is None and broker_url is None
+        if self.is_embedded:
+            path = Path(embedded_path) if embedded_path is not None else DEFAULT_EMBEDDED_PATH
+            database_url = f"sqlite:///{path}"
+            broker_url = EMBEDDED_BROKER
+        elif database_url is None:
+            raise ConfigError("a broker is configured but no database: set THREADS_DATABASE_URL")
+        elif broker_url is None:
+            raise ConfigError("a database is configured but no broker: set THREADS_BROKER_URL")
+        assert database_url is not None and broker_url is not None
+        self.settings = settings.with_(database_url=database_url, broker_url=broker_url)
+        self.registry = registry or AgentRegistry()
+        self.store: Store = open_store(database_url, self.settings)
+        self.app = create_app(self.settings, self.registry, broker_url=broker_url, store=self.store)
+        self.publisher = Publisher(
+            self.app, single_queue=self.app.conf.task_default_queue if self.is_embedded else None
+        )
+        self._worker: EmbeddedWorker | None = None
+        self._worker_concurrency = worker_concurrency
+        # The embedded worker runs the reconcile backbone itself (Beat's job in a deployment).
+        self._reconcile_interval = (
+            self.settings.reconcile_interval_s if reconcile_interval is ... else reconcile_interval
+        )
+        self._schema_checked = False
+        if migrate if migrate is not None else self.store.dialect == "sqlite":
+            self.migrate()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    @contextmanager
+    def embedded(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        concurrency: int = 2,
+        settings: Settings | None = None,
+        reconcile_interval: float | EllipsisType | None = ...,
+    ) -> Iterator[Threads]:
+        """SQLite, an in-process Celery worker and a reconcile ticker (every
+        ``reconcile_interval`` seconds; the settings' interval by default, None for none).
+        A fresh temporary database when ``path`` is None."""
+        import shutil
+        import tempfile
+
+        tmp = tempfile.mkdtemp(prefix="threads-celery-")
+        db = Path(path) if path is not None else Path(tmp) / "threads.db"
+        base = settings or Settings.from_env(env={})
+        threads = cls(
+            settings=base.with_(database_url=None, broker_url=None),
+            embedded_path=db,
+            worker_concurrency=concurrency,
+            reconcile_interval=reconcile_interval,
+        )
+        try:
+            threads.start_worker()
+            yield threads
+        finally:
+            # The worker finishes stopping in the background: remove the temporary folder now,
+            # and again once the worker let go of the database in it (a late write may have
+            # put a journal file back).
+            threads.close(then=lambda: shutil.rmtree(tmp, ignore_errors=True))
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def start_worker(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        reconcile_interval: float | EllipsisType | None = ...,
+    ) -> None:
+        """Start an in-process worker (idempotent): Celery's real worker machinery with a thread
+        pool, on a thread of this process.
+
+        Embedded mode starts it on demand. With PostgreSQL and a broker it is for your own
+        integration tests (see :func:`threads_celery.testing.start_worker`): it consumes the work
+        and control queues, plus the queues that registered agents and their tools name, or
+        exactly ``queues`` when given (the control queue is always added). It ticks the reconcile
+        backbone every ``reconcile_interval`` seconds (this handle's interval by default; None: never).
+        """
+        if self._worker is None:
+            from threads_celery.worker.embedded import EmbeddedWorker
+
+            self._worker = EmbeddedWorker(
+                self.app,
+                concurrency=self._worker_concurrency,
+                reconcile_interval=self._reconcile_interval if reconcile_interval is ... else reconcile_interval,
+                queues=None if self.is_embedded else self._queues_to_consume(queues),
+            )
+            self._worker.start()
+
+    def _queues_to_consume(self, queues: Sequence[str] | None) -> list[str]:
+        from threads_celery.decisions.backbone import control_queue_for
+
+        work = str(self.app.conf.task_default_queue)
+        if queues is None:
+            named = {agent.queue for agent in self.registry} | {
+                t.queue for agent in self.registry for t in agent.runtime_tools if t.queue
+            }
+            queues = [work, *sorted(q for q in named if q and q != work)]
+        return [*queues, *([] if control_queue_for(work) in queues else [control_queue_for(work)])]
+
+    def stop_worker(self, timeout: float = 10.0) -> None:
+        """Stop the in-process worker, if any, and wait until it has stopped."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop(timeout, wait=True)
+
+    def close(self, *, then: Callable[[], None] | None = None) -> None:
+        """Stop the in-process worker, if any, and release connections.
+
+        ``then`` runs once the in-process worker has stopped (in the background)."""
+        store = self.store
+
+        def after_stop() -> None:
+            store.dispose()
+            if then is not None:
+                then()
+
+        if self._worker is not None:
+            self._worker.stop(then=after_stop)
+            self._worker = None
+            store.dispose()  # connections this thread holds go now; the worker's go after it stops
+        else:
+            after_stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def migrate(self) -> None:
+        """Bring the ledger's schema up to date."""
+        from threads_celery.store.migrate import upgrade
+
+        try:
+            upgrade(self.store.engine)
+        except Exception as exc:
+            _raise_if_unreachable(self.store, exc)
+            raise
+        self._schema_checked = True
+
+    def _check_schema(self) -> None:
+        if self._schema_checked:
+            return
+        from threads_celery.store.migrate import current_revision, head_revision
+
+        try:
+            current = current_revision(self.store.engine)
+        except Exception as exc:
+            _raise_if_unreachable(self.store, exc)
+            raise
+        if current != head_revision():
+            raise ConfigError(
+                f"the database at {safe_url(self.store.engine.url)} is at migration {current or 'none'}, "
+                f"not {head_revision()}: run `threads-celery db upgrade`"
+            )
+        self._schema_checked = True
+
+    # -- agents ----------------------------------------------------------------------------
+
+    def register(self, agent: Agent) -> Agent:
+        """Make ``agent`` known to this process and to the ledger (so clients can start it by name)."""
+        self.registry.add(agent)
+        self._check_schema()
+        with self.store.transaction() as tx:
+            tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), runs.utcnow())
+        return agent
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def start(
+        self,
+        agent: Agent | str,
+        message: str,
+        thread_id: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        run_id: str | None = None,
+        tenant: str | None = None,
+    ) -> RunHandle:
+        """Record a run and enqueue its first step; returns its ids at once.
+
+        A message sent to a thread that is running is queued behind the current run.
+        ``tenant`` (what the HTTP API passes for its caller) owns a new thread; an existing
+        thread or run of another tenant is ``ThreadNotFound``/``RunNotFound``. Without it, a new
+        thread belongs to the default tenant and existing ones are not checked.
+        """
+        if not isinstance(message, str):
+            raise TypeError(f"message must be a str, not {type(message).__name__}")
+        unstorable = unstorable_reason(message)
+        if unstorable is not None:
+            raise ValueError(f"message {unstorable}")
+        size = len(message.encode())
+        if size > self.settings.max_message_bytes:
+            raise PayloadTooLarge(size, self.settings.max_message_bytes)
+        self._check_schema()
+        if isinstance(agent, Agent):
+            if agent.name not in self.registry or self.registry.get(agent.name) is not agent:
+                self.register(agent)
+            name, config_hash = agent.name, agent.config_hash()
+        else:
+            name = agent
+            with self.store.read() as tx:
+                stored_hash = tx.agent_hash(name)
+            if stored_hash is None:
+                raise UnknownAgent(
+                    f"agent {name!r} is not registered: start a worker that loads it "
+                    "(THREADS_AGENTS) or call threads.register(agent)"
+                )
+            config_hash = stored_hash
+        if self.is_embedded:
+            self.start_worker()
+        else:
+            self.publisher.check()
+        with self.store.transaction() as tx:
+            sealed = self._seal_env(tx, name, env or {})
+            run, entries = runs.submit_run(
+                tx,
+                agent=name,
+                config_hash=config_hash,
+                message=message,
+                now=runs.utcnow(),
+                thread_id=thread_id,
+                run_id=run_id,
+                tenant=tenant,
+            )
+            for var, (kind, value) in sealed.items():
+                tx.set_variable(run.thread_id, var, kind, value, runs.utcnow())
+        self.publisher(entries)
+        return RunHandle(run_id=run.id, thread_id=run.thread_id, status=run.status)
+
+    # -- variables -------------------------------------------------------------------------
+
+    def _seal_env(self, tx: Tx, agent: str, env: dict[str, str]) -> dict[str, tuple[str, str]]:
+        """Values by declared type (from the agent tree's declarations); secrets encrypted."""
+        if not env:
+            return {}
+        declared = (tx.agent_description(agent) or {}).get("variables", {})
+        sealed: dict[str, tuple[str, str]] = {}
+        for name, value in env.items():
+            if name not in declared:
+                raise ConfigError(f"variable {name!r} is not declared by agent {agent!r} or its tools")
+            if not isinstance(value, str):
+                raise ConfigError(f"variable {name!r} must be a string")
+            kind = declared[name]["type"]
+            sealed[name] = (kind, SecretBox().seal(value) if kind == "secret" else value)
+        return sealed
+
+    def set_env(self, thread_id: str, name: str, value: str) -> int:
+        """Give the thread a variable's value; runs waiting for it go on. Returns how many."""
+        now = runs.utcnow()
+        entries: list[OutboxEntry] = []
+        with self.store.transaction() as tx:
+            thread = tx.get_thread(thread_id)
+            if thread is None:
+                raise ThreadNotFound(thread_id)
+            sealed = self._seal_env(tx, thread.agent, {name: value})
+            tx.set_variable(thread_id, name, *sealed[name], now)
+            tx.append_event(thread_id, None, "env", {"name": name, "type": sealed[name][0]}, now)
+            for call in tx.calls_with_status("awaiting_variable", limit=1000):
+                if thread_id not in {t for t, _ in tx.thread_chain(call.thread_id)}:
+                    continue
+                run = tx.get_run(call.run_id, lock=True)
+                if run is None or run.status != "awaiting_variable":
+                    continue
+                tx.update_call(call.effect_key, status="pending", park_reason=None)
+                tx.advance_run(run.id, fence=run.fence, now=now, status="running")
+                entry = runs.tool_entry(call.effect_key, call.tool, call.queue)
+                tx.insert_outbox(entry, now)
+                entries.append(entry)
+        self.publisher(entries)
+        return len(entries)
+
+    def get_env(self, thread_id: str, name: str) -> str | None:
+        """A text variable's value on this thread (its own, not inherited); None if unset.
+
+        A secret cannot be read here: only a tool that declares it sees it (VariableError).
+        """
+        from threads_celery.definitions.variables import VariableError
+
+        with self.store.read() as tx:
+            found = tx.thread_variables(thread_id).get(name)
+        if found is None:
+            return None
+        kind, value = found
+        if kind == "secret":
+            raise VariableError(f"variable {name!r} is a secret: only a tool that declares it can read it")
+        return value
+
+    def env(self, thread_id: str) -> dict[str, str]:
+        """The thread's own variables; secret values are never shown (``***``)."""
+        with self.store.read() as tx:
+            values = tx.thread_variables(thread_id)
+        return {name: ("***" if kind == "secret" else value) for name, (kind, value) in values.items()}
+
+    def tenant_of(
+        self, *, thread_id: str | None = None, run_id: str | None = None, effect_key: str | None = None
+    ) -> str | None:
+        """The tenant that owns this thread, run or tool call (exactly one); None when there is none."""
+        if sum(x is not None for x in (thread_id, run_id, effect_key)) != 1:
+            raise TypeError("tenant_of() takes exactly one of thread_id, run_id, effect_key")
+        with self.store.read() as tx:
+            if run_id is not None:
+                run = tx.get_run(run_id)
+                thread_id = run.thread_id if run is not None else None
+            elif effect_key is not None:
+                found = tx.get_call_and_run(effect_key)
+                thread_id = found[1].thread_id if found is not None else None
+            return tx.thread_tenant(thread_id) if thread_id is not None else None
+
+    def get_run(self, run_id: str) -> Run:
+        """The run's current snapshot; RunNotFound if there is none."""
+        with self.store.read() as tx:
+            run = tx.get_run(run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        return run
+
+    def wait(self, run_id: str, timeout: float = 60.0) -> Run:
+        """Block until the run ends or needs a person; RunTimeout after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            run = self.get_run(run_id)
+            if run.status in TERMINAL_STATUSES or run.status in NEEDS_A_PERSON:
+                return run
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RunTimeout(run_id, timeout, run.status)
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 1.5, 0.2)
+
+    def runs(
+        self, *, thread_id: str | None = None, status: str | None = None, limit: int = 100, tenant: str | None = None
+    ) -> list[Run]:
+        """Recent runs, newest first (only those of ``tenant``'s threads, when given)."""
+        with self.store.read() as tx:
+            return tx.list_runs(thread_id=thread_id, statuses=[status] if status else None, limit=limit, tenant=tenant)
+
+    def allow_usage(self, run_id: str, *, principal: str) -> Run:
+        """Let a run parked at a usage limit (``on_limit="ask"``) go on: its usage counts again
+        from now, and its next model step is enqueued. ConfigError when it is not so parked."""
+        if not isinstance(principal, str) or not principal.strip():
+            raise ConfigError("allow_usage needs the principal who allows it")
+        now = runs.utcnow()
+        with self.store.transaction() as tx:
+            run = tx.get_run(run_id, lock=True)
+            if run is None:
+                raise RunNotFound(run_id)
+            if run.status != "parked" or not (run.error or "").startswith(f"{LIMIT_REASON}:"):
+                raise ConfigError(f"run {run_id} is {run.status}, not parked at a usage limit")
+            tx.append_event(
+                run.thread_id,
+                run.id,
+                ALLOWED_EVENT,
+                {"run_id": run.id, "principal": principal, "at": now.isoformat()},
+                now,
+            )
+            if tx.advance_run(run.id, fence=run.fence, now=now, status="running", error=None) is None:
+                raise ConfigError(f"run {run_id} changed meanwhile; try again")
+            entry = runs.step_entry(run, run.step, run.agent, runs.agent_queue(tx, run.agent))
+            tx.insert_outbox(entry, now)
+        self.publisher([entry])
+        return self.get_run(run_id)
+
+    def usage(
+        self,
+        *,
+        run_id: str | None = None,
+        thread_id: str | None = None,
+        agent: str | None = None,
+        day: date | None = None,
+        tenant: str | None = None,
+    ) -> UsageTotals:
+        """Model usage summed over the committed steps that match every filter given: a run, a
+        thread, an agent, a UTC day, a tenant's threads (requests, input and output tokens, cost
+        where priced)."""
+        since = until = None
+        if day is not None:
+            since, until = day_bounds(datetime(day.year, day.month, day.day, tzinfo=UTC))
+        with self.store.read() as tx:
+            return tx.usage_totals(
+                run_id=run_id, thread_id=thread_id, agent=agent, since=since, until=until, tenant=tenant
+            )
+
+    def messages(self, thread_id: str, *, after: int = -1) -> list[Message]:
+        """The thread's stored messages in order (those with ``seq`` greater than ``after``)."""
+        with self.store.read() as tx:
+            return tx.list_messages(thread_id, after=after)
+
+    def events(
+        self,
+        thread_id: str,
+        after: int = 0,
+        *,
+        follow: bool = False,
+        timeout: float | None = None,
+        poll_interval: float = 0.05,
+    ) -> Iterator[Event]:
+        """The thread's events with ``seq`` greater than ``after``, in order; each exactly once.
+
+        With ``follow=True`` it keeps tailing the log after the replay (until ``timeout``
+        seconds pass, if given). Resume after a disconnect by passing the last ``seq`` seen.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cursor = after
+        while True:
+            with self.store.read() as tx:
+                batch = tx.list_events(thread_id, after=cursor)
+            for event in batch:
+                cursor = event.seq
+                yield event
+            if batch:
+                continue
+            if not follow or (deadline is not None and time.monotonic() >= deadline):
+                return
+            time.sleep(poll_interval)
+
+    def cancel(self, run_id: str, reason: str = "cancelled") -> Run:
+        """Abort a run; a run that already ended is left as it is."""
+        with self.store.transaction() as tx:
+            run, entries = runs.cancel(tx, run_id, now=runs.utcnow(), reason=reason)
+        self.publisher(entries)
+        if run.status == "aborted":
+            self._cancel_awaited_children(run, reason)
+        return run
+
+    def _cancel_awaited_children(self, run: Run, reason: str) -> None:
+        """A cancelled run's awaited agent-tool children stop with it; detached ones outlive it."""
+        with self.store.read() as tx:
+            rows = tx.list_agent_tool_runs(run.thread_id, statuses=["starting", "running", "interrupted"])
+        for row in rows:
+            if row.parent_run_id == run.id and not row.detached:
+                self.cancel_agent_tool(row.run_id, reason=reason)
+
+    # -- people ----------------------------------------------------------------------------
+
+    def parked(self) -> list[PendingCall]:
+        """Calls that wait for a person: parked after an interruption, awaiting approval or a variable."""
+        with self.store.read() as tx:
+            calls = [c for status in NEEDS_A_PERSON for c in tx.calls_with_status(status)]
+        return [PendingCall.of(c) for c in calls]
+
+    def resolve(
+        self,
+        effect_key: str,
+        resolution: Resolution,
+        *,
+        principal: str,
+        result: Any = None,
+    ) -> None:
+        """Settle a parked call: ``assume_done`` (records ``result``) or ``assume_not_done`` (runs it again)."""
+        with self.store.transaction() as tx:
+            entries = interventions.resolve(
+                tx, effect_key, resolution, principal=principal, now=runs.utcnow(), result=result
+            )
+        self.publisher(entries)
+
+    def approve(
+        self, effect_key: str, *, principal: str, override_args: dict[str, Any] | None = None, remember: bool = False
+    ) -> None:
+        """Approve a call that awaits approval, for its exact (or edited, re-validated) arguments.
+
+        ``remember=True`` also means "always allow this tool on this thread" (the call's thread):
+        a durable decision, listed by :meth:`permission_grants` and undone by
+        :meth:`revoke_permission`.
+        """
+        with self.store.transaction() as tx:
+            entries = interventions.approve(
+                tx,
+                self.registry,
+                effect_key,
+                principal=principal,
+                now=runs.utcnow(),
+                override_args=override_args,
+                remember=remember,
+            )
+        self.publisher(entries)
+
+    def pending(self, run_id: str) -> list[PendingCall]:
+        """What waits for a person under a run: its own calls, then its child runs' (``kind="child"``).
+
+        A child's entry is answered here like any other, by its effect key (``approve``,
+        ``deny``, ``resolve``). Raises RunNotFound for an unknown run.
+        """
+        from threads_celery.transitions.pending import pending_under
+
+        with self.store.read() as tx:
+            if tx.get_run(run_id) is None:
+                raise RunNotFound(run_id)
+            return pending_under(tx, run_id)
+
+    def permission_grants(self, thread_id: str) -> list[PermissionGrant]:
+        """The thread's remembered decisions ("always allow this tool on this thread")."""
+        with self.store.read() as tx:
+            return tx.list_grants(thread_id)
+
+    def revoke_permission(self, thread_id: str, tool: str) -> bool:
+        """Forget "always allow ``tool``" on the thread; whether there was such a decision."""
+        with self.store.transaction() as tx:
+            return tx.revoke_grant(thread_id, tool)
+
+    def deny(self, effect_key: str, reason: str, *, principal: str | None = None) -> None:
+        """Deny a call that awaits approval; the model sees ``denied: <reason>``."""
+        with self.store.transaction() as tx:
+            entries = interventions.deny(tx, effect_key, reason=reason, now=runs.utcnow(), principal=principal)
+        self.publisher(entries)
+
+    def tool_result(self, effect_key: str) -> str | None:
+        """A tool call's whole result, also when the model was shown it shortened
+        (``THREADS_MAX_TOOL_RESULT_BYTES``); None while the call has none. CallNotFound if no such call."""
+        with self.store.read() as tx:
+            found = tx.tool_result(effect_key)
+        if found is None:
+            raise CallNotFound(effect_key)
+        _, shown, whole, _ = found
+        return whole if whole is not None else shown
+
+    def reconcile(self) -> dict[str, int]:
+        """Run one reconcile tick in this process (what Beat schedules)."""
+        return self.app.threads_runtime.get().reconcile_tick()
+
+
+def _raise_if_unreachable(store: Store, exc: Exception) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    if isinstance(exc, OperationalError):
+        orig = getattr(exc, "orig", exc)
+        raise StoreUnavailable(
+            f"cannot reach the database at {safe_url(store.engine.url)}: {str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__}"
+        ) from exc
+
+
+__all__ = ["Threads"]

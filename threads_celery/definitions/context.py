@@ -1,0 +1,184 @@
+"""The context a tool's ``execute(input, ctx)`` receives."""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from threads_celery.settings import Settings
+
+if TYPE_CHECKING:
+    from threads_celery.definitions.agents import Agent
+    from threads_celery.runtime.files import ThreadFiles
+    from threads_celery.runtime.sandbox import CodeResult
+    from threads_celery.transitions.agent_tools import Detached, DetachedHandle
+
+log = logging.getLogger("threads_celery.definitions.tools")
+
+
+class ToolContext:
+    """What a running tool call can see and do.
+
+    ``effect_key`` is stable across every retry of this call: send it to your provider as the
+    idempotency key. ``heartbeat()`` tells the runtime the worker is alive (it extends the call's
+    lease); ``cancelled`` turns true when the run was cancelled, for tools that can stop early.
+    ``files`` is this thread's attachment area; ``run_code(...)`` runs model- or user-authored
+    code in a limited subprocess. Their defaults come from ``settings``.
+    """
+
+    def __init__(
+        self,
+        *,
+        effect_key: str,
+        run_id: str,
+        thread_id: str,
+        attempt: int,
+        deps: Any = None,
+        heartbeat: Callable[[], bool] | None = None,
+        is_cancelled: Callable[[], bool] | None = None,
+        env: Callable[[str], str | None] | None = None,
+        report: Callable[..., str] | None = None,
+        settings: Settings | None = None,
+        start_child: Callable[..., DetachedHandle] | None = None,
+    ) -> None:
+        self.effect_key = effect_key
+        self.run_id = run_id
+        self.thread_id = thread_id
+        self.attempt = attempt
+        self.deps = deps
+        self._heartbeat = heartbeat
+        self._is_cancelled = is_cancelled
+        self._env = env
+        self._report = report
+        self._cancel_checked_at = 0.0
+        self._cancelled = False
+        self._warned_progress = False
+        self._settings = settings or Settings()
+        self._files: ThreadFiles | None = None
+        self._start_child = start_child
+        self._children_started = 0
+
+    def heartbeat(self) -> bool:
+        """Extend this call's lease. Returns False if the run moved on without this worker."""
+        return self._heartbeat() if self._heartbeat is not None else True
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the run was cancelled (checked against the store at most once a second)."""
+        if self._cancelled or self._is_cancelled is None:
+            return self._cancelled
+        now = time.monotonic()
+        if now - self._cancel_checked_at >= 1.0:
+            self._cancel_checked_at = now
+            self._cancelled = self._is_cancelled()
+        return self._cancelled
+
+    def env(self, name: str) -> str | None:
+        """The value of a variable for this thread, or None when it has none."""
+        return self._env(name) if self._env is not None else None
+
+    def report_progress(
+        self,
+        *,
+        fraction: float | None = None,
+        message: str | None = None,
+        phase: str | None = None,
+        milestone: str | None = None,
+        data: Any = None,
+        persist: bool = False,
+    ) -> str:
+        """Report progress to the parent of the agent-tool run this tool runs in.
+
+        Naming a ``milestone`` makes it durable. Outside an agent-tool run it does nothing (and
+        warns once). Returns ``"sent"``, ``"coalesced"`` or ``"inactive"``.
+        """
+        if self._report is not None:
+            return self._report(
+                fraction=fraction, message=message, phase=phase, milestone=milestone, data=data, persist=persist
+            )
+        if not self._warned_progress:
+            self._warned_progress = True
+            warnings.warn(
+                "report_progress() outside an agent-tool run does nothing",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return "inactive"
+
+    @property
+    def files(self) -> ThreadFiles:
+        """This thread's attachments, ``<files_root>/<thread_id>/`` (created on first write).
+
+        Writes past the thread's quota (``THREADS_FILES_MAX_BYTES``, ``THREADS_FILES_MAX_COUNT``)
+        raise :class:`~threads_celery.exceptions.AttachmentQuotaError` and write nothing.
+        """
+        if self._files is None:
+            from threads_celery.runtime.files import FilesQuota, ThreadFiles
+
+            quota = FilesQuota(self._settings.files_max_bytes or None, self._settings.files_max_count or None)
+            self._files = ThreadFiles(self._settings.files_root, self.thread_id, quota=quota)
+        return self._files
+
+    def run_code(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+        stdin: str | bytes | None = None,
+        network: bool = False,
+        unsandboxed: bool = False,
+    ) -> CodeResult:
+        """Run code in a fresh, limited bubblewrap sandbox (see :mod:`threads_celery.runtime.sandbox`).
+
+        Never raises for what the code does: failures, timeouts and memory caps come back in the
+        :class:`~threads_celery.runtime.sandbox.CodeResult`. Cancelling the run stops the code. Blocks:
+        from an async tool, ``await asyncio.to_thread(ctx.run_code, ...)``. ``network=True``
+        gives the code the worker's network; ``unsandboxed=True`` runs it without the sandbox,
+        as the worker's user (trusted code only; the only way to run code where ``bwrap`` is
+        not installed).
+        """
+        from threads_celery.runtime.sandbox import run_code
+
+        return run_code(
+            code,
+            language,
+            timeout_s=timeout_s if timeout_s is not None else self._settings.code_timeout_s,
+            memory_mb=memory_mb if memory_mb is not None else self._settings.code_memory_mb,
+            stdin=stdin,
+            cancel=lambda: self.cancelled,
+            max_output_bytes=self._settings.code_max_output_bytes,
+            network=network,
+            unsandboxed=unsandboxed,
+        )
+
+    def run_agent_tool(
+        self,
+        child: type[Agent] | Agent | str,
+        input: Any = None,
+        *,
+        detached: bool | Detached = True,
+        run_id: str | None = None,
+        display_name: str | None = None,
+    ) -> DetachedHandle:
+        """Start a child agent run in the background for this thread; returns its handle at once.
+
+        ``child`` is an Agent (instance, class or registered name); ``detached`` is ``True`` or a
+        :class:`~threads_celery.transitions.agent_tools.Detached` (its ``on_finish`` names a method of this
+        run's agent). Detached only: a tool that waited on a child would hold its worker; expose
+        the agent with ``agent_tool(...)`` to await it. Idempotent: without ``run_id`` the n-th
+        child of this call is ``agent-tool:<effect_key>:<n>``, so a retried call re-attaches to
+        the runs it started. Returns a :class:`~threads_celery.transitions.agent_tools.DetachedHandle`.
+        """
+        if self._start_child is None:
+            from threads_celery.exceptions import ConfigError
+
+            raise ConfigError("run_agent_tool() is available only inside a running tool call")
+        if run_id is None:
+            run_id = f"agent-tool:{self.effect_key}:{self._children_started}"
+        self._children_started += 1
+        return self._start_child(child, input, detached=detached, run_id=run_id, display_name=display_name)

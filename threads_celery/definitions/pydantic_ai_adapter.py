@@ -1,0 +1,564 @@
+"""An existing Pydantic AI agent, made durable: ``from_pydantic_ai(agent, effects=..., deps=...)``.
+
+The adapter reads what a ``pydantic_ai.Agent`` was built with and returns a threads-celery
+:class:`~threads_celery.definitions.agents.Agent` that does the same, one durable step at a time:
+
+- its system prompts and instructions (strings, and functions with or without a ``RunContext``);
+- its function tools (``@agent.tool``, ``@agent.tool_plain``, ``tools=[...]``), each a durable tool
+  call whose effect the author states in ``effects={...}``; a tool with no stated effect is
+  unguarded, so it asks a person first under the default permission mode;
+- its output type: a structured ``output_type`` is offered to the model as Pydantic AI does (an
+  output tool), and the run's output is the validated value as JSON (see
+  :meth:`PydanticAIAgent.parse_output`);
+- its model and model settings.
+
+Tool dependencies are built in the worker by a factory the author names (``deps=``): a
+module-level function or a ``"module:function"`` path, called once per worker thread. A factory
+that cannot be imported or fails ends the run at its model step with a clear error, before any
+tool runs. Tools see a ``RunContext`` whose ``deps`` are those dependencies and whose
+``tool_call_id`` is the call's effect key (stable across reruns: an idempotency key).
+
+What does not carry over is a ConfigError rather than a silent difference: other toolsets
+(give MCP servers to ``Agent(mcp_servers=...)`` instead), tools with a ``prepare`` function,
+output validators, async instruction functions, and output specs other than ``str`` or one type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import inspect
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic_ai import RunContext
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models import (
+    CompletedStreamedResponse,
+    Model,
+    ModelRequestParameters,
+    StreamedResponse,
+)
+from pydantic_ai.models.function import FunctionModel
+from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import ToolDefinition
+
+from threads_celery.decisions.effects import Reconcile
+from threads_celery.decisions.permissions import Permissions
+from threads_celery.definitions.agents import Agent
+from threads_celery.definitions.mcp_servers import MCPServer
+from threads_celery.definitions.schema_tools import EffectChoice, SchemaTool, ToolArguments, schema_tool, stated_effect
+from threads_celery.definitions.tools import ToolArgumentsError, describe_validation_error
+from threads_celery.exceptions import ConfigError
+
+OUTPUT_TOOL = "final_result"
+OUTPUT_TOOL_DESCRIPTION = "The final response which ends this conversation"
+
+DepsFactory = Callable[[], Any]
+
+
+class PydanticAIAgent(Agent):
+    """A threads-celery agent built from a ``pydantic_ai.Agent`` by :func:`from_pydantic_ai`."""
+
+    #: The Pydantic AI agent's ``output_type`` (``str`` for text output).
+    output_type: Any = str
+    #: ``"module:function"`` of the factory that builds the tools' dependencies (None: no deps).
+    deps_factory: str | None = None
+
+    def __init__(self, *args: Any, output_type: Any = str, deps_factory: str | None = None, **kwargs: Any) -> None:
+        self.output_type = output_type
+        self.deps_factory = deps_factory
+        self._deps_by_thread = threading.local()
+        self._output = _OutputSpec.for_type(output_type)
+        super().__init__(*args, **kwargs)
+
+    def preflight(self) -> None:
+        """Build the tools' dependencies in this worker thread (once); ConfigError if they cannot be."""
+        self.built_deps()
+
+    def built_deps(self) -> Any:
+        """The tools' dependencies for this worker thread, built by the factory on first use."""
+        if self.deps_factory is None:
+            return None
+        cached = getattr(self._deps_by_thread, "value", _MISSING)
+        if cached is not _MISSING:
+            return cached
+        factory = resolve_factory(self.deps_factory)
+        try:
+            value = factory()
+        except Exception as exc:  # noqa: BLE001 - any failure to build is reported the same way
+            raise ConfigError(
+                f"the dependencies of agent {self.name!r} cannot be built in this worker: "
+                f"{self.deps_factory} raised {type(exc).__name__}: {exc}"
+            ) from None
+        self._deps_by_thread.value = value
+        return value
+
+    def parse_output(self, text: str | None) -> Any:
+        """A finished run's output as the Pydantic AI agent's ``output_type`` (text stays text).
+
+        Raises ValueError when the text is not a valid value of that type.
+        """
+        if self._output is None:
+            return text
+        return self._output.parse_json(text or "")
+
+    def config_hash(self) -> str:
+        """The base fingerprint, plus the output type and the dependency factory."""
+        extra = json.dumps(
+            {"output": self._output.schema if self._output else None, "deps": self.deps_factory},
+            sort_keys=True,
+        )
+        return hashlib.sha256((super().config_hash() + extra).encode()).hexdigest()[:32]
+
+
+_MISSING = object()
+
+
+def from_pydantic_ai(
+    agent: Any,
+    *,
+    effects: Mapping[str, EffectChoice] | None = None,
+    deps: DepsFactory | str | None = None,
+    dedup_window_ms: int | Mapping[str, int] | None = None,
+    name: str | None = None,
+    model: Any = None,
+    permissions: Permissions | None = None,
+    max_steps: int | None = None,
+    mcp_servers: Sequence[MCPServer] | None = None,
+) -> PydanticAIAgent:
+    """A durable threads-celery agent that does what the Pydantic AI ``agent`` does.
+
+    ``effects`` maps tool names to their effect (an effect name, or a
+    :class:`~threads_celery.decisions.effects.Reconcile`); an unstated tool is unguarded.
+    ``dedup_window_ms`` is the window of the idempotent ones (a number, or a mapping by tool
+    name). ``deps`` names the factory of the tools' dependencies (a module-level function or a
+    ``"module:function"`` path). ``name`` and ``model`` default to the agent's own. Tools built
+    with ``requires_approval=True`` ask first whatever their effect, unless ``permissions`` is
+    given. ``mcp_servers`` adds the tools of MCP servers (see
+    :class:`~threads_celery.definitions.mcp_servers.MCPServer`), in place of Pydantic AI's MCP toolsets.
+    """
+    from pydantic_ai import Agent as PydanticAgent
+
+    if not isinstance(agent, PydanticAgent):
+        raise ConfigError(f"from_pydantic_ai takes a pydantic_ai.Agent, not {type(agent).__name__}")
+    agent_name = name or agent.name
+    if not agent_name:
+        raise ConfigError("the Pydantic AI agent has no name: pass from_pydantic_ai(agent, name=...)")
+    owner = f"agent {agent_name!r}"
+    base_model = model if model is not None else agent.model
+    if base_model is None:
+        raise ConfigError(f"{owner}: the Pydantic AI agent has no model: pass from_pydantic_ai(agent, model=...)")
+    _refuse_what_does_not_carry_over(agent, owner)
+    factory_path = factory_reference(owner, deps) if deps is not None else None
+    deps_type = getattr(agent, "deps_type", type(None))
+    if factory_path is None and deps_type not in (type(None), None, object):
+        raise ConfigError(
+            f"{owner}: the Pydantic AI agent declares deps_type={getattr(deps_type, '__name__', deps_type)}; "
+            "pass deps=<factory> (a module-level function or 'module:function') to build them in the worker"
+        )
+
+    output = _OutputSpec.for_type(agent.output_type)
+    function_tools: dict[str, Any] = dict(agent._function_toolset.tools)
+    stated = dict(effects or {})
+    unknown = sorted(set(stated) - set(function_tools))
+    if unknown:
+        raise ConfigError(
+            f"{owner}: effects names {', '.join(map(repr, unknown))}, which the agent has no tool of "
+            f"(its tools: {', '.join(sorted(function_tools)) or 'none'})"
+        )
+    if output is not None and OUTPUT_TOOL in function_tools:
+        raise ConfigError(f"{owner}: a tool may not be named {OUTPUT_TOOL!r} when the agent has an output type")
+
+    holder: dict[str, PydanticAIAgent] = {}
+    tools: list[SchemaTool] = []
+    for tool_name, pai_tool in function_tools.items():
+        effect, window, reconcile = stated_effect(owner, tool_name, stated.get(tool_name, "unguarded"), dedup_window_ms)
+        tools.append(_durable_tool(pai_tool, effect, window, reconcile, holder))
+    if output is not None:
+        tools.append(output.tool())
+    if permissions is None:
+        needs_approval = [n for n, t in function_tools.items() if getattr(t, "requires_approval", False)]
+        permissions = Permissions(ask=needs_approval)
+
+    durable = PydanticAIAgent(
+        name=agent_name,
+        instructions=_instructions(agent, holder),
+        model=DurableModel(base_model, settings=_model_settings(agent, owner), output=output),
+        tools=tools,
+        permissions=permissions,
+        max_steps=max_steps,
+        mcp_servers=mcp_servers,
+        output_type=agent.output_type,
+        deps_factory=factory_path,
+    )
+    holder["agent"] = durable
+    return durable
+
+
+def _model_settings(agent: Any, owner: str) -> dict[str, Any]:
+    settings = agent.model_settings
+    if callable(settings):
+        raise ConfigError(f"{owner}: model settings computed per run do not carry over; give a mapping")
+    return dict(settings or {})
+
+
+# -- dependencies ---------------------------------------------------------------------------------
+
+
+def factory_reference(owner: str, factory: DepsFactory | str) -> str:
+    """The ``"module:qualname"`` a worker imports the factory by; ConfigError if there is none.
+
+    A lambda or a nested function has no such name, so it could not be found again in a worker.
+    """
+    if isinstance(factory, str):
+        module, _, attribute = factory.partition(":")
+        if not module or not attribute:
+            raise ConfigError(f"{owner}: deps={factory!r} must be 'module:function'")
+        return factory
+    if not callable(factory):
+        raise ConfigError(
+            f"{owner}: deps must be a factory function or 'module:function', not {type(factory).__name__}"
+        )
+    module_name = getattr(factory, "__module__", None)
+    qualname = getattr(factory, "__qualname__", "")
+    if not module_name or "<" in qualname:
+        raise ConfigError(
+            f"{owner}: deps={qualname or factory!r} cannot be imported by name in a worker (a lambda or "
+            "a function defined inside another); define it at module level, or pass 'module:function'"
+        )
+    return f"{module_name}:{qualname}"
+
+
+def resolve_factory(path: str) -> DepsFactory:
+    """Import the factory ``"module:qualname"`` names; ConfigError if it cannot be."""
+    module_name, _, qualname = path.partition(":")
+    try:
+        value: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"the dependency factory {path!r} cannot be imported in this worker: {exc}") from None
+    if not callable(value):
+        raise ConfigError(f"the dependency factory {path!r} is not callable")
+    factory: DepsFactory = value
+    return factory
+
+
+def _run_context(
+    agent: PydanticAIAgent,
+    *,
+    tool_name: str | None = None,
+    call_key: str | None = None,
+    retry: int = 0,
+) -> Any:
+    from pydantic_ai.usage import RunUsage
+
+    model = agent.model.inner if isinstance(agent.model, DurableModel) else agent.model
+    return RunContext(
+        deps=agent.built_deps(),
+        model=model,
+        usage=RunUsage(),
+        tool_name=tool_name,
+        tool_call_id=call_key,
+        retry=retry,
+    )
+
+
+# -- tools ----------------------------------------------------------------------------------------
+
+
+def _durable_tool(
+    pai_tool: Any,
+    effect: str,
+    window: int | None,
+    reconcile: Reconcile | None,
+    holder: dict[str, PydanticAIAgent],
+) -> SchemaTool:
+    schema = pai_tool.function_schema
+
+    def validate(values: dict[str, Any]) -> dict[str, Any]:
+        try:
+            validated: dict[str, Any] = schema.validator.validate_python(values)
+        except ValidationError as exc:
+            raise ToolArgumentsError(describe_validation_error(exc)) from None
+        return validated
+
+    async def execute(arguments: ToolArguments, ctx: Any) -> Any:
+        run_ctx = _run_context(
+            holder["agent"],
+            tool_name=pai_tool.name,
+            call_key=ctx.effect_key,
+            retry=max(ctx.attempt - 1, 0),
+        )
+        return await schema.call(arguments.values, run_ctx)
+
+    return schema_tool(
+        name=pai_tool.name,
+        description=pai_tool.description or "",
+        json_schema=schema.json_schema,
+        validate=validate,
+        execute=execute,
+        effect=effect,
+        dedup_window_ms=window,
+        reconcile=reconcile,
+    )
+
+
+def _refuse_what_does_not_carry_over(agent: Any, owner: str) -> None:
+    if getattr(agent, "_user_toolsets", None) or getattr(agent, "_dynamic_toolsets", None):
+        raise ConfigError(
+            f"{owner}: the Pydantic AI agent has toolsets, which do not carry over; give MCP servers as "
+            "from_pydantic_ai(..., mcp_servers=[threads_celery.MCPServer(...)]) and plain functions as tools"
+        )
+    for tool_name, pai_tool in agent._function_toolset.tools.items():
+        if getattr(pai_tool, "prepare", None) is not None:
+            raise ConfigError(f"{owner}: tool {tool_name!r} has a prepare function, which does not carry over")
+    if getattr(agent, "_output_validators", None):
+        raise ConfigError(f"{owner}: output validators do not carry over; validate in the output type instead")
+
+
+# -- instructions ---------------------------------------------------------------------------------
+
+
+def _instructions(agent: Any, holder: dict[str, PydanticAIAgent]) -> str | Callable[[], str]:
+    """The agent's system prompts then instructions: a string, or a function of the run context."""
+    parts: list[str | Callable[..., Any]] = list(agent._system_prompts)
+    parts += [runner.function for runner in agent._system_prompt_functions]
+    parts += [sourced.instruction for sourced in agent._instructions]
+    for part in parts:
+        if callable(part) and inspect.iscoroutinefunction(part):
+            raise ConfigError(
+                f"agent {agent.name!r}: async instruction function {getattr(part, '__qualname__', part)!r} "
+                "does not carry over; make it a plain function"
+            )
+    if all(isinstance(p, str) for p in parts):
+        return "\n\n".join(p for p in parts if isinstance(p, str) and p)
+
+    def render() -> str:
+        texts: list[str] = []
+        for part in parts:
+            if isinstance(part, str):
+                texts.append(part)
+                continue
+            takes_ctx = len(inspect.signature(part).parameters) > 0
+            value = part(_run_context(holder["agent"])) if takes_ctx else part()
+            if value:
+                texts.append(str(value))
+        return "\n\n".join(t for t in texts if t)
+
+    # The config fingerprint reads a callable's __qualname__: make it name every part.
+    names = [p if isinstance(p, str) else f"{p.__module__}.{p.__qualname__}" for p in parts]
+    render.__qualname__ = "pydantic_ai_instructions:" + hashlib.sha256(json.dumps(names).encode()).hexdigest()[:16]
+    return render
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _OutputSpec:
+    """A structured output type, offered to the model as an output tool."""
+
+    output_type: Any
+    adapter: TypeAdapter[Any]
+    schema: dict[str, Any]
+    wrapped: bool  # a non-object type travels as {"response": value}
+
+    @classmethod
+    def for_type(cls, output_type: Any) -> _OutputSpec | None:
+        if output_type is str or output_type is None:
+            return None
+        if isinstance(output_type, list | tuple) or type(output_type).__module__.startswith("pydantic_ai"):
+            raise ConfigError(
+                f"output_type {output_type!r} does not carry over: use str or a single type (a model, a "
+                "dataclass, a TypedDict, ...)"
+            )
+        try:
+            adapter: TypeAdapter[Any] = TypeAdapter(output_type)
+            schema = adapter.json_schema()
+        except Exception as exc:  # noqa: BLE001 - pydantic refuses the type
+            raise ConfigError(f"output_type {output_type!r} has no JSON schema: {exc}") from None
+        wrapped = schema.get("type") != "object"
+        if wrapped:
+            schema = {
+                "type": "object",
+                "properties": {"response": schema},
+                "required": ["response"],
+            }
+        return cls(output_type, adapter, schema, wrapped)
+
+    def validate_args(self, args: Any) -> Any:
+        """The output value for the output tool's arguments; ValidationError or ValueError if they fail."""
+        data = json.loads(args) if isinstance(args, str) else (args or {})
+        if self.wrapped:
+            if not isinstance(data, dict) or "response" not in data:
+                raise ValueError("the output must be an object with a 'response' key")
+            data = data["response"]
+        return self.adapter.validate_python(data)
+
+    def to_json(self, value: Any) -> str:
+        return self.adapter.dump_json(value).decode()
+
+    def parse_json(self, text: str) -> Any:
+        return self.adapter.validate_json(text)
+
+    def definition(self) -> ToolDefinition:
+        return ToolDefinition(
+            name=OUTPUT_TOOL,
+            description=OUTPUT_TOOL_DESCRIPTION,
+            parameters_json_schema=self.schema,
+            kind="output",
+        )
+
+    def tool(self) -> SchemaTool:
+        """The output tool as the runtime sees it: reached only when the model's output failed
+        validation, so the model gets the reason and can try again."""
+
+        def validate(values: dict[str, Any]) -> dict[str, Any]:
+            try:
+                self.validate_args(values)
+            except (ValidationError, ValueError) as exc:
+                why = describe_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
+                raise ToolArgumentsError(f"the final result is not valid: {why}") from None
+            return values
+
+        def execute(arguments: ToolArguments, ctx: Any) -> str:
+            return self.to_json(self.validate_args(arguments.values))
+
+        built = schema_tool(
+            name=OUTPUT_TOOL,
+            description=OUTPUT_TOOL_DESCRIPTION,
+            json_schema=self.schema,
+            validate=validate,
+            execute=execute,
+            effect="read_only",
+        )
+        return dataclasses.replace(built, ends_turn=True)
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+
+class DurableModel(WrapperModel):
+    """The agent's model with its model settings, and its output type offered as an output tool.
+
+    The wrapped model is resolved on first use, so building the agent (in a web app, say) needs
+    no provider credentials.
+    """
+
+    def __init__(self, model: Any, *, settings: dict[str, Any], output: _OutputSpec | None) -> None:
+        Model.__init__(self)
+        self._spec = model
+        self._agent_settings = settings
+        self._output = output
+        self._inner: Model | None = None
+        self._lock = threading.Lock()
+
+    # WrapperModel declares ``wrapped`` a field; here it is resolved lazily (a model string needs
+    # credentials only when a request is made), so a read-only property stands in for it.
+    @property
+    def wrapped(self) -> Model:  # type: ignore[override]
+        return self.inner
+
+    def __repr__(self) -> str:
+        # Never resolve the model to show it: a missing key must not turn a message into an error.
+        return repr(self._spec) if isinstance(self._spec, str) else f"DurableModel({self._spec!r})"
+
+    @property
+    def unresolved_spec(self) -> str | None:
+        """The model string not resolved yet (None once resolved, or for a model object)."""
+        return self._spec if isinstance(self._spec, str) and self._inner is None else None
+
+    @property
+    def inner(self) -> Model:
+        """The wrapped pydantic-ai model (resolved from a model string on first use)."""
+        with self._lock:
+            if self._inner is None:
+                from threads_celery.runtime.models import resolve_model
+
+                self._inner = resolve_model(self._spec)
+            return self._inner
+
+    @property
+    def model_name(self) -> str:
+        if isinstance(self._spec, str):
+            return self._spec.partition(":")[2] or self._spec
+        return str(self.inner.model_name)
+
+    @property
+    def system(self) -> str:
+        if isinstance(self._spec, str):
+            return self._spec.partition(":")[0]
+        return str(self.inner.system)
+
+    def _merged_settings(self, model_settings: ModelSettings | None) -> ModelSettings | None:
+        merged: dict[str, Any] = {**self._agent_settings, **dict(model_settings or {})}
+        # The agent's settings are the user's plain dict: its keys are pydantic-ai's to check.
+        return ModelSettings(**merged) if merged else None  # type: ignore[typeddict-item]
+
+    def _parameters(self, params: ModelRequestParameters) -> ModelRequestParameters:
+        if self._output is None:
+            return params
+        return dataclasses.replace(
+            params,
+            function_tools=[t for t in params.function_tools if t.name != OUTPUT_TOOL],
+            output_tools=[self._output.definition()],
+            output_mode="tool",
+            allow_text_output=False,
+        )
+
+    def _finalise(self, response: ModelResponse) -> ModelResponse:
+        """A valid output call becomes the answer's text (the run's output); an invalid one is left
+        as a call of the output tool, whose argument check tells the model what failed."""
+        if self._output is None:
+            return response
+        for part in response.parts:
+            if isinstance(part, ToolCallPart) and part.tool_name == OUTPUT_TOOL:
+                try:
+                    value = self._output.validate_args(part.args)
+                except (ValidationError, ValueError):
+                    return response
+                return dataclasses.replace(response, parts=[TextPart(content=self._output.to_json(value))])
+        return response
+
+    def _streams(self) -> bool:
+        inner = self.inner
+        return not (isinstance(inner, FunctionModel) and inner.stream_function is None)
+
+    async def request(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> ModelResponse:
+        params = self._parameters(model_request_parameters)
+        return self._finalise(await self.inner.request(messages, self._merged_settings(model_settings), params))
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        params = self._parameters(model_request_parameters)
+        settings = self._merged_settings(model_settings)
+        if self._output is None and self._streams():
+            async with self.inner.request_stream(messages, settings, params, run_context) as stream:
+                yield stream
+            return
+        # Whether the output call is valid is only known once the answer is complete (and a
+        # FunctionModel without a stream function answers whole): take the answer whole.
+        response = self._finalise(await self.inner.request(messages, settings, params))
+        yield CompletedStreamedResponse(response, model_request_parameters=params, replay_events=True)
+
+
+__all__ = ["PydanticAIAgent", "factory_reference", "from_pydantic_ai", "resolve_factory"]

@@ -1,0 +1,189 @@
+"""Variables: per-thread values that tools read with ``ctx.env(name)``, secrets encrypted at rest.
+
+Values are given per thread (``Threads.start(..., env={...})``, ``Threads.set_env``) and flow
+down to descendant threads, except that a thread whose agent declares a variable ``scoped``
+does not inherit that name from its parent; what is provided in that thread still flows down to
+its own subtree. A required variable with no value makes the run wait (``awaiting_variable``)
+until one is set. Secret values are Fernet-encrypted with ``THREADS_SECRET_KEY`` and never leave
+the store in clear except into the tool that declared them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from threads_celery.exceptions import ConfigError, ThreadsError
+
+if TYPE_CHECKING:
+    from cryptography.fernet import Fernet
+
+    from threads_celery.definitions.agents import AgentRegistry
+    from threads_celery.store import Store, Tx
+
+VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+SECRET_KEY_ENV = "THREADS_SECRET_KEY"
+REDACTED = "***"
+
+
+class VariableError(ThreadsError, LookupError):
+    """A variable was read that the tool did not declare, or a secret outside a tool."""
+
+
+@dataclass(frozen=True, slots=True)
+class Variable:
+    """A value a tool, prompt or agent needs from its thread's environment."""
+
+    name: str
+    type: Literal["text", "secret"] = "text"
+    required: bool = False
+    scoped: bool = False
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not VARIABLE_NAME.match(self.name):
+            raise ConfigError(f"variable name {self.name!r} is invalid: letters, digits and underscores")
+        if self.type not in ("text", "secret"):
+            raise ConfigError(f"variable {self.name!r}: type must be 'text' or 'secret', not {self.type!r}")
+
+
+def declared(variables: Iterable[Variable]) -> dict[str, Variable]:
+    """Declarations by name, merged: required or scoped anywhere counts; types must agree."""
+    found: dict[str, Variable] = {}
+    for variable in variables:
+        if not isinstance(variable, Variable):
+            raise ConfigError(f"variables must be Variable(...) values, not {type(variable).__name__}")
+        other = found.get(variable.name)
+        if other is None:
+            found[variable.name] = variable
+            continue
+        if other.type != variable.type:
+            raise ConfigError(f"variable {variable.name!r} is declared both {other.type} and {variable.type}")
+        found[variable.name] = Variable(
+            variable.name,
+            variable.type,
+            required=other.required or variable.required,
+            scoped=other.scoped or variable.scoped,
+            description=other.description or variable.description,
+        )
+    return found
+
+
+class SecretBox:
+    """Encrypts and decrypts secret values with the key from ``THREADS_SECRET_KEY``."""
+
+    def __init__(self, key: str | None = None) -> None:
+        self._key = key if key is not None else os.environ.get(SECRET_KEY_ENV)
+        self._fernet: Fernet | None = None
+
+    def _cipher(self) -> Fernet:
+        if self._fernet is None:
+            if not self._key:
+                raise ConfigError(
+                    f"cannot store a secret: {SECRET_KEY_ENV} is not set "
+                    "(generate one with: python -c 'from cryptography.fernet import Fernet; "
+                    "print(Fernet.generate_key().decode())')"
+                )
+            from cryptography.fernet import Fernet
+
+            try:
+                self._fernet = Fernet(self._key.encode() if isinstance(self._key, str) else self._key)
+            except (ValueError, TypeError):
+                raise ConfigError(f"{SECRET_KEY_ENV} is not a valid Fernet key (32 url-safe base64 bytes)") from None
+        return self._fernet
+
+    def seal(self, value: str) -> str:
+        return self._cipher().encrypt(value.encode()).decode()
+
+    def open(self, token: str) -> str:
+        from cryptography.fernet import InvalidToken
+
+        try:
+            return self._cipher().decrypt(token.encode()).decode()
+        except InvalidToken:
+            raise ConfigError(f"a stored secret cannot be decrypted with this {SECRET_KEY_ENV}") from None
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every given secret value replaced by ``***``, in every rendered form.
+
+    See :func:`threads_celery.redaction.redact_text` (raw, JSON-escaped, ``repr``, each line).
+    """
+    from threads_celery.redaction import redact_text
+
+    return redact_text(text, secrets)
+
+
+def resolve(
+    name: str,
+    chain: list[tuple[Mapping[str, tuple[str, str]], Callable[[str], bool]]],
+) -> tuple[str, str] | None:
+    """The (type, stored value) of ``name`` for the first thread of ``chain`` that has one.
+
+    ``chain`` runs from the thread itself up to the root: each entry is that thread's stored
+    values and whether its agent declares ``name`` scoped (a scoped thread does not look further
+    up). Pure: the caller loads the chain.
+    """
+    for values, is_scoped in chain:
+        if name in values:
+            return values[name]
+        if is_scoped(name):
+            return None
+    return None
+
+
+class ThreadEnv:
+    """The variables one tool call can read: its declarations resolved against its thread."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: AgentRegistry,
+        thread_id: str,
+        declarations: Mapping[str, Variable],
+        *,
+        owner: str,
+        box: SecretBox | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.thread_id = thread_id
+        self.declarations = dict(declarations)
+        self.owner = owner
+        self.box = box or SecretBox()
+        self.revealed: list[str] = []
+
+    def _chain(self, tx: Tx) -> list[tuple[Mapping[str, tuple[str, str]], Callable[[str], bool]]]:
+        chain: list[tuple[Mapping[str, tuple[str, str]], Callable[[str], bool]]] = []
+        for thread_id, agent_name in tx.thread_chain(self.thread_id):
+            agent = self.registry.get(agent_name) if agent_name in self.registry else None
+            scoped = {v.name for v in agent.declared_variables().values() if v.scoped} if agent else set()
+            chain.append((tx.thread_variables(thread_id), scoped.__contains__))
+        return chain
+
+    def get(self, name: str) -> str | None:
+        """The value of a declared variable for this thread, or None when it has none."""
+        if name not in self.declarations:
+            raise VariableError(f"variable {name!r} is not declared by {self.owner}")
+        with self.store.read() as tx:
+            found = resolve(name, self._chain(tx))
+        if found is None:
+            return None
+        kind, stored = found
+        if kind == "secret":
+            value = self.box.open(stored)
+            self.revealed.append(value)
+            return value
+        return stored
+
+    def missing_required(self) -> list[str]:
+        """Required variables with no value anywhere this thread can see."""
+        required = [v.name for v in self.declarations.values() if v.required]
+        if not required:
+            return []
+        with self.store.read() as tx:
+            chain = self._chain(tx)
+        return [name for name in required if resolve(name, chain) is None]

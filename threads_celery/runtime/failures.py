@@ -1,0 +1,102 @@
+"""A step or tool task that keeps failing (a poison message) ends its run instead of looping.
+
+``threads.step`` and ``threads.tool`` turn what they can foresee into results: a provider error
+is retried and then ends the run, a tool's exception is a tool result, arguments that do not
+parse are a tool error the model can fix. Anything else that escapes a task (a bug, a value the
+database refuses) would otherwise repeat for ever: the run's lease expires, the backbone sends
+the task again, and the model is asked again. Here such a failure is retried with backoff a
+bounded number of times (``Settings.max_task_failures``, ``THREADS_MAX_TASK_FAILURES``), then
+the run ends ``error`` with the reason, as Celery users expect of a poison message.
+
+The decision is a pure function; :func:`apply_task_failure` is the thin shell around it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from threads_celery.exceptions import FenceLost
+from threads_celery.redaction import describe_exception
+from threads_celery.transitions import runs
+
+if TYPE_CHECKING:
+    from threads_celery.runtime.machine import Runtime
+
+log = logging.getLogger("threads_celery.runtime.failures")
+
+#: Longest wait between two tries of a failing task.
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class TryAgain:
+    """Send the task again after ``countdown`` seconds."""
+
+    countdown: float
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """End the run: ``reason`` says which task failed, how often, and why."""
+
+    reason: str
+
+
+def decide_task_failure(task: str, key: str, failures: int, limit: int, error: str) -> TryAgain | GiveUp:
+    """What to do after the ``failures``-th failure in a row (this one included) of a task."""
+    if failures >= limit:
+        return GiveUp(f"{task} {key} failed {failures} times in a row; the last error: {error}")
+    return TryAgain(min(2.0 ** (failures - 1), MAX_BACKOFF_S))
+
+
+def apply_task_failure(runtime: Runtime, task: str, key: str, failures: int, exc: BaseException) -> TryAgain | GiveUp:
+    """Record the failure of a step (``key`` = run id) or tool task (``key`` = effect key).
+
+    Trying again: the run's lease is given back (when this worker holds it) so the next try
+    claims at once instead of waiting out the lease. Giving up: the run ends ``error`` with the
+    reason, and a tool call is settled as an error, so nothing sends the task again.
+    """
+    decision = decide_task_failure(task, key, failures, runtime.settings.max_task_failures, describe_exception(exc, ()))
+    now = runtime.clock()
+    entries = []
+    with runtime.store.transaction() as tx:
+        run_id = key
+        if task == runs.TOOL_TASK:
+            loaded = tx.get_call_and_run(key)
+            if loaded is None:
+                return decision
+            run_id = loaded[1].id
+        # Not locked here: finish() locks the thread before the run, and so must everyone.
+        run = tx.get_run(run_id)
+        if run is None or run.is_terminal:
+            return decision
+        if isinstance(decision, TryAgain):
+            if task == runs.TOOL_TASK:
+                # A read_only call's row would be republished alongside our own retries.
+                tx.touch_outbox(key, now)
+            if run.lease_owner == runtime.worker_id:
+                tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None)
+        else:
+            if task == runs.TOOL_TASK:
+                tx.settle_call(key, status="error", result=decision.reason, is_error=True, now=now)
+                tx.delete_outbox(key)
+            try:
+                entries = runs.finish(tx, run, fence=run.fence, status="error", now=now, error=decision.reason)
+            except FenceLost:  # the run moved on meanwhile: it is not wedged
+                return decision
+    runtime.publish(entries)
+    if isinstance(decision, GiveUp):
+        log.error("run %s ended: %s", run_id, decision.reason)
+    else:
+        log.warning(
+            "%s %s failed (%d of %d), trying again in %.0f s: %s",
+            task,
+            key,
+            failures,
+            runtime.settings.max_task_failures,
+            decision.countdown,
+            describe_exception(exc, ()),
+        )
+    return decision

@@ -1,0 +1,157 @@
+"""A worker's cache of thread histories: each model step reads only what is new.
+
+A model step needs the whole history of its thread. Read in full, it costs a statement whose
+rows, JSON and conversion grow with the thread, so every turn of a long thread gets slower. A
+thread's messages are append-only (each takes the thread's next ``seq``; no code path updates
+or deletes one; a deleted thread takes its messages with it), so a worker keeps the histories it
+read and, in the step's own transaction, reads the rows from its last cached message on, plus
+its first one:
+
+* both cached ends come back unchanged: the cache is the thread's prefix, and the rows after the
+  last one are appended (their ``seq`` must follow on without a gap);
+* anything else (a first or last message gone or different, a gap): the history is read in
+  full, as without the cache.
+
+So a step sees exactly the rows a full read in its transaction would see, and another worker
+appending to the thread in between is picked up by the same statement. The cache is bounded by
+an estimate of its size in bytes and by a number of threads (least recently used threads go
+first) and lives in one process; pool processes do not share it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from threads_celery.records import Message
+
+if TYPE_CHECKING:
+    from threads_celery.runtime.models import ModelHistory
+    from threads_celery.store.repository import Tx
+
+#: Default bounds of one process's cache: an estimate of the bytes its messages hold, and the
+#: number of threads (a worker's working set is the runs it is driving; finished threads age out).
+DEFAULT_MAX_BYTES = 64 * 2**20
+DEFAULT_MAX_THREADS = 256
+
+#: What one message costs beyond its text, roughly (the objects around it).
+_OVERHEAD_BYTES = 400
+
+
+def message_size(message: Message) -> int:
+    """An estimate of the memory one cached message takes (its text and its calls' arguments)."""
+    size = _OVERHEAD_BYTES + len(message.text)
+    for call in message.tool_calls:
+        size += len(call.args) + len(call.name) + _OVERHEAD_BYTES
+    if message.tool_result is not None:
+        size += len(message.tool_result.content) + _OVERHEAD_BYTES
+    return size
+
+
+@dataclass
+class ThreadHistory:
+    """One thread's messages in order, and their conversion for the model (filled as needed)."""
+
+    thread_id: str
+    messages: list[Message]
+    size: int = 0
+    converted: ModelHistory | None = field(default=None, repr=False)
+
+    def model_history(self) -> ModelHistory:
+        """The pydantic-ai conversion of these messages, carried over from step to step."""
+        if self.converted is None:
+            from threads_celery.runtime.models import ModelHistory
+
+            self.converted = ModelHistory()
+        return self.converted
+
+
+class HistoryCache:
+    """Thread histories of one worker process, checked against the store on every read."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_threads: int = DEFAULT_MAX_THREADS) -> None:
+        self.max_bytes = max_bytes
+        self.max_threads = max_threads
+        self._entries: OrderedDict[str, ThreadHistory] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size(self) -> int:
+        """The estimated bytes held now."""
+        return self._bytes
+
+    def load(self, tx: Tx, thread_id: str) -> ThreadHistory:
+        """The thread's whole history as ``tx`` sees it, reading only what the cache lacks.
+
+        The returned history is the caller's to read; its message list is a copy.
+        """
+        with self._lock:
+            entry = self._entries.pop(thread_id, None)
+            if entry is not None:
+                self._bytes -= entry.size
+        fresh = self._extend(tx, entry) if entry is not None and entry.messages else None
+        if fresh is None:
+            self.misses += 1
+            messages = tx.list_messages(thread_id)
+            fresh = ThreadHistory(thread_id, messages, sum(message_size(m) for m in messages))
+        else:
+            self.hits += 1
+        # The conversion belongs to the cached entry, so the next step carries it on.
+        result = ThreadHistory(thread_id, list(fresh.messages), fresh.size, fresh.model_history())
+        with self._lock:
+            self._store(fresh)
+        return result
+
+    def _extend(self, tx: Tx, entry: ThreadHistory) -> ThreadHistory | None:
+        """The cached history with the rows appended since, or None when it is not a prefix."""
+        first, last = entry.messages[0], entry.messages[-1]
+        rows = tx.list_message_ends(entry.thread_id, first_seq=first.seq, last_seq=last.seq)
+        if first.seq != last.seq:
+            if not rows or rows[0] != first:
+                return None
+            rows = rows[1:]
+        if not rows or rows[0] != last:
+            return None
+        added = rows[1:]
+        for expected, message in enumerate(added, start=last.seq + 1):
+            if message.seq != expected:
+                return None
+        if added:
+            entry.messages.extend(added)
+            entry.size += sum(message_size(m) for m in added)
+        return entry
+
+    def _store(self, entry: ThreadHistory) -> None:
+        if entry.size > self.max_bytes:
+            return
+        previous = self._entries.pop(entry.thread_id, None)
+        if previous is not None:  # another thread of this process read it meanwhile
+            self._bytes -= previous.size
+        self._entries[entry.thread_id] = entry
+        self._bytes += entry.size
+        while (self._bytes > self.max_bytes or len(self._entries) > self.max_threads) and self._entries:
+            _, evicted = self._entries.popitem(last=False)
+            self._bytes -= evicted.size
+
+    def clear(self) -> None:
+        """Forget every cached history."""
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+
+def as_messages(history: ThreadHistory | Sequence[Message]) -> Sequence[Message]:
+    """The messages of a history, whichever form it comes in."""
+    return history.messages if isinstance(history, ThreadHistory) else history
+
+
+__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_THREADS", "HistoryCache", "ThreadHistory", "message_size"]

@@ -1,0 +1,768 @@
+"""The step machine: what ``threads.step`` and ``threads.tool`` do.
+
+Each task loads the ledger, asks a pure decision function what to do, and applies the answer in
+one transaction that also records the next task (an outbox row). The outbox is published right
+after commit. Every write a worker makes is conditional on the run's fence, so a worker whose
+lease moved on has its late writes refused (:class:`~threads_celery.exceptions.FenceLost`).
+
+Commits per tool call: one for a read_only tool (its rerun is safe, so no claim is recorded
+before it runs), two for every other effect (the claim is the evidence that the effect may have
+happened).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, assert_never
+
+from threads_celery.decisions.effects import (
+    NeedsLookup,
+    Park,
+    RecordFound,
+    RunAgain,
+    run_lookup,
+)
+from threads_celery.decisions.next_step import (  # re-exported: the step machine's decisions
+    Busy,
+    Proceed,
+    Skip,
+    decide_call,
+    decide_step,
+)
+from threads_celery.decisions.permissions import Allow as PermissionAllow
+from threads_celery.decisions.permissions import Ask, Deny
+from threads_celery.decisions.provider_limits import provider_of
+from threads_celery.decisions.usage import LIMIT_REASON, limit_reached
+from threads_celery.definitions import hooks
+from threads_celery.definitions.agents import Agent, AgentRegistry
+from threads_celery.definitions.context import ToolContext
+from threads_celery.definitions.tools import Tool, ToolArgumentsError, ToolOutputError, render_result, shorten_for_model
+from threads_celery.definitions.variables import ThreadEnv, declared
+from threads_celery.exceptions import ConfigError, EffectUnknown, FenceLost, StoreUnavailable, UnknownAgent
+from threads_celery.records import CallRow, OutboxEntry, Run
+from threads_celery.redaction import (
+    describe_exception,
+    install_log_redaction,
+    redact_text,
+    redact_value,
+    redacting,
+    secrets_active,
+)
+from threads_celery.runtime import batches, child_runs, models, provider_retry
+from threads_celery.runtime.history import HistoryCache
+from threads_celery.runtime.leases import LeaseKeeper
+from threads_celery.runtime.permission_checks import check_call
+from threads_celery.runtime.streaming import ToolCallStarted, ToolCallStarts
+from threads_celery.settings import Settings
+from threads_celery.store import Store
+from threads_celery.store.repository import Tx, args_digest
+from threads_celery.telemetry import metrics, tracing
+from threads_celery.transitions import runs
+from threads_celery.transitions.pending import wait_for_a_person
+
+if TYPE_CHECKING:
+    from threads_celery.transitions.agent_tools import Detached, DetachedHandle
+
+log = logging.getLogger("threads_celery.runtime.machine")
+
+Publish = Callable[[Sequence[OutboxEntry]], None]
+
+#: What the model is shown when the store refused a tool's result.
+UNSTORED_RESULT = "the tool ran, but its result could not be stored"
+
+
+class RetryLater(Exception):
+    """Not now: another worker holds the run, or a transient failure. Try again in ``countdown``."""
+
+    def __init__(self, countdown: float, reason: str) -> None:
+        super().__init__(reason)
+        self.countdown = max(0.05, countdown)
+        self.reason = reason
+
+
+# -- the machine -----------------------------------------------------------------------------
+
+
+class Runtime:
+    """Advances runs: one model step or one tool call per task."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: AgentRegistry,
+        *,
+        publish: Publish,
+        settings: Settings | None = None,
+        worker_id: str | None = None,
+        clock: Callable[[], datetime] = runs.utcnow,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.publish = publish
+        self.settings = settings or Settings()
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.clock = clock
+        self.keeper = LeaseKeeper()
+        self.history = HistoryCache()
+        from threads_celery.runtime.rate_limiter import rate_limiter_for
+
+        self.rate_limiter = rate_limiter_for(self.settings.rate_limits, self.settings.broker_url)
+        from threads_celery.runtime.progress import ProgressReporter
+
+        self.progress = ProgressReporter(self)
+
+    # -- model steps -----------------------------------------------------------------------
+
+    def run_step(self, run_id: str, step: int, *, attempt: int = 0) -> str:
+        """Carry out model step ``step`` of a run. Returns what happened, for logs and tests."""
+        now = self.clock()
+        lease = timedelta(seconds=self.settings.step_lease_s)
+        with self.store.transaction() as tx:
+            run = tx.get_run(run_id, lock=True)
+            decision = decide_step(run, step, now)
+            if isinstance(decision, Skip):
+                tx.delete_outbox(runs.step_key(run_id, step))
+                return f"skipped: {decision.reason}"
+            if isinstance(decision, Busy):
+                raise RetryLater((decision.until - now).total_seconds(), "run is held by another worker")
+            assert run is not None
+            fence = tx.claim_run(run_id, fence=run.fence, owner=self.worker_id, lease_until=now + lease, now=now)
+            if fence is None:
+                raise RetryLater(0.1, "run was claimed concurrently")
+            tx.delete_outbox(runs.step_key(run_id, step))
+            if run.status == "queued":
+                tx.append_event(run.thread_id, run_id, "run", {"run_id": run_id, "status": "running"}, now)
+            history = self.history.load(tx, run.thread_id)
+        if (run.input_meta or {}).get("narrate"):
+            # A narrated status line: its message is in the thread already; no model turn.
+            self._finish(run, fence, "completed", output=run.input)
+            return "narrated"
+        try:
+            agent = self.registry.get(run.agent)
+        except UnknownAgent as exc:
+            return self._step_failed(run, fence, step, attempt, exc)
+        try:
+            agent.preflight()
+        except ConfigError as exc:
+            self._finish(run, fence, "error", error=f"agent {agent.name!r} cannot run in this worker: {exc}")
+            return "error: agent cannot run"
+        if step >= agent.max_steps:
+            self._finish(run, fence, "error", error=f"the run reached its limit of {agent.max_steps} model steps")
+            return "error: step limit"
+        instructions = hooks.step_instructions(self, run, fence, step, agent)
+        if instructions is None:
+            return "error: a before_step hook failed"
+        if agent.usage_limits is not None:
+            with self.store.read() as tx:
+                totals = tx.totals_for_limits(run.id, run.thread_id, agent.name, agent.usage_limits, self.clock())
+            reached = limit_reached(totals, agent.usage_limits)
+            if reached is not None and reached.on_limit == "ask":
+                with self.store.transaction() as tx:
+                    parked = tx.advance_run(
+                        run.id, fence=fence, now=self.clock(), status="parked", error=reached.message,
+                        lease_owner=None, lease_expires_at=None,
+                    )  # fmt: skip
+                    if parked is None:
+                        raise FenceLost(run.id, fence)
+                return f"parked: {LIMIT_REASON}"
+            if reached is not None:
+                self._finish(run, fence, "interrupted", error=reached.message)
+                return f"interrupted: {LIMIT_REASON}"
+        provider = provider_of(agent.model_identity())
+        provider_retry.wait_for_window(self, run, fence, provider)
+        starts = ToolCallStarts(agent.runtime_tools, lambda started: self._tool_call_started(run, step, agent, started))
+        try:
+            with (
+                tracing.step_span(run.traceparent, run_id=run.id, step=step, agent=agent.name),
+                metrics.timed_step(agent.name),
+                self.keeper.hold(lambda: self._extend_run_lease(run.id, fence, lease), lease.total_seconds() / 3),
+            ):
+                turn = models.request_turn(
+                    agent.model,
+                    instructions,
+                    history.messages,
+                    agent.runtime_tools,
+                    on_stream=starts.feed,
+                    converted=history.model_history(),
+                )
+            starts.finish()
+        except Exception as exc:  # noqa: BLE001 - the provider failed: retry with backoff, then fail the run
+            ended = provider_retry.provider_failed(self, run, fence, step, exc)
+            return ended if ended is not None else self._step_failed(run, fence, step, attempt, exc)
+        used = int(turn.usage.get("input_tokens", 0)) + int(turn.usage.get("output_tokens", 0))
+        self.rate_limiter.spend_tokens(provider, used, self.clock())
+        try:
+            return self._commit_step(run, fence, step, agent, models.bounded_turn(turn))
+        except (FenceLost, StoreUnavailable):
+            raise
+        except Exception as exc:  # noqa: BLE001 - what the model sent could not be stored: ask again, then end the run
+            return self._step_failed(run, fence, step, attempt, exc)
+
+    def _tool_call_started(self, run: Run, step: int, agent: Agent, started: ToolCallStarted) -> None:
+        """Record ``tool_call_started`` in the thread's log and call the agent's hook (best effort)."""
+        payload = {
+            "run_id": run.id,
+            "effect_key": runs.effect_key_for(run.id, step, started.index),
+            "call_id": started.call_id,
+            "name": started.name,
+            "progress": started.progress,
+        }
+        with self.store.transaction() as tx:
+            tx.append_event(run.thread_id, run.id, "tool_call_started", payload, self.clock())
+        hook = getattr(agent, "on_tool_call_started", None)
+        if callable(hook):
+            try:
+                hook(run, started)
+            except Exception as exc:  # noqa: BLE001 - an observing hook's failure is logged and ignored
+                log.warning("on_tool_call_started failed: %s: %s", type(exc).__name__, exc)
+
+    def _commit_step(self, run: Run, fence: int, step: int, agent: Agent, turn: models.ModelTurn) -> str:
+        now = self.clock()
+        calls = [
+            (
+                runs.effect_key_for(run.id, step, i),
+                requested,
+                agent.tool_named(requested.name),
+            )
+            for i, requested in enumerate(turn.calls)
+        ]
+        plan = batches.plan_groups([self._may_run_concurrently(run, agent, t) for _, _, t in calls])
+        entries: list[OutboxEntry] = []
+        with self.store.transaction() as tx:
+            moved = tx.advance_run(run.id, fence=fence, now=now, step=step + 1, lease_owner=None, lease_expires_at=None)
+            if moved is None:
+                raise FenceLost(run.id, fence)
+            self._record_usage(tx, run, step, agent, turn, now)
+            from threads_celery.records import ToolCall
+
+            tx.insert_message(
+                thread_id=run.thread_id,
+                run_id=run.id,
+                role="assistant",
+                text=turn.text,
+                now=now,
+                tool_calls=tuple(
+                    ToolCall(id=r.call_id, name=r.name, args=r.args, effect_key=key) for key, r, _ in calls
+                ),
+            )
+            if run.agent_tool_run_id is not None:
+                from threads_celery.transitions.agent_tools import child_signal
+
+                child_signal(
+                    tx,
+                    run.agent_tool_run_id,
+                    now,
+                    chunk={"role": "assistant", "text": turn.text, "tool_calls": [r.name for _, r, _ in calls]},
+                )
+            if calls:
+                tx.insert_tool_calls(
+                    [
+                        {
+                            "effect_key": key,
+                            "run_id": run.id,
+                            "thread_id": run.thread_id,
+                            "step": step,
+                            "idx": i,
+                            "calls_in_step": len(calls),
+                            "call_id": requested.call_id,
+                            "tool": requested.name,
+                            "args": requested.args,
+                            "args_hash": args_digest(requested.args),
+                            "effect": t.effect if t else "read_only",
+                            "dedup_window_ms": t.dedup_window_ms if t else None,
+                            "finality": t.reconcile.finality if t and t.reconcile else None,
+                            "queue": t.queue if t else None,
+                            "status": "pending",
+                            "attempt": 0,
+                            "is_error": False,
+                            "created_at": now,
+                            "batch": plan[i],
+                        }
+                        for i, (key, requested, t) in enumerate(calls)
+                    ]
+                )
+                # The first call, or the first wave of a concurrent group that opens the reply.
+                wave = (
+                    batches.first_wave(0, batches.group_end(plan, 0), self.settings.max_parallel_tool_calls)
+                    if plan[0] is not None
+                    else range(1)
+                )
+                for i in wave:
+                    key, requested, t = calls[i]
+                    entry = runs.tool_entry(key, requested.name, t.queue if t else None)
+                    tx.insert_outbox(entry, now)
+                    entries.append(entry)
+                outcome = f"called {', '.join(r.name for _, r, _ in calls)}"
+            else:
+                entries.extend(runs.finish(tx, run, fence=moved, status="completed", now=now, output=turn.text))
+                outcome = "completed"
+        self.publish(entries)
+        if outcome == "completed":
+            hooks.observe_stop(agent, run, step, hooks.Stop("completed", output=turn.text))
+        return outcome
+
+    def _record_usage(self, tx: Tx, run: Run, step: int, agent: Agent, turn: models.ModelTurn, now: datetime) -> None:
+        input_tokens = int(turn.usage.get("input_tokens", 0))
+        output_tokens = int(turn.usage.get("output_tokens", 0))
+        identity = agent.model_identity()
+        tx.record_usage(
+            run_id=run.id,
+            step=step,
+            thread_id=run.thread_id,
+            agent=agent.name,
+            model=turn.model_name or identity,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cost=self.settings.model_prices.cost((identity, turn.model_name), input_tokens, output_tokens),
+            now=now,
+        )
+
+    def _may_run_concurrently(self, run: Run, agent: Agent, tool: Tool | None) -> bool:
+        """A concurrent tool whose call the permissions allow outright (no person to wait for)."""
+        if tool is None or not tool.concurrent:
+            return False
+        return isinstance(check_call(self.store, self.registry, run, agent, tool), PermissionAllow)
+
+    def _step_failed(self, run: Run, fence: int, step: int, attempt: int, exc: Exception) -> str:
+        reason = describe_exception(exc, ())
+        status = getattr(exc, "status_code", None)
+        # A request the provider refuses as such (bad model name, bad key, bad request) fails the
+        # same way every time; timeouts, rate limits and server errors are worth another try.
+        permanent = isinstance(status, int) and 400 <= status < 500 and status not in (408, 409, 425, 429)
+        if attempt < self.settings.model_retries and not permanent:
+            # Give the lease back so the retry (on any worker) can claim at once.
+            with self.store.transaction() as tx:
+                if (
+                    tx.advance_run(run.id, fence=fence, now=self.clock(), lease_owner=None, lease_expires_at=None)
+                    is None
+                ):
+                    raise FenceLost(run.id, fence)
+            log.warning("run %s step %d failed (attempt %d), retrying: %s", run.id, step, attempt + 1, reason)
+            raise RetryLater(min(2.0**attempt, 30.0), reason)
+        self._finish(run, fence, "error", error=f"model step {step} failed after {attempt + 1} attempts: {reason}")
+        return f"error: {reason}"
+
+    def _finish(
+        self, run: Run, fence: int, status: str, *, output: str | None = None, error: str | None = None
+    ) -> None:
+        with self.store.transaction() as tx:
+            entries = runs.finish(tx, run, fence=fence, status=status, now=self.clock(), output=output, error=error)
+        self.publish(entries)
+        if run.agent in self.registry:
+            hooks.observe_stop(self.registry.get(run.agent), run, run.step, hooks.Stop(status, output, error))
+
+    def _extend_run_lease(self, run_id: str, fence: int, lease: timedelta) -> bool:
+        with self.store.transaction() as tx:
+            return tx.extend_run_lease(run_id, fence=fence, owner=self.worker_id, lease_until=self.clock() + lease)
+
+    # -- tool calls ------------------------------------------------------------------------
+
+    def run_tool(self, effect_key: str) -> str:
+        """Carry out one tool call. Returns what happened, for logs and tests."""
+        now = self.clock()
+        with self.store.read() as tx:
+            loaded = tx.get_call_and_run(effect_key)
+        if loaded is None:
+            return "skipped: no such call"
+        call, run = loaded
+        agent = self.registry.get(run.agent) if run.agent in self.registry else None
+        tool = agent.tool_named(call.tool) if agent else None
+        decision = decide_call(call, run, now, tool)
+        if isinstance(decision, NeedsLookup):
+            # decide_call parks a call whose tool is gone or has no lookup, so both are set here.
+            assert tool is not None and tool.reconcile is not None
+            decision = decide_call(call, run, now, tool, lookup=run_lookup(tool.reconcile, effect_key))
+        if isinstance(decision, Skip):
+            if run.is_terminal and call.batch is not None:
+                # A cancel lets running calls finish and skips the rest of their group.
+                with self.store.transaction() as tx:
+                    batches.skip_cancelled(tx, call, now, self.settings.max_parallel_tool_calls)
+            return f"skipped: {decision.reason}"
+        if isinstance(decision, Busy):
+            raise RetryLater((decision.until - now).total_seconds(), "run is held by another worker")
+        if call.batch is not None and call.batch == call.index and call.index > 0:
+            batches.open_group(self, call)
+        if agent is None:
+            raise UnknownAgent(f"agent {run.agent!r} is not loaded in this worker")
+        if isinstance(decision, Park):
+            self._park(run, call, decision.reason)
+            return f"parked: {decision.reason}"
+        if isinstance(decision, RecordFound):
+            return self._commit_call(run, run.fence, call, tool, render_result(decision.value), is_error=False)
+        if isinstance(decision, (Proceed, RunAgain)):
+            with (
+                tracing.tool_span(
+                    run.traceparent, run_id=run.id, effect_key=effect_key, tool=call.tool, effect=call.effect
+                ),
+                metrics.timed_tool(call.tool),
+            ):
+                return self._execute(run, call, agent, tool, now)
+        assert_never(decision)
+
+    def _execute(self, run: Run, call: CallRow, agent: Agent, tool: Tool | None, now: datetime) -> str:
+        if tool is None:
+            names = ", ".join(t.name for t in agent.runtime_tools) or "none"
+            content = f"unknown tool {call.tool!r}; the tools you can call are: {names}"
+            return self._commit_call(run, run.fence, call, None, content, is_error=True)
+        try:
+            parsed = tool.parse_arguments(call.args)
+        except ToolArgumentsError as exc:
+            return self._commit_call(run, run.fence, call, tool, str(exc), is_error=True)
+        gated = hooks.gate_call(self, run, call, agent, tool, parsed)
+        if isinstance(gated, str):
+            return gated
+        call, parsed = gated.call, gated.parsed
+        if tool.subagent_op is not None:
+            from threads_celery.definitions.subagents import subagent_call
+
+            return subagent_call(self, run, call, agent, tool, parsed, now)
+        if tool.child_agent is not None:
+            return self._dispatch_child(run, call, tool, parsed, now)
+        permission = check_call(self.store, self.registry, run, agent, tool, call)
+        if isinstance(permission, Deny):
+            return self._commit_call(run, run.fence, call, tool, f"denied: {permission.reason}", is_error=True)
+        if isinstance(permission, Ask) and call.batch is not None:
+            # Its siblings are running: a concurrent call cannot hold the run for a person.
+            reason = f"{permission.reason}, and a concurrent call cannot wait for approval"
+            return self._commit_call(run, run.fence, call, tool, f"denied: {reason}", is_error=True)
+        if isinstance(permission, Ask):
+            self._await_approval(run, call, permission.reason)
+            return f"awaiting approval: {permission.reason}"
+        env = ThreadEnv(
+            self.store,
+            self.registry,
+            run.thread_id,
+            declared([*agent.variables, *tool.variables]),
+            owner=f"tool {tool.name!r} or agent {agent.name!r}",
+        )
+        missing = env.missing_required()
+        if missing and call.batch is not None:
+            content = f"needs a value for {', '.join(missing)}, which a concurrent call cannot wait for"
+            return self._commit_call(run, run.fence, call, tool, content, is_error=True)
+        if missing:
+            self._await_approval(run, call, f"needs a value for {', '.join(missing)}", status="awaiting_variable")
+            return f"awaiting variables: {', '.join(missing)}"
+        fence, attempt = run.fence, call.attempt
+        read_only = tool.effect == "read_only"
+        claim_started = time.monotonic()
+        if not read_only:
+            # The claim is the evidence that the effect may have happened: commit it first.
+            claimed = self._claim_call(run, call, self.clock())  # the lease counts from the claim
+            if claimed is None:
+                raise RetryLater(0.1, "run was claimed concurrently")
+            fence, attempt = claimed, call.attempt + 1
+
+        def renew() -> bool:
+            return self._extend_call_lease(run.id, call.effect_key, fence, read_only, run.agent_tool_run_id)
+
+        ctx = ToolContext(
+            effect_key=call.effect_key,
+            run_id=run.id,
+            thread_id=run.thread_id,
+            attempt=max(attempt, 1),
+            deps=agent.deps,
+            heartbeat=renew,
+            is_cancelled=lambda: self._is_cancelled(run.id),
+            env=env.get,
+            report=(
+                redacting(functools.partial(self.progress.report, run.agent_tool_run_id), env.revealed)
+                if run.agent_tool_run_id is not None
+                else None
+            ),
+            settings=self.settings,
+            start_child=redacting(functools.partial(self.start_detached_child, run, call), env.revealed),
+        )
+        install_log_redaction()
+        # A secret the tool reads is redacted from this process's logs and stdout while it runs,
+        # and from its result and error as data (before serialising) and as text (after).
+        with self.keeper.hold(renew, self.settings.tool_lease_s / 3), secrets_active(env.revealed):
+            if not read_only and not self._claim_still_held(claim_started, renew):
+                # Paused between its claim and the call (SIGSTOP, a long GC, a swapped-out
+                # process) past half its lease: the backbone may have settled the call and run it
+                # elsewhere since, so an effect now could be the second one. Stop before acting.
+                log.warning("call %s: lease lapsed before the tool ran; not running it", call.effect_key)
+                raise FenceLost(run.id, fence)
+            try:
+                value = models.run_coroutine(tool.execute(parsed, ctx)) if tool.is_async else tool.execute(parsed, ctx)
+                value = tool.check_output(value)
+                content, is_error = render_result(redact_value(value, env.revealed)), False
+            except ToolOutputError as exc:
+                content, is_error = str(exc), True
+            except EffectUnknown as exc:
+                if not read_only:  # it may have acted: as after a crash mid-call, a person decides
+                    self._park(run, call, str(exc), fence=fence)
+                    return f"parked: {exc}"
+                content, is_error = str(exc), True
+            except Exception as exc:  # noqa: BLE001 - the tool failed: the model sees why and the run goes on
+                content, is_error = describe_exception(exc, env.revealed), True
+            if env.revealed:
+                content = redact_text(content, env.revealed)
+            # Still holding the lease: a store outage here must not lose a result that exists
+            # only in this process (dropping it turns a blip into a rerun or a park).
+            outcome = self._commit_executed(run, fence, call, tool, content, is_error=is_error, own_outbox=read_only)
+        hooks.observe_result(agent, gated, content, is_error)
+        if outcome.startswith("ended the turn"):
+            hooks.observe_stop(agent, run, call.step, hooks.Stop("completed"))
+        return outcome
+
+    def _claim_still_held(self, claim_started: float, renew: Callable[[], bool]) -> bool:
+        """Whether this worker still holds the call it claimed at ``claim_started`` (monotonic).
+
+        Free while less than half the lease has passed since just before the claim commit (the
+        backbone fences a call only after its lease expired); past that, one fenced renewal
+        decides. The monotonic clock runs on while a process is stopped, so a pause of any kind
+        between the claim and the call is caught here, before the tool runs.
+        """
+        if time.monotonic() - claim_started < self.settings.tool_lease_s / 2:
+            return True
+        try:
+            return renew()
+        except StoreUnavailable:
+            return False  # cannot prove the claim is still ours: acting could repeat an effect
+
+    def _claim_call(self, run: Run, call: CallRow, now: datetime) -> int | None:
+        """Commit the claim of a call (run lease and fence, call started, outbox row consumed).
+
+        One statement on PostgreSQL, one transaction elsewhere; the new fence, or None (nothing
+        written) if the run's fence moved.
+        """
+        lease_until = now + timedelta(seconds=self.settings.tool_lease_s)
+        if self.store.dialect == "postgresql":
+            with self.store.autocommit() as tx:
+                return tx.claim_call_in_one(
+                    run.id, call.effect_key, fence=run.fence, owner=self.worker_id, lease_until=lease_until, now=now
+                )
+        with self.store.transaction() as tx:
+            claimed = tx.claim_run(run.id, fence=run.fence, owner=self.worker_id, lease_until=lease_until, now=now)
+            if claimed is None:
+                return None
+            tx.claim_call(call.effect_key, owner=self.worker_id, lease_until=lease_until, now=now)
+            tx.delete_outbox(call.effect_key)
+            return claimed
+
+    def _commit_executed(
+        self, run: Run, fence: int, call: CallRow, tool: Tool | None, content: str, *, is_error: bool, own_outbox: bool
+    ) -> str:
+        """Commit an executed call's result, retrying while the store is unreachable.
+
+        Gives up (re-raising) after the tool lease, at least 5 s; the fence keeps a commit that
+        arrives after another worker took the call over from being written.
+        """
+        shortened = shorten_for_model(content, self.settings.max_tool_result_bytes)
+        if shortened is not None:
+            # Kept whole first (rewritten as it is if the call runs again), shown shortened.
+            with self.store.transaction() as tx:
+                tx.keep_full_result(call.effect_key, content)
+            content = shortened
+        deadline = time.monotonic() + max(self.settings.tool_lease_s, 5.0)
+        delay = 0.1
+        while True:
+            try:
+                return self._commit_call(run, fence, call, tool, content, is_error=is_error, own_outbox=own_outbox)
+            except StoreUnavailable as exc:
+                if time.monotonic() + delay >= deadline:
+                    raise
+                log.warning(
+                    "call %s: cannot commit its result yet, retrying in %.1f s: %s", call.effect_key, delay, exc
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            except FenceLost:
+                raise
+            except Exception as exc:  # the store refused this result: the model is told so, once
+                if is_error and content.startswith(UNSTORED_RESULT):
+                    raise
+                log.warning("call %s: its result could not be stored: %s", call.effect_key, describe_exception(exc, ()))
+                content, is_error = f"{UNSTORED_RESULT} ({describe_exception(exc, ())})", True
+
+    def _dispatch_child(
+        self,
+        run: Run,
+        call: CallRow,
+        tool: Tool,
+        parsed: Any,
+        now: datetime,
+        *,
+        child: Agent | None = None,
+        child_thread_id: str | None = None,
+        input_value: Any = None,
+    ) -> str:
+        """An agent-tool call: start (or re-attach to) the child (see :mod:`.child_runs`)."""
+        return child_runs.dispatch_child(
+            self, run, call, tool, parsed, now, child=child, child_thread_id=child_thread_id, input_value=input_value
+        )
+
+    def start_detached_child(
+        self,
+        run: Run,
+        call: CallRow,
+        child: type[Agent] | Agent | str,
+        input_value: Any,
+        *,
+        detached: bool | Detached,
+        run_id: str,
+        display_name: str | None,
+    ) -> DetachedHandle:
+        """``ctx.run_agent_tool(...)``: a detached child of the calling tool's thread."""
+        return child_runs.start_detached_child(
+            self, run, call, child, input_value, detached=detached, run_id=run_id, display_name=display_name
+        )
+
+    def _commit_call(
+        self,
+        run: Run,
+        fence: int,
+        call: CallRow,
+        tool: Tool | None,
+        content: str,
+        *,
+        is_error: bool,
+        own_outbox: bool = True,
+    ) -> str:
+        if call.batch is not None:
+            return batches.record_concurrent_result(self, run, call, content, is_error=is_error)
+        ends_turn = tool is not None and tool.ends_turn and not is_error
+        if (
+            self.store.dialect == "postgresql"
+            and not ends_turn
+            and run.agent_tool_run_id is None
+            and (call.next_call is not None or call.is_last_in_step)
+        ):
+            return self._commit_call_in_one(run, fence, call, content, is_error=is_error, own_outbox=own_outbox)
+        with self.store.transaction() as tx:
+            outcome, entries = runs.record_call_result(
+                tx,
+                run,
+                call,
+                fence=fence,
+                content=content,
+                is_error=is_error,
+                ends_turn=tool is not None and tool.ends_turn,
+                now=self.clock(),
+                own_outbox=own_outbox,
+            )
+        self.publish(entries)
+        return outcome
+
+    def _commit_call_in_one(
+        self, run: Run, fence: int, call: CallRow, content: str, *, is_error: bool, own_outbox: bool
+    ) -> str:
+        """The common result commit as one statement and one round trip (PostgreSQL).
+
+        Writes what :func:`runs.record_call_result` writes for a call that neither ends the turn
+        nor belongs to a child run: the fenced run, the settled call, the tool message and its
+        event, and the next task's outbox row.
+        """
+        from threads_celery.records import ToolResult
+
+        entry = (
+            runs.step_entry(run, run.step, run.agent, self._step_queue(run.agent))
+            if call.next_call is None
+            else runs.tool_entry(*call.next_call)
+        )
+        with self.store.autocommit() as tx:
+            moved = tx.commit_call_result_in_one(
+                run_id=run.id,
+                thread_id=run.thread_id,
+                fence=fence,
+                call=call,
+                content=content,
+                is_error=is_error,
+                own_outbox=own_outbox,
+                tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error),
+                next_entry=entry,
+                now=self.clock(),
+            )
+        if moved is None:
+            raise FenceLost(run.id, fence)
+        self.publish([entry])
+        return "error" if is_error else "completed"
+
+    def _await_approval(self, run: Run, call: CallRow, reason: str, *, status: str = "awaiting_approval") -> None:
+        """The run waits for a person (an approval, or a variable's value), holding no worker."""
+        wait_for_a_person(self.store, run, call, reason, status=status, now=self.clock())
+
+    def _park(self, run: Run, call: CallRow, reason: str, *, fence: int | None = None) -> None:
+        wait_for_a_person(self.store, run, call, reason, status="parked", now=self.clock(), fence=fence)
+        log.warning("run %s parked at call %s (%s): %s", run.id, call.effect_key, call.tool, reason)
+
+    def _extend_call_lease(
+        self, run_id: str, effect_key: str, fence: int, read_only: bool, agent_tool_run_id: str | None = None
+    ) -> bool:
+        now = self.clock()
+        until = now + timedelta(seconds=self.settings.tool_lease_s)
+        with self.store.transaction() as tx:
+            if read_only:
+                tx.touch_outbox(effect_key, now)
+            elif not tx.extend_run_lease(run_id, fence=fence, owner=self.worker_id, lease_until=until):
+                return False
+            else:
+                tx.extend_call_lease(effect_key, until)
+            if agent_tool_run_id is not None:
+                # A child agent-tool run whose tool is alive is not silent: every renewal (and a
+                # tool's own heartbeat) resets its no-progress window.
+                from threads_celery.transitions.agent_tools import child_signal
+
+                child_signal(tx, agent_tool_run_id, now)
+            return True
+
+    def _step_queue(self, agent_name: str) -> str | None:
+        """The queue of the agent's steps (None: the default work queue)."""
+        return self.registry.get(agent_name).queue if agent_name in self.registry else None
+
+    def _is_cancelled(self, run_id: str) -> bool:
+        with self.store.read() as tx:
+            run = tx.get_run(run_id)
+        return run is None or run.status == "aborted"
+
+    # -- the backbone ----------------------------------------------------------------------
+
+    def reconcile_tick(self, *, limit: int = 500) -> dict[str, int]:
+        """One pass of the backbone: re-dispatch runs whose driver died, republish lost rows.
+
+        A run whose lease expired is fenced off (its holder's late writes will be refused) and
+        its current task goes back into the outbox; that task then decides by the call's effect.
+        Safe from several processes at once: rows are taken with SKIP LOCKED, and the cost is
+        proportional to what is due (both queries walk an index on the due time).
+        """
+        now = self.clock()
+        redispatched: list[OutboxEntry] = []
+        with self.store.transaction() as tx:
+            for run in tx.expired_runs(now=now, limit=limit):
+                call = tx.started_call(run.id, run.step - 1) if run.step > 0 else None
+                entry = (
+                    runs.tool_entry(call.effect_key, call.tool, call.queue)
+                    if call is not None
+                    else runs.step_entry(run, run.step, run.agent, self._step_queue(run.agent))
+                )
+                tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None)
+                tx.insert_outbox(entry, now)
+                redispatched.append(entry)
+                log.warning("run %s: lease of %s expired; re-dispatching %s", run.id, run.lease_owner, entry.key)
+        self.publish([replace(e, recovered=True) for e in redispatched])
+        with self.store.transaction() as tx:
+            due = tx.due_outbox(now=now, limit=limit)
+        # Not urgent: behind a backlog most due rows are only waiting in the queue, and an urgent
+        # copy of each would flood the lane that a dead worker's runs recover through.
+        self.publish(due)
+        from threads_celery.runtime.delivery import reconcile_agent_tools
+
+        counts = {"expired_runs": len(redispatched), "republished": len(due)}
+        counts.update({k: v for k, v in reconcile_agent_tools(self, limit=limit).items() if v})
+        return counts
+
+    def deliver(self, run_id: str, status: str) -> str:
+        """Deliver an agent-tool run's finish (``threads.deliver``)."""
+        from threads_celery.runtime.delivery import deliver
+
+        return deliver(self, run_id, status)
+
+
+__all__ = ["Busy", "Proceed", "RetryLater", "Runtime", "Skip", "decide_call", "decide_step"]

@@ -1,0 +1,316 @@
+"""The model adapter: one streamed model turn through pydantic-ai's direct model layer.
+
+Stored messages are turned into pydantic-ai messages here and nowhere else; the runtime sees only
+:class:`ModelTurn` (text plus the calls the model asked for, with their raw argument JSON).
+The web-app side never imports this module, so pydantic-ai is imported lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from threads_celery.definitions.tools import Tool
+from threads_celery.records import Message
+
+_loops = threading.local()
+_model_cache: dict[str, Any] = {}
+_model_cache_lock = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedCall:
+    """A tool call as the model sent it: arguments are the raw JSON text."""
+
+    call_id: str
+    name: str
+    args: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTurn:
+    """The outcome of one model turn."""
+
+    text: str
+    calls: tuple[RequestedCall, ...] = ()
+    model_name: str = ""
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+#: The ledger keeps a call's name and id in columns of this many characters (on both stores).
+MAX_CALL_NAME = 255
+
+
+def bounded_turn(turn: ModelTurn) -> ModelTurn:
+    """``turn`` with call names and ids cut to what the ledger holds.
+
+    No tool has a name that long (:func:`threads_celery.definitions.tools.tool` allows 64 characters), so a
+    cut name is still an unknown tool, which the model is told about like any other.
+    """
+    if all(len(c.name) <= MAX_CALL_NAME and len(c.call_id) <= MAX_CALL_NAME for c in turn.calls):
+        return turn
+    calls = tuple(
+        RequestedCall(call_id=c.call_id[:MAX_CALL_NAME], name=c.name[:MAX_CALL_NAME], args=c.args) for c in turn.calls
+    )
+    return ModelTurn(text=turn.text, calls=calls, model_name=turn.model_name, usage=turn.usage)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """A piece of the model's stream, as it arrives.
+
+    ``kind`` is ``text`` (``text`` holds the delta), ``call`` (a tool call appeared: ``index``,
+    ``name``, ``call_id``) or ``args`` (``index`` and the ``text`` of an argument fragment).
+    """
+
+    kind: str
+    index: int = 0
+    text: str = ""
+    name: str = ""
+    call_id: str = ""
+
+
+OnStream = Callable[[StreamEvent], None]
+
+
+T = TypeVar("T")
+
+
+def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on this thread's long-lived event loop.
+
+    One loop per worker thread, kept for the thread's life, so HTTP clients that providers cache
+    stay bound to a loop that still exists.
+    """
+    loop: asyncio.AbstractEventLoop | None = getattr(_loops, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+        _loops.loop = loop
+    return loop.run_until_complete(coro)
+
+
+def resolve_model(model: Any) -> Any:
+    """A pydantic-ai Model for a model object or a model string (cached per string)."""
+    if not isinstance(model, str):
+        return model
+    if model.startswith("openai:") and os.environ.get("OPENAI_BASE_URL"):
+        # An OpenAI-compatible server speaks chat completions; "openai:" means the Responses API.
+        model = "openai-chat:" + model.removeprefix("openai:")
+    with _model_cache_lock:
+        cached = _model_cache.get(model)
+        if cached is None:
+            from pydantic_ai.models import infer_model
+
+            cached = _model_cache[model] = infer_model(model, provider_factory=provider_without_sdk_retries)
+        return cached
+
+
+def provider_without_sdk_retries(name: str) -> Any:
+    """pydantic-ai's provider for ``name``, with the OpenAI SDK's own retries turned off.
+
+    The SDK would wait out a 429 or a 5xx itself, inside the worker slot; the runtime retries the
+    step instead, as a Celery countdown that holds no slot (see threads_celery.decisions.provider_limits).
+    """
+    from pydantic_ai.providers import infer_provider
+
+    provider = infer_provider(name)
+    try:
+        from pydantic_ai.providers.openai import OpenAIProvider
+    except ImportError:  # pragma: no cover - the openai extra is not installed
+        return provider
+    if type(provider) is OpenAIProvider:
+        return OpenAIProvider(openai_client=provider.client.with_options(max_retries=0))
+    return provider
+
+
+def to_model_messages(system_prompt: str, history: Sequence[Message]) -> list[Any]:
+    """Stored messages as pydantic-ai request/response messages, in order."""
+    return ModelHistory().messages(system_prompt, history)
+
+
+class ModelHistory:
+    """Stored messages converted to pydantic-ai messages, extended as the thread grows.
+
+    A thread's history only grows, so the messages converted for one model step are converted
+    again for none of the next: :meth:`messages` converts only the messages after those it saw.
+    The converted requests and responses are shared between steps and never changed after they
+    are closed (a request stays open until the next assistant message).
+    """
+
+    def __init__(self) -> None:
+        self._closed: list[Any] = []
+        self._pending: list[Any] = []
+        self._seen = 0
+        self._lock = threading.Lock()
+
+    def messages(self, system_prompt: str, history: Sequence[Message]) -> list[Any]:
+        """``history`` (which starts with every message seen before) for the model, in order."""
+        from pydantic_ai.messages import ModelRequest, SystemPromptPart
+
+        with self._lock:
+            if len(history) < self._seen:  # not the history this conversion followed: start over
+                self._closed, self._pending, self._seen = [], [], 0
+            self._extend(history[self._seen :])
+            self._seen = len(history)
+            out = list(self._closed)
+            if self._pending:
+                out.append(ModelRequest(parts=list(self._pending)))
+        if system_prompt:
+            system = SystemPromptPart(content=system_prompt)
+            if out and isinstance(out[0], ModelRequest):
+                out[0] = ModelRequest(parts=[system, *out[0].parts])
+            else:
+                out.insert(0, ModelRequest(parts=[system]))
+        return out
+
+    def _extend(self, added: Sequence[Message]) -> None:
+        from pydantic_ai.messages import (
+            ModelRequest,
+            ModelResponse,
+            TextPart,
+            ToolCallPart,
+            ToolReturnPart,
+            UserPromptPart,
+        )
+
+        for message in added:
+            if message.role == "assistant":
+                if self._pending:
+                    self._closed.append(ModelRequest(parts=self._pending))
+                    self._pending = []
+                parts: list[Any] = []
+                if message.text:
+                    parts.append(TextPart(content=message.text))
+                parts.extend(
+                    ToolCallPart(tool_name=c.name, args=c.args or "{}", tool_call_id=c.id) for c in message.tool_calls
+                )
+                self._closed.append(ModelResponse(parts=parts or [TextPart(content="")]))
+            elif message.role == "tool" and message.tool_result is not None:
+                result = message.tool_result
+                self._pending.append(
+                    ToolReturnPart(
+                        tool_name=result.name,
+                        content=result.content,
+                        tool_call_id=result.call_id,
+                        outcome="failed" if result.is_error else "success",
+                    )
+                )
+            else:
+                self._pending.append(UserPromptPart(content=message.text))
+
+
+def tool_definitions(tools: Sequence[Tool]) -> list[Any]:
+    """pydantic-ai ToolDefinitions for our tools."""
+    from pydantic_ai.tools import ToolDefinition
+
+    return [ToolDefinition(name=t.name, description=t.description, parameters_json_schema=_schema_of(t)) for t in tools]
+
+
+_schemas: dict[int, tuple[Tool, dict[str, Any]]] = {}
+
+
+def _schema_of(tool: Tool) -> dict[str, Any]:
+    """A tool's JSON schema, built once per tool object: pydantic builds it anew on every call
+    (about 0.1 ms per tool and step here), and a tool does not change. pydantic-ai copies a
+    schema before transforming it, so sharing it between steps is safe."""
+    cached = _schemas.get(id(tool))
+    if cached is not None and cached[0] is tool:
+        return cached[1]
+    schema = tool.parameters_json_schema()
+    if len(_schemas) >= 4096:  # tools made on the fly: keep the memory bounded
+        _schemas.clear()
+    _schemas[id(tool)] = (tool, schema)
+    return schema
+
+
+def request_turn(
+    model: Any,
+    system_prompt: str,
+    history: Sequence[Message],
+    tools: Sequence[Tool],
+    *,
+    on_stream: OnStream | None = None,
+    converted: ModelHistory | None = None,
+) -> ModelTurn:
+    """Call the model once, streaming, and return what it said and which tools it called.
+
+    ``converted`` carries the conversion of this thread's earlier messages over from the last
+    step (see :class:`ModelHistory`).
+    """
+    return run_coroutine(
+        request_turn_async(model, system_prompt, history, tools, on_stream=on_stream, converted=converted)
+    )
+
+
+async def request_turn_async(
+    model: Any,
+    system_prompt: str,
+    history: Sequence[Message],
+    tools: Sequence[Tool],
+    *,
+    on_stream: OnStream | None = None,
+    converted: ModelHistory | None = None,
+) -> ModelTurn:
+    from pydantic_ai.direct import model_request_stream
+    from pydantic_ai.messages import (
+        PartDeltaEvent,
+        PartStartEvent,
+        TextPart,
+        TextPartDelta,
+        ToolCallPart,
+        ToolCallPartDelta,
+    )
+    from pydantic_ai.models import ModelRequestParameters
+
+    params = ModelRequestParameters(function_tools=tool_definitions(tools), allow_text_output=True)
+    messages = (converted or ModelHistory()).messages(system_prompt, history)
+    async with model_request_stream(resolve_model(model), messages, model_request_parameters=params) as stream:
+        async for event in stream:
+            if on_stream is None:
+                continue
+            if isinstance(event, PartStartEvent):
+                part = event.part
+                if isinstance(part, TextPart) and part.content:
+                    on_stream(StreamEvent("text", event.index, text=part.content))
+                elif isinstance(part, ToolCallPart):
+                    on_stream(StreamEvent("call", event.index, name=part.tool_name, call_id=part.tool_call_id))
+                    if isinstance(part.args, str) and part.args:
+                        on_stream(StreamEvent("args", event.index, text=part.args))
+            elif isinstance(event, PartDeltaEvent):
+                delta = event.delta
+                if isinstance(delta, TextPartDelta) and delta.content_delta:
+                    on_stream(StreamEvent("text", event.index, text=delta.content_delta))
+                elif isinstance(delta, ToolCallPartDelta) and isinstance(delta.args_delta, str):
+                    on_stream(StreamEvent("args", event.index, text=delta.args_delta))
+        response = stream.get()
+    texts: list[str] = []
+    calls: list[RequestedCall] = []
+    for part in response.parts:
+        if isinstance(part, TextPart):
+            texts.append(part.content)
+        elif isinstance(part, ToolCallPart):
+            calls.append(RequestedCall(call_id=part.tool_call_id, name=part.tool_name, args=_args_text(part.args)))
+    usage = response.usage
+    return ModelTurn(
+        text="".join(texts),
+        calls=tuple(calls),
+        model_name=response.model_name or "",
+        usage={
+            "input_tokens": int(getattr(usage, "input_tokens", 0) or 0),
+            "output_tokens": int(getattr(usage, "output_tokens", 0) or 0),
+        },
+    )
+
+
+def _args_text(args: Any) -> str:
+    """The arguments as the model sent them: text stays text (even when it is not JSON)."""
+    if args is None:
+        return "{}"
+    if isinstance(args, str):
+        return args
+    return json.dumps(args)

@@ -1,0 +1,129 @@
+"""Start-up checks: a worker, Beat or the API refuses to start, in one line, when it cannot work.
+
+Each check raises a :class:`~threads_celery.exceptions.ThreadsError` whose message is that line:
+the database is unset or unreachable, its migrations are not at head, an agent module does not
+import, or an agent's model provider package or API key is missing. The services call
+:func:`preflight` before they accept work, and :func:`exit_on_failure` turns a failure into one
+red line on stderr and exit status 2 (never a traceback, never a worker that says "ready" and then
+fails every task).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NoReturn
+
+from threads_celery.exceptions import ConfigError, StoreUnavailable, ThreadsError
+
+if TYPE_CHECKING:
+    from threads_celery.definitions.agents import Agent
+    from threads_celery.store import Store
+
+#: Exit status of a service that refused to start (as the CLI's usage/configuration errors).
+EXIT_REFUSED = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """What a successful preflight found: the database revision and the agents loaded."""
+
+    revision: str
+    agents: tuple[str, ...]
+
+
+def require_database_url(database_url: str | None, *, service: str) -> str:
+    """The URL, or a ConfigError saying that ``service`` needs one."""
+    if not database_url:
+        raise ConfigError(
+            f"THREADS_DATABASE_URL is not set: the {service} needs the PostgreSQL ledger "
+            "(e.g. postgresql://app@localhost/threads)"
+        )
+    return database_url
+
+
+def check_database(store: Store) -> str:
+    """The database's revision, once it answers and is at head; StoreUnavailable or ConfigError."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from threads_celery.store.engine import safe_url
+    from threads_celery.store.migrate import current_revision, head_revision
+
+    where = safe_url(store.engine.url)
+    try:
+        current = current_revision(store.engine)
+    except SQLAlchemyError as exc:
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__]
+        raise StoreUnavailable(f"cannot reach the database at {where}: {detail[0]}") from exc
+    head = head_revision()
+    if current != head:
+        raise ConfigError(
+            f"the database at {where} is at migration {current or 'none'}, not {head}: run `threads-celery db upgrade`"
+        )
+    return head
+
+
+def model_problem(model: object) -> str | None:
+    """Why a model string cannot be used here (provider package or API key missing), or None.
+
+    Model objects were built by the user's code, so their package is importable; only strings are
+    resolved, as a worker would on its first step.
+    """
+    # An adapted Pydantic AI agent's model string is resolved lazily: check the string it wraps.
+    model = getattr(model, "unresolved_spec", None) or model
+    if not isinstance(model, str):
+        return None
+    from threads_celery.runtime.models import resolve_model
+
+    try:
+        resolve_model(model)
+    except ImportError as exc:
+        return _first_line(exc) or "its provider package is not installed"
+    except Exception as exc:  # noqa: BLE001 - pydantic-ai raises UserError for a missing key or unknown provider
+        return _first_line(exc) or type(exc).__name__
+    return None
+
+
+def check_models(agents: Iterable[Agent]) -> None:
+    """A ConfigError naming the first agent whose model cannot be built in this process."""
+    for agent in agents:
+        problem = model_problem(agent.model)
+        if problem is not None:
+            raise ConfigError(f"agent {agent.name!r}: model {agent.model!r} cannot be used: {problem}")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of a start-up failure as one line (agent import errors can span several)."""
+    message = exc.message if isinstance(exc, ThreadsError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(part.strip() for part in (message or type(exc).__name__).splitlines() if part.strip())
+
+
+def refuse(exc: BaseException, *, service: str) -> NoReturn:
+    """Print the failure as one line on stderr and exit with :data:`EXIT_REFUSED`."""
+    # The real stderr: Celery may have redirected sys.stderr to its logger by now.
+    stream = sys.__stderr__ or sys.stderr
+    stream.write(f"error: {service} cannot start: {one_line(exc)}\n")
+    stream.flush()
+    raise SystemExit(EXIT_REFUSED)
+
+
+@contextmanager
+def exit_on_failure(service: str) -> Iterator[None]:
+    """Turn a ThreadsError raised inside the block into :func:`refuse`."""
+    try:
+        yield
+    except ThreadsError as exc:
+        refuse(exc, service=service)
+
+
+def guarded(service: str, check: Callable[[], object]) -> None:
+    """Run ``check``; on a ThreadsError, refuse to start ``service``."""
+    with exit_on_failure(service):
+        check()

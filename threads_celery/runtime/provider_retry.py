@@ -1,0 +1,98 @@
+"""The step machine's shell around provider failures and rate-limit windows (decisions in
+:mod:`threads_celery.decisions.provider_limits`): load, decide, apply."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from threads_celery.decisions.provider_limits import GiveUp, classify_provider_failure, decide_provider_retry
+from threads_celery.exceptions import FenceLost
+from threads_celery.redaction import describe_exception
+
+if TYPE_CHECKING:
+    from threads_celery.records import Run
+    from threads_celery.runtime.machine import Runtime
+
+log = logging.getLogger("threads_celery.runtime.machine")
+RETRY_EVENT = "model_retry"
+
+
+def release_and_retry(
+    runtime: Runtime,
+    run: Run,
+    fence: int,
+    seconds: float,
+    reason: str,
+    *,
+    event: dict[str, object] | None = None,
+) -> None:
+    """Give the run's lease back (so the retry, on any worker, claims at once), note the wait in
+    the thread's log, and raise RetryLater: a Celery retry with a countdown holds no worker slot."""
+    from threads_celery.runtime.machine import RetryLater
+
+    with runtime.store.transaction() as tx:
+        if tx.advance_run(run.id, fence=fence, now=runtime.clock(), lease_owner=None, lease_expires_at=None) is None:
+            raise FenceLost(run.id, fence)
+        if event is not None:
+            tx.append_event(run.thread_id, run.id, RETRY_EVENT, event, runtime.clock())
+    raise RetryLater(seconds, reason)
+
+
+def wait_for_window(runtime: Runtime, run: Run, fence: int, provider: str) -> None:
+    """Take a request from the provider's shared window, or retry the step when the window opens."""
+    wait = runtime.rate_limiter.acquire(provider, runtime.clock())
+    if wait is not None:
+        log.info(
+            "run %s: %s rate limit reached, waiting %.1fs for the next window",
+            run.id,
+            provider,
+            wait,
+        )
+        release_and_retry(runtime, run, fence, wait, f"{provider} rate limit: waiting for the next window")
+
+
+def provider_failed(runtime: Runtime, run: Run, fence: int, step: int, exc: Exception) -> str | None:
+    """Wait out a transient provider failure (429, 5xx, timeout) for at most the configured time.
+
+    Returns None when the failure is not transient (the caller's attempt-based retry applies);
+    raises RetryLater to try again; returns what happened when the run ended ``error``.
+    """
+    now: datetime = runtime.clock()
+    failure = classify_provider_failure(exc, now)
+    if not failure.transient:
+        return None
+    reason = describe_exception(exc, ())
+    with runtime.store.read() as tx:
+        last = tx.last_event_of(run.thread_id, run.id, RETRY_EVENT)
+    same_step = last is not None and last.get("step") == step
+    first_failed_at = datetime.fromisoformat(str(last["first_failed_at"])) if same_step and last else now
+    failures = int(last.get("failures", 0)) + 1 if same_step and last else 1
+    decision = decide_provider_retry(
+        failure,
+        failures_so_far=failures,
+        first_failed_at=first_failed_at,
+        now=now,
+        retry_for_s=runtime.settings.provider_retry_for_s,
+        reason=reason,
+    )
+    if isinstance(decision, GiveUp):
+        runtime._finish(run, fence, "error", error=f"model step {step} failed: {decision.reason}")
+        return f"error: {decision.reason}"
+    log.warning(
+        "run %s step %d: provider failed (%s), retrying in %.1fs: %s",
+        run.id,
+        step,
+        failure.status,
+        decision.seconds,
+        reason,
+    )
+    release_and_retry(
+        runtime, run, fence, decision.seconds, reason,
+        event={
+            "run_id": run.id, "step": step, "status": failure.status, "retry_in_s": round(decision.seconds, 3),
+            "failures": failures, "first_failed_at": first_failed_at.isoformat(), "reason": reason,
+        },
+    )  # fmt: skip
+    return None  # pragma: no cover - release_and_retry raised

@@ -1,0 +1,1 @@
+"""What the runtime reports: OpenTelemetry traces, Prometheus metrics and transition logs."""

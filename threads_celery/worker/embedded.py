@@ -1,0 +1,124 @@
+"""An in-process Celery worker for the embedded default.
+
+This is the real worker machinery (consumer, task pool, acks, retries) on the memory transport
+with a thread pool, run on a background thread. It is what ``threads-celery run`` and
+``Threads.embedded()`` use; it is not ``task_always_eager``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from celery.apps.worker import Worker  # noqa: F401 - makes sure worker bootsteps are importable
+from celery.utils.nodenames import anon_nodename
+from celery.worker import WorkController
+
+from threads_celery.exceptions import ThreadsError
+
+if TYPE_CHECKING:
+    from threads_celery.worker.app import ThreadsCelery
+
+log = logging.getLogger("threads_celery.worker.embedded")
+
+
+class _Controller(WorkController):
+    """A WorkController that tells us when its consumer is ready."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.ready = threading.Event()
+        super().__init__(*args, **kwargs)
+
+    def on_consumer_ready(self, consumer: Any) -> None:
+        self.ready.set()
+
+
+class EmbeddedWorker:
+    """Runs a Celery worker with a thread pool inside this process."""
+
+    def __init__(
+        self,
+        app: ThreadsCelery,
+        *,
+        concurrency: int = 2,
+        ready_timeout: float = 30.0,
+        reconcile_interval: float | None = None,
+        queues: Sequence[str] | None = None,
+    ) -> None:
+        self.app = app
+        # None: the app's own queues (work and control); else these, as `-Q` gives them.
+        self.queues = list(queues) if queues is not None else None
+        self.concurrency = concurrency
+        self.ready_timeout = ready_timeout
+        self.reconcile_interval = reconcile_interval
+        self._controller: _Controller | None = None
+        self._thread: threading.Thread | None = None
+        self._ticker: threading.Thread | None = None
+        self._stop_ticks = threading.Event()
+
+    def start(self) -> None:
+        if self._controller is not None:
+            return
+        self.app.finalize()
+        # The thread pool resolves task names through the default app; make it ours. (One
+        # embedded worker per process at a time: a second one takes the default over.)
+        self.app.set_current()
+        self.app.set_default()
+        controller = _Controller(
+            app=self.app,
+            hostname=anon_nodename(hostname=None, prefix="threads-embedded"),
+            pool="threads",
+            concurrency=self.concurrency,
+            loglevel=logging.WARNING,
+            without_heartbeat=True,
+            without_mingle=True,
+            without_gossip=True,
+            ready_callback=None,
+            queues=self.queues,
+        )
+        thread = threading.Thread(target=controller.start, name="threads-embedded-worker", daemon=True)
+        thread.start()
+        if not controller.ready.wait(self.ready_timeout):
+            controller.stop(in_sighandler=False)
+            raise ThreadsError("the embedded worker did not become ready")
+        self._controller, self._thread = controller, thread
+        if self.reconcile_interval:
+            # What Beat does for a deployment: the reconcile backbone, every few seconds.
+            self._stop_ticks.clear()
+            self._ticker = threading.Thread(target=self._tick, name="threads-embedded-reconcile", daemon=True)
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        assert self.reconcile_interval is not None
+        while not self._stop_ticks.wait(self.reconcile_interval):
+            try:
+                self.app.threads_runtime.get().reconcile_tick()
+            except Exception as exc:  # noqa: BLE001 - the next tick tries again
+                log.warning("embedded reconcile tick failed: %s: %s", type(exc).__name__, exc)
+
+    def stop(self, timeout: float = 10.0, *, wait: bool = False, then: Callable[[], None] | None = None) -> None:
+        """Stop consuming. The consumer's poll takes up to two seconds to notice; unless ``wait``,
+        that happens in the background (the queue is this worker's own, so nothing is lost).
+        ``then`` runs once the worker has stopped (in the background unless ``wait``)."""
+        self._stop_ticks.set()
+        controller, thread, ticker = self._controller, self._thread, self._ticker
+        self._controller = self._thread = self._ticker = None
+        if controller is None:
+            if then is not None:
+                then()
+            return
+
+        def stop_then() -> None:
+            controller.stop(in_sighandler=False)
+            for running in (thread, ticker):
+                if running is not None:
+                    running.join(timeout)
+            if then is not None:
+                then()
+
+        stopper = threading.Thread(target=stop_then, name="threads-embedded-stop", daemon=True)
+        stopper.start()
+        if wait:
+            stopper.join(timeout * 3)
