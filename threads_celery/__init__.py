@@ -25,8 +25,8 @@ _EXPORTS = {
     "Threads": "client.threads",
     "agent_tool": "transitions.agent_tools",
     "Detached": "transitions.agent_tools",
-    "AgentToolFailure": "transitions.agent_tools",
-    "AgentToolResult": "transitions.agent_tools",
+    "AgentToolFailure": "records",
+    "AgentToolResult": "records",
     "Permissions": "decisions.permissions",
     "Allow": "definitions.hooks",
     "Deny": "definitions.hooks",
@@ -57,8 +57,8 @@ _EXPORTS = {
     "crontab": "runtime.schedules",
     "UsageLimits": "decisions.usage",
     "Limits": "decisions.usage",
-    "UsageTotals": "decisions.usage",
-    "AgentToolRun": "transitions.agent_tools",
+    "UsageTotals": "records",
+    "AgentToolRun": "records",
 }
 
 # Written out (not computed from _EXPORTS) so type checkers and linters can read it; a unit
@@ -117,7 +117,7 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
     from threads_celery.client.threads import Threads
     from threads_celery.decisions.effects import Found, LookupUnknown, NotFound, Reconcile
     from threads_celery.decisions.permissions import Permissions
-    from threads_celery.decisions.usage import Limits, UsageLimits, UsageTotals
+    from threads_celery.decisions.usage import Limits, UsageLimits
     from threads_celery.definitions.agents import Agent
     from threads_celery.definitions.context import ToolContext
     from threads_celery.definitions.hooks import Allow, Deny, HookCall, HookContext, HookResult, Modify, Stop
@@ -138,16 +138,20 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
         ThreadsError,
         UnknownAgent,
     )
-    from threads_celery.records import Message, Run, RunHandle, ToolCall, ToolResult
-    from threads_celery.runtime.schedules import Schedule, crontab
-    from threads_celery.settings import Settings
-    from threads_celery.transitions.agent_tools import (
+    from threads_celery.records import (
         AgentToolFailure,
         AgentToolResult,
         AgentToolRun,
-        Detached,
-        agent_tool,
+        Message,
+        Run,
+        RunHandle,
+        ToolCall,
+        ToolResult,
+        UsageTotals,
     )
+    from threads_celery.runtime.schedules import Schedule, crontab
+    from threads_celery.settings import Settings
+    from threads_celery.transitions.agent_tools import Detached, agent_tool
 
 
 def __getattr__(name: str) -> Any:

@@ -1,12 +1,16 @@
-"""Frozen domain values: what the store hands out. Rows never leave the store module."""
+"""Frozen domain values: what the store hands out. Rows never leave the store package.
+
+Everything the ledger returns is one of these plain values (or a builtin): runs, threads, calls,
+messages, events, agent-tool runs, usage totals. They import nothing of the package but this
+module, so the store, the pure decisions and every face can share them without an import cycle.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
-
-from threads_celery.decisions.effects import Effect, Finality
+from typing import Any, Literal, TypeAlias, TypedDict
 
 RunStatus = Literal[
     "queued",
@@ -42,6 +46,13 @@ CallStatus = Literal[
     "parked",
     "skipped",
 ]
+
+Effect: TypeAlias = Literal["read_only", "idempotent", "reconcilable", "unguarded"]
+"""What a tool's call does to the outside world; decides what happens after an interruption
+(see :mod:`threads_celery.decisions.effects`)."""
+
+Finality: TypeAlias = Literal["final", "nonfinal"]
+"""Whether a reconcile lookup's not-found answer proves the call never happened ("final")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +113,22 @@ class Message:
     created_at: datetime | None = None
     meta: dict[str, Any] | None = None
     key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Thread:
+    """A thread's own row: the conversation a run drives, as the ledger keeps it."""
+
+    id: str
+    agent: str
+    config_hash: str
+    parent_thread_id: str | None = None
+    #: The run that drives the thread now; None when it is idle (runs queue behind it).
+    active_run_id: str | None = None
+    #: The last event sequence number handed out on the thread.
+    event_seq: int = 0
+    created_at: datetime | None = None
+    tenant: str = DEFAULT_TENANT
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,3 +242,156 @@ class Event:
     payload: dict[str, Any]
     run_id: str | None = None
     created_at: datetime | None = None
+
+
+# -- agent-tool runs ----------------------------------------------------------------------------
+
+#: The statuses an agent-tool run can have.
+AGENT_TOOL_STATUSES = ("starting", "running", "completed", "error", "aborted", "interrupted")
+#: The ends nothing overrides; "interrupted" is softer (the child may still finish and say so).
+AGENT_TOOL_HARD_TERMINAL = frozenset({"completed", "error", "aborted"})
+
+
+class MilestoneOptions(TypedDict):
+    """How a detached run's milestones surface in the parent thread, as stored with the run."""
+
+    names: list[str]
+    mode: Literal["narrate", "react"]
+
+
+@dataclass(frozen=True, slots=True)
+class Milestone:
+    """A named point a detached child reported reaching, numbered from 0 per agent-tool run."""
+
+    sequence: int
+    name: str
+    data: Any = None
+    at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentToolFailure:
+    """What a parent sees when a child run did not complete."""
+
+    status: Literal["error", "aborted", "interrupted"]
+    error: str
+    retryable: bool
+    reason: str | None = None
+    child_still_running: bool | None = None
+    ok: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"ok": False, "status": self.status, "error": self.error, "retryable": self.retryable}
+        if self.reason is not None:
+            data["reason"] = self.reason
+        if self.child_still_running is not None:
+            data["child_still_running"] = self.child_still_running
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class AgentToolResult:
+    """A completed child run: its summary (last assistant text, possibly empty) and output."""
+
+    run_id: str
+    summary: str
+    output: Any = None
+    ok: bool = True
+    status: str = "completed"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentToolRun:
+    """A snapshot of one agent-tool run, as the parent's registry keeps it."""
+
+    run_id: str
+    parent_thread_id: str
+    agent_type: str
+    status: str
+    parent_run_id: str | None = None
+    parent_tool_call_id: str | None = None
+    parent_effect_key: str | None = None
+    display_order: int = 0
+    display_name: str | None = None
+    child_thread_id: str | None = None
+    child_run_id: str | None = None
+    input: Any = None
+    input_preview: str = ""
+    reason: str | None = None
+    child_still_running: bool | None = None
+    error: str | None = None
+    summary: str | None = None
+    output: Any = None
+    progress: dict[str, Any] | None = None
+    last_signal_at: datetime | None = None
+    detached: bool = False
+    event_delivery: str = "all"
+    on_finish: str | None = None
+    notify: Mapping[str, str] | None = None
+    on_milestones: MilestoneOptions | None = None
+    max_budget_ms: int | None = None
+    no_progress_budget_ms: int | None = None
+    delivered: tuple[str, ...] = ()
+    delivery_attempts: int = 0
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    milestones: tuple[Milestone, ...] = field(default=())
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in AGENT_TOOL_HARD_TERMINAL or self.status == "interrupted"
+
+    def result(self) -> AgentToolResult | AgentToolFailure | None:
+        """The result a parent sees, or None while the run goes on."""
+        if self.status == "completed":
+            return AgentToolResult(run_id=self.run_id, summary=self.summary or "", output=self.output)
+        if self.status == "error":
+            return AgentToolFailure("error", self.error or "agent tool run failed", retryable=False)
+        if self.status == "aborted":
+            return AgentToolFailure("aborted", self.error or "agent tool run was cancelled", retryable=False)
+        if self.status == "interrupted":
+            return AgentToolFailure(
+                "interrupted",
+                self.error or "agent tool run was interrupted",
+                retryable=True,
+                reason=self.reason,
+                child_still_running=self.child_still_running,
+            )
+        return None
+
+
+# -- usage and metrics --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotals:
+    """Summed usage: requests, input and output tokens, and cost (None: no priced call)."""
+
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def to_json(self) -> dict[str, int | float | None]:
+        return {
+            "requests": self.requests,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "total_tokens": self.total_tokens,
+            "cost": self.cost,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """What the ledger holds, counted at one moment (the Prometheus gauges)."""
+
+    runs_by_status: dict[str, int]
+    parked_calls: int
+    outbox_depth: int
+    reconcile_lag_s: float

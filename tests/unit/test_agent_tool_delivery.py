@@ -32,11 +32,11 @@ from tests.support.agent_tool_agents import (
     unique,
 )
 from threads_celery import ConfigError, Detached, Settings, Threads, agent_tool
+from threads_celery.records import AgentToolFailure, AgentToolResult
 from threads_celery.runtime.machine import Runtime
 from threads_celery.store.schema import agent_tool_runs
 from threads_celery.testing import call, say
 from threads_celery.transitions import agent_tools, runs
-from threads_celery.transitions.agent_tools import AgentToolFailure, AgentToolResult
 
 WAIT_S = 30.0
 

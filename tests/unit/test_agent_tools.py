@@ -34,8 +34,9 @@ from tests.support.agent_tool_agents import (
 )
 from threads_celery import Agent, ConfigError, Detached, Settings, Threads, agent_tool
 from threads_celery.exceptions import UnknownAgent
+from threads_celery.records import AgentToolFailure, AgentToolResult, AgentToolRun
 from threads_celery.testing import ScriptedModel, call, say
-from threads_celery.transitions.agent_tools import AgentToolFailure, AgentToolResult, AgentToolRun, DetachedHandle
+from threads_celery.transitions.agent_tools import DetachedHandle
 
 WAIT_S = 30.0
 

@@ -11,7 +11,8 @@ import pytest
 from pydantic import BaseModel
 
 from threads_celery import Agent, ConfigError, Threads, tool
-from threads_celery.decisions.usage import Limits, Prices, UsageLimits, UsageTotals, day_bounds, limit_reached
+from threads_celery.decisions.usage import Limits, Prices, UsageLimits, day_bounds, limit_reached
+from threads_celery.records import UsageTotals
 from threads_celery.settings import Settings
 from threads_celery.testing import ScriptedModel, call, say
 

@@ -21,10 +21,10 @@ from threads_celery.api.tenancy import Caller, owned_thread
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
-    from threads_celery.transitions.agent_tools import AgentToolRun
+    from threads_celery.records import AgentToolRun
 
 AgentToolRunId = Annotated[str, Path(pattern=EFFECT_KEY_PATTERN, description="An agent-tool run id.")]
-#: The statuses an agent-tool run can have (``threads_celery.transitions.agent_tools.AGENT_TOOL_STATUSES``).
+#: The statuses an agent-tool run can have (``threads_celery.records.AGENT_TOOL_STATUSES``).
 AgentToolStatus = Literal["starting", "running", "completed", "error", "aborted", "interrupted"]
 ThreadId = Annotated[str, Path(pattern=ID_PATTERN, description="A thread id.")]
 

@@ -21,7 +21,7 @@ from threads_celery.api.tenancy import Caller, owned_run, owned_thread
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
-    from threads_celery.decisions.usage import UsageTotals
+    from threads_celery.records import UsageTotals
 
 
 class AllowUsage(_Request):

@@ -43,8 +43,8 @@ from threads_celery.records import TERMINAL_STATUSES, Message, Run
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
     from threads_celery.definitions.agents import Agent
+    from threads_celery.records import AgentToolRun
     from threads_celery.settings import Settings
-    from threads_celery.transitions.agent_tools import AgentToolRun
 
 EXIT_OK = 0
 EXIT_RUN_FAILED = 1

@@ -30,9 +30,8 @@ from threads_celery.cli.app import (
 )
 from threads_celery.cli.live import STATUS_STYLES, RunView, shorten
 from threads_celery.cli.watch import follow_thread
-from threads_celery.decisions.usage import UsageTotals
 from threads_celery.exceptions import RunNotFound, ThreadNotFound
-from threads_celery.records import ACTIVE_STATUSES, TERMINAL_STATUSES, Event, Run
+from threads_celery.records import ACTIVE_STATUSES, TERMINAL_STATUSES, Event, Run, UsageTotals
 
 ALL_STATUSES = sorted(ACTIVE_STATUSES | TERMINAL_STATUSES)
 

@@ -14,15 +14,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from threads_celery.definitions.agents import Agent
 from threads_celery.exceptions import ConfigError, RunTimeout, ThreadNotFound
+from threads_celery.records import AGENT_TOOL_HARD_TERMINAL, AgentToolFailure, AgentToolResult, AgentToolRun
 from threads_celery.telemetry.observability import emit
 from threads_celery.transitions import agent_tools, runs
-from threads_celery.transitions.agent_tools import (
-    AgentToolFailure,
-    AgentToolResult,
-    AgentToolRun,
-    Detached,
-    DetachedHandle,
-)
+from threads_celery.transitions.agent_tools import Detached, DetachedHandle
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import AgentRegistry
@@ -206,7 +201,7 @@ class AgentToolsMixin:
                 if locked is not None:
                     tx.get_thread(locked.thread_id, lock=True)
             row = tx.get_agent_tool_run(run_id, lock=True)
-            if row is None or row.status in agent_tools.HARD_TERMINAL:
+            if row is None or row.status in AGENT_TOOL_HARD_TERMINAL:
                 return row
             child = tx.get_run(row.child_run_id) if row.child_run_id else None
             if child is not None and not child.is_terminal:

@@ -16,7 +16,7 @@ from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Self
 
 from threads_celery.client.agent_tools import AgentToolsMixin
-from threads_celery.decisions.usage import ALLOWED_EVENT, LIMIT_REASON, UsageTotals, day_bounds
+from threads_celery.decisions.usage import ALLOWED_EVENT, LIMIT_REASON, day_bounds
 from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.variables import SecretBox
 from threads_celery.exceptions import (
@@ -29,7 +29,16 @@ from threads_celery.exceptions import (
     ThreadNotFound,
     UnknownAgent,
 )
-from threads_celery.records import TERMINAL_STATUSES, Event, Message, OutboxEntry, PermissionGrant, Run, RunHandle
+from threads_celery.records import (
+    TERMINAL_STATUSES,
+    Event,
+    Message,
+    OutboxEntry,
+    PermissionGrant,
+    Run,
+    RunHandle,
+    UsageTotals,
+)
 from threads_celery.settings import Settings
 from threads_celery.store import Store, Tx
 from threads_celery.store.engine import safe_url

@@ -41,6 +41,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, TypeAlias, assert_never, get_args
 
 from threads_celery.exceptions import ConfigError
+from threads_celery.records import Effect, Finality
 
 __all__ = [
     "CALL_STATUSES",
@@ -67,14 +68,8 @@ __all__ = [
     "run_lookup",
 ]
 
-Effect: TypeAlias = Literal["read_only", "idempotent", "reconcilable", "unguarded"]
-"""What a tool's call does to the outside world; decides what happens after an interruption."""
-
 EFFECTS: tuple[Effect, ...] = get_args(Effect)
 """The four effects, in order from safest to least safe to repeat."""
-
-Finality: TypeAlias = Literal["final", "nonfinal"]
-"""Whether a reconcile lookup's not-found answer proves the call never happened ("final")."""
 
 FINALITIES: tuple[Finality, ...] = get_args(Finality)
 """The two finalities."""

@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from threads_celery.exceptions import ConfigError
+from threads_celery.records import UsageTotals
 
 PRICES_VARIABLE = "THREADS_MODEL_PRICES"
 LIMIT_REASON = "usage-limit"
@@ -35,29 +36,6 @@ ALLOWED_EVENT = "usage.allowed"
 
 OnLimit = Literal["interrupt", "ask"]
 Scope = Literal["run", "thread", "agent-day"]
-
-
-@dataclass(frozen=True, slots=True)
-class UsageTotals:
-    """Summed usage: requests, input and output tokens, and cost (None: no priced call)."""
-
-    requests: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float | None = None
-
-    @property
-    def total_tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
-
-    def to_json(self) -> dict[str, int | float | None]:
-        return {
-            "requests": self.requests,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "total_tokens": self.total_tokens,
-            "cost": self.cost,
-        }
 
 
 def _positive_number(owner: str, name: str, value: object, *, whole: bool) -> None:
@@ -208,7 +186,6 @@ __all__ = [
     "Price",
     "Prices",
     "UsageLimits",
-    "UsageTotals",
     "day_bounds",
     "limit_reached",
 ]

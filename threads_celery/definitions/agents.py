@@ -25,7 +25,7 @@ from threads_celery.exceptions import ConfigError, UnknownAgent
 
 if TYPE_CHECKING:
     from threads_celery.definitions.hooks import HookAnswer, HookCall, HookContext, HookResult, Stop
-    from threads_celery.transitions.agent_tools import AgentToolFailure, AgentToolResult, AgentToolRun
+    from threads_celery.records import AgentToolFailure, AgentToolResult, AgentToolRun
 
 AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,127}$")
 DEFAULT_MAX_STEPS = 50

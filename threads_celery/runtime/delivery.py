@@ -15,10 +15,15 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from threads_celery.definitions.tools import Tool, render_result
-from threads_celery.records import OutboxEntry
+from threads_celery.records import (
+    AGENT_TOOL_HARD_TERMINAL,
+    AgentToolFailure,
+    AgentToolResult,
+    AgentToolRun,
+    OutboxEntry,
+)
 from threads_celery.telemetry.observability import emit
 from threads_celery.transitions import agent_tools, runs
-from threads_celery.transitions.agent_tools import HARD_TERMINAL, AgentToolFailure, AgentToolResult, AgentToolRun
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import Agent, AgentRegistry
@@ -46,7 +51,7 @@ def deliver(runtime: Runtime, run_id: str, status: str) -> str:
             skipped = "skipped: no such agent-tool run"
         elif status in row.delivered:
             skipped = "skipped: already delivered"
-        elif status == "interrupted" and row.status in HARD_TERMINAL:
+        elif status == "interrupted" and row.status in AGENT_TOOL_HARD_TERMINAL:
             skipped = "skipped: the run ended after it was given up on"
         elif row.status != status:
             skipped = f"skipped: the run is {row.status}"

@@ -15,8 +15,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from threads_celery.records import AgentToolRun
 from threads_celery.transitions import runs
-from threads_celery.transitions.agent_tools import AgentToolRun, child_signal
+from threads_celery.transitions.agent_tools import child_signal
 
 if TYPE_CHECKING:
     from datetime import datetime

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
+from threads_celery.records import AgentToolRun, Milestone
 from threads_celery.store.schema import agent_tool_runs, milestones, threads
-
-if TYPE_CHECKING:
-    # For annotations only: the records still live beside the agent-tool machine (issue 10 moves
-    # them into the records module the store returns).
-    from threads_celery.transitions.agent_tools import AgentToolRun, Milestone
 
 
 class AgentToolQueries:
@@ -128,8 +124,6 @@ class AgentToolQueries:
         return sequence
 
     def list_milestones(self, run_id: str) -> tuple[Milestone, ...]:
-        from threads_celery.transitions.agent_tools import Milestone
-
         rows = self.conn.execute(
             select(milestones).where(milestones.c.agent_tool_run_id == run_id).order_by(milestones.c.sequence)
         )
@@ -140,8 +134,6 @@ class AgentToolQueries:
 
 
 def _agent_tool_run(row: Row[Any], found: tuple[Milestone, ...]) -> AgentToolRun:
-    from threads_celery.transitions.agent_tools import AgentToolRun
-
     m = row._mapping
     return AgentToolRun(
         run_id=m["run_id"],

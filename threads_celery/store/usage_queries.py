@@ -8,7 +8,8 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Connection
 
-from threads_celery.decisions.usage import ALLOWED_EVENT, Scope, UsageLimits, UsageTotals, day_bounds
+from threads_celery.decisions.usage import ALLOWED_EVENT, Scope, UsageLimits, day_bounds
+from threads_celery.records import UsageTotals
 from threads_celery.store.schema import model_usage, threads
 
 

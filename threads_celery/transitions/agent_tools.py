@@ -12,16 +12,22 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol, TypedDict
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from threads_celery.definitions.agents import Agent
 from threads_celery.definitions.tools import Tool, describe_validation_error, tool
 from threads_celery.exceptions import ConfigError
-from threads_celery.records import TERMINAL_STATUSES, OutboxEntry
+from threads_celery.records import (
+    AGENT_TOOL_HARD_TERMINAL,
+    TERMINAL_STATUSES,
+    AgentToolRun,
+    MilestoneOptions,
+    OutboxEntry,
+)
 from threads_celery.store import Tx
 from threads_celery.transitions import runs
 
@@ -31,8 +37,6 @@ DEFAULT_NO_PROGRESS_BUDGET_MS = 60 * 60 * 1000
 #: How long an awaited child may stay silent before the parent stops waiting (soft).
 DEFAULT_AWAITED_NO_PROGRESS_MS = 120_000
 INPUT_PREVIEW_CHARS = 500
-AGENT_TOOL_STATUSES = ("starting", "running", "completed", "error", "aborted", "interrupted")
-HARD_TERMINAL = frozenset({"completed", "error", "aborted"})
 InterruptedReason = Literal[
     "no-progress",
     "window-exceeded",
@@ -79,37 +83,6 @@ class Detached:
 
 
 @dataclass(frozen=True, slots=True)
-class AgentToolFailure:
-    """What a parent sees when a child run did not complete."""
-
-    status: Literal["error", "aborted", "interrupted"]
-    error: str
-    retryable: bool
-    reason: str | None = None
-    child_still_running: bool | None = None
-    ok: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"ok": False, "status": self.status, "error": self.error, "retryable": self.retryable}
-        if self.reason is not None:
-            data["reason"] = self.reason
-        if self.child_still_running is not None:
-            data["child_still_running"] = self.child_still_running
-        return data
-
-
-@dataclass(frozen=True, slots=True)
-class AgentToolResult:
-    """A completed child run: its summary (last assistant text, possibly empty) and output."""
-
-    run_id: str
-    summary: str
-    output: Any = None
-    ok: bool = True
-    status: str = "completed"
-
-
-@dataclass(frozen=True, slots=True)
 class DetachedHandle:
     """What a detached dispatch returns at once."""
 
@@ -117,82 +90,6 @@ class DetachedHandle:
     agent_type: str
     status: Literal["running", "error"]
     error: str | None = None
-
-
-class MilestoneOptions(TypedDict):
-    """How a detached run's milestones surface in the parent thread, as stored with the run."""
-
-    names: list[str]
-    mode: Literal["narrate", "react"]
-
-
-@dataclass(frozen=True, slots=True)
-class Milestone:
-    sequence: int
-    name: str
-    data: Any = None
-    at: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AgentToolRun:
-    """A snapshot of one agent-tool run, as the parent's registry keeps it."""
-
-    run_id: str
-    parent_thread_id: str
-    agent_type: str
-    status: str
-    parent_run_id: str | None = None
-    parent_tool_call_id: str | None = None
-    parent_effect_key: str | None = None
-    display_order: int = 0
-    display_name: str | None = None
-    child_thread_id: str | None = None
-    child_run_id: str | None = None
-    input: Any = None
-    input_preview: str = ""
-    reason: str | None = None
-    child_still_running: bool | None = None
-    error: str | None = None
-    summary: str | None = None
-    output: Any = None
-    progress: dict[str, Any] | None = None
-    last_signal_at: datetime | None = None
-    detached: bool = False
-    event_delivery: str = "all"
-    on_finish: str | None = None
-    notify: Mapping[str, str] | None = None
-    on_milestones: MilestoneOptions | None = None
-    max_budget_ms: int | None = None
-    no_progress_budget_ms: int | None = None
-    delivered: tuple[str, ...] = ()
-    delivery_attempts: int = 0
-    created_at: datetime | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    milestones: tuple[Milestone, ...] = field(default=())
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.status in HARD_TERMINAL or self.status == "interrupted"
-
-    def result(self) -> AgentToolResult | AgentToolFailure | None:
-        """The result a parent sees, or None while the run goes on."""
-        if self.status == "completed":
-            return AgentToolResult(run_id=self.run_id, summary=self.summary or "", output=self.output)
-        if self.status == "error":
-            return AgentToolFailure("error", self.error or "agent tool run failed", retryable=False)
-        if self.status == "aborted":
-            return AgentToolFailure("aborted", self.error or "agent tool run was cancelled", retryable=False)
-        if self.status == "interrupted":
-            return AgentToolFailure(
-                "interrupted",
-                self.error or "agent tool run was interrupted",
-                retryable=True,
-                reason=self.reason,
-                child_still_running=self.child_still_running,
-            )
-        return None
 
 
 def agent_tool(
@@ -429,7 +326,7 @@ def child_finished(
     """The child ``run`` ended: update its agent-tool row and record the finish delivery."""
     assert run.agent_tool_run_id is not None
     row = tx.get_agent_tool_run(run.agent_tool_run_id, lock=True)
-    if row is None or row.status in HARD_TERMINAL:
+    if row is None or row.status in AGENT_TOOL_HARD_TERMINAL:
         return []
     values: dict[str, Any] = {"status": status, "finished_at": now, "check_at": None}
     if status == "completed":
@@ -485,13 +382,9 @@ def is_active(status: str) -> bool:
 
 __all__ = [
     "TERMINAL_STATUSES",
-    "AgentToolFailure",
     "AgentToolInput",
-    "AgentToolResult",
-    "AgentToolRun",
     "Detached",
     "DetachedHandle",
-    "Milestone",
     "agent_tool",
 ]
 
