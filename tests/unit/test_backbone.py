@@ -236,6 +236,7 @@ def test_the_store_spaces_the_republishes_of_a_row_nobody_consumes() -> None:
     from sqlalchemy import select
 
     from threads_celery import Threads
+    from threads_celery.decisions.backbone import republish_delay
     from threads_celery.store.schema import outbox
     from threads_celery.transitions.runs import utcnow
 
@@ -248,13 +249,13 @@ def test_the_store_spaces_the_republishes_of_a_row_nobody_consumes() -> None:
         gaps = []
         for _ in range(3):
             with store.transaction() as tx:
-                assert [e.key for e in tx.due_outbox(now=now, limit=10)] == [waiting.key]
+                assert [e.key for e in tx.due_outbox(now=now, limit=10, republish_delay=republish_delay)] == [waiting.key]
                 due_at = tx.conn.execute(select(outbox.c.due_at).where(outbox.c.key == waiting.key)).scalar_one()
             if due_at.tzinfo is None:
                 due_at = due_at.replace(tzinfo=now.tzinfo)
             gaps.append(round((due_at - now) / store.step_grace))
             with store.transaction() as tx:  # not due before its time
-                assert tx.due_outbox(now=now, limit=10) == []
+                assert tx.due_outbox(now=now, limit=10, republish_delay=republish_delay) == []
             now = due_at
         assert gaps == [2, 4, 8]
 

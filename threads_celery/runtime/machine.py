@@ -22,6 +22,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, assert_never
 
+from threads_celery.decisions.backbone import republish_delay
 from threads_celery.decisions.effects import (
     NeedsLookup,
     Park,
@@ -60,6 +61,7 @@ from threads_celery.runtime.history import HistoryCache
 from threads_celery.runtime.leases import LeaseKeeper
 from threads_celery.runtime.permission_checks import check_call
 from threads_celery.runtime.streaming import ToolCallStarted, ToolCallStarts
+from threads_celery.runtime.usage_limits import totals_for_limits
 from threads_celery.settings import Settings
 from threads_celery.store import Store
 from threads_celery.store.repository import Tx, args_digest
@@ -161,7 +163,7 @@ class Runtime:
             return "error: a before_step hook failed"
         if agent.usage_limits is not None:
             with self.store.read() as tx:
-                totals = tx.totals_for_limits(run.id, run.thread_id, agent.name, agent.usage_limits, self.clock())
+                totals = totals_for_limits(tx, run.id, run.thread_id, agent.name, agent.usage_limits, self.clock())
             reached = limit_reached(totals, agent.usage_limits)
             if reached is not None and reached.on_limit == "ask":
                 with self.store.transaction() as tx:
@@ -748,7 +750,7 @@ class Runtime:
                 log.warning("run %s: lease of %s expired; re-dispatching %s", run.id, run.lease_owner, entry.key)
         self.publish([replace(e, recovered=True) for e in redispatched])
         with self.store.transaction() as tx:
-            due = tx.due_outbox(now=now, limit=limit)
+            due = tx.due_outbox(now=now, limit=limit, republish_delay=republish_delay)
         # Not urgent: behind a backlog most due rows are only waiting in the queue, and an urgent
         # copy of each would flood the lane that a dead worker's runs recover through.
         self.publish(due)

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
+from threads_celery.records import MetricsSnapshot
 from threads_celery.store.schema import outbox, runs, tool_calls
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsSnapshot:
-    """What the ledger holds, counted at one moment."""
-
-    runs_by_status: dict[str, int]
-    parked_calls: int
-    outbox_depth: int
-    reconcile_lag_s: float
 
 
 class MetricsQueries:

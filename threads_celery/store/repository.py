@@ -8,7 +8,7 @@ leave as rows. Writes that belong to a run's driver are conditional on the run's
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,9 +17,8 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from threads_celery.decisions.backbone import republish_delay
 from threads_celery.exceptions import StoreUnavailable
-from threads_celery.records import DEFAULT_TENANT, CallRow, OutboxEntry, Run, ToolResult
+from threads_celery.records import DEFAULT_TENANT, CallRow, OutboxEntry, Run, Thread, ToolResult
 from threads_celery.store import statements
 from threads_celery.store.agent_tool_queries import AgentToolQueries
 from threads_celery.store.engine import safe_url
@@ -161,11 +160,12 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
 
     # -- threads -----------------------------------------------------------------------------
 
-    def get_thread(self, thread_id: str, *, lock: bool = False) -> Row[Any] | None:
+    def get_thread(self, thread_id: str, *, lock: bool = False) -> Thread | None:
         query = select(threads).where(threads.c.id == thread_id)
         if lock:
             query = query.with_for_update()
-        return self.conn.execute(query).first()
+        row = self.conn.execute(query).first()
+        return _thread(row) if row is not None else None
 
     def insert_thread(
         self,
@@ -534,12 +534,17 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
     def delete_outbox(self, key: str) -> None:
         self.conn.execute(statements.DELETE_OUTBOX, {"b_key": key})
 
-    def due_outbox(self, *, now: datetime, limit: int) -> list[OutboxEntry]:
+    def due_outbox(
+        self, *, now: datetime, limit: int, republish_delay: Callable[[timedelta, int], timedelta]
+    ) -> list[OutboxEntry]:
         """Rows nobody consumed in time (a publish was lost, or its worker died), moved forward.
 
         Locked with SKIP LOCKED, so two reconcilers never take the same row. A read_only tool's
         row lives until its result commits (it records no claim), so tool rows are due only
-        after a whole tool lease, or after the call's last heartbeat.
+        after a whole tool lease, or after the call's last heartbeat. Each row is next due
+        ``republish_delay(grace, times republished)`` from now: the backbone's pacing policy
+        (:func:`threads_celery.decisions.backbone.republish_delay`), passed in because the
+        ledger stores the schedule but does not decide it.
         """
         rows = list(
             self.conn.execute(
@@ -576,6 +581,20 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
 
 
 # -- row conversion ----------------------------------------------------------------------------
+
+
+def _thread(row: Row[Any]) -> Thread:
+    m = row._mapping
+    return Thread(
+        id=m["id"],
+        agent=m["agent"],
+        config_hash=m["config_hash"],
+        parent_thread_id=m["parent_thread_id"],
+        active_run_id=m["active_run_id"],
+        event_seq=int(m["event_seq"] or 0),
+        created_at=m["created_at"],
+        tenant=m["tenant"],
+    )
 
 
 def _run(row: Row[Any]) -> Run:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Connection
 
-from threads_celery.decisions.usage import ALLOWED_EVENT, Scope, UsageLimits, day_bounds
 from threads_celery.records import UsageTotals
 from threads_celery.store.schema import model_usage, threads
 
@@ -17,8 +15,6 @@ class UsageQueries:
     """Queries over ``model_usage``; mixed into the transaction."""
 
     conn: Connection
-
-    def last_event_of(self, thread_id: str, run_id: str, type: str) -> dict[str, Any] | None: ...
 
     def record_usage(
         self,
@@ -85,22 +81,3 @@ class UsageQueries:
             int(output_tokens),
             None if cost is None else float(cost),
         )
-
-    def totals_for_limits(
-        self, run_id: str, thread_id: str, agent: str, limits: UsageLimits, now: datetime
-    ) -> dict[Scope, UsageTotals]:
-        """The totals each scope of ``limits`` names: this run, this thread, the agent today (UTC)."""
-        since, until = day_bounds(now)
-        # A person let the run go past a limit: its usage counts again from that moment.
-        allowed = self.last_event_of(thread_id, run_id, ALLOWED_EVENT)
-        allowed_at = datetime.fromisoformat(str(allowed["at"])) if allowed and allowed.get("at") else None
-        totals: dict[Scope, UsageTotals] = {}
-        for scope, _ in limits.scopes():
-            if scope == "run":
-                totals[scope] = self.usage_totals(run_id=run_id, since=allowed_at)
-            elif scope == "thread":
-                totals[scope] = self.usage_totals(thread_id=thread_id, since=allowed_at)
-            else:
-                start = max(since, allowed_at) if allowed_at is not None else since
-                totals[scope] = self.usage_totals(agent=agent, since=start, until=until)
-        return totals
