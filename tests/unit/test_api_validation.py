@@ -17,16 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from threads_celery.api.app import (
-    ERROR_STATUS,
-    ApiError,
-    _parse_cursor,
-    auth_from_env,
-    create_api,
-    max_body_from_env,
-    sse_frame,
-    tokens_from_env,
-)
+from threads_celery.api.app import create_api
+from threads_celery.api.auth import auth_from_env, tokens_from_env
+from threads_celery.api.body_limit import max_body_from_env
+from threads_celery.api.errors import ERROR_STATUS, ApiError
+from threads_celery.api.events import parse_cursor, sse_frame
 from threads_celery.api.bodies import Approve, Deny, Resolve, StartRun
 from threads_celery.api.tenancy import parse_token_entry
 from threads_celery.exceptions import (
@@ -197,13 +192,13 @@ def test_nan_and_infinity_are_not_json_and_are_refused(client: TestClient, stub:
 
 
 def test_cursor_comes_from_last_event_id_first_then_after() -> None:
-    assert _parse_cursor(None, None) == 0
-    assert _parse_cursor(None, 7) == 7
-    assert _parse_cursor("12", 7) == 12
-    assert _parse_cursor("  ", 7) == 7
+    assert parse_cursor(None, None) == 0
+    assert parse_cursor(None, 7) == 7
+    assert parse_cursor("12", 7) == 12
+    assert parse_cursor("  ", 7) == 7
     for bad in ("-1", "1.5", "abc", "0x10"):
         with pytest.raises(ApiError) as raised:
-            _parse_cursor(bad, None)
+            parse_cursor(bad, None)
         assert (raised.value.status, raised.value.type) == (400, "invalid_cursor")
 
 

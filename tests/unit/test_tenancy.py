@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from threads_celery.api.app import callers_from_env, tokens_from_env
+from threads_celery.api.auth import callers_from_env, tokens_from_env
 from threads_celery.api.tenancy import Caller, callers_from_tokens, parse_token_entry
 from threads_celery.exceptions import ConfigError
 from threads_celery.records import DEFAULT_TENANT

@@ -26,31 +26,34 @@ after a cursor (the ``Last-Event-ID`` header, else ``?after=``), then tailed liv
 and committed in order, so a client that resumes from the last id it saw misses nothing and sees
 nothing twice.
 
-TODO(agents as tools, issue 4): child drill-in (``GET /v1/runs/{run_id}/children`` and the child's
-messages and events), gated by the parent's agent-tool registry so that a guessed child run id
-is a 404 and spawns nothing.
+
+The app is assembled here from its parts: authentication (:mod:`~threads_celery.api.auth`), the
+body limit (:mod:`~threads_celery.api.body_limit`), error answers (:mod:`~threads_celery.api.errors`),
+the event stream (:mod:`~threads_celery.api.events`), and the routes of runs, threads and calls
+below, of agent-tool runs (:mod:`~threads_celery.api.children`) and of usage
+(:mod:`~threads_celery.api.usage`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import hmac
 import logging
 import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from itertools import islice
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Query, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query
 from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from threads_celery import __version__
+from threads_celery.api.auth import (
+    auth_from_env,
+    bearer_auth,
+    callers_from_env,
+    check_auth_config,
+    unauthenticated,
+)
 from threads_celery.api.bodies import (
     EFFECT_KEY_PATTERN,
     ID_PATTERN,
@@ -60,7 +63,6 @@ from threads_celery.api.bodies import (
     Decision,
     Deny,
     ErrorOut,
-    EventOut,
     Health,
     MessageOut,
     PendingCallOut,
@@ -69,190 +71,25 @@ from threads_celery.api.bodies import (
     RunStarted,
     StartRun,
 )
-from threads_celery.api.tenancy import (
-    UNAUTHENTICATED,
-    Caller,
-    callers_from_tokens,
-    only_theirs,
-    owned_call,
-    owned_run,
-    owned_thread,
+from threads_celery.api.body_limit import BodyLimit, max_body_from_env
+from threads_celery.api.children import add_agent_tool_routes
+from threads_celery.api.errors import ERROR_RESPONSES, ApiError, install_error_handlers
+from threads_celery.api.events import (
+    DEFAULT_KEEPALIVE_S,
+    DEFAULT_POLL_INTERVAL_S,
+    event_stream,
+    last_event_seq,
+    parse_cursor,
 )
-from threads_celery.exceptions import (
-    BrokerUnavailable,
-    CallNotFound,
-    CallStateError,
-    ConfigError,
-    InvalidArguments,
-    PayloadTooLarge,
-    RunNotFound,
-    StoreUnavailable,
-    ThreadNotFound,
-    ThreadsError,
-    UnknownAgent,
-)
-from threads_celery.records import Event, RunStatus
+from threads_celery.api.tenancy import Caller, callers_from_tokens, only_theirs, owned_call, owned_run, owned_thread
+from threads_celery.api.usage import add_usage_routes
+from threads_celery.exceptions import CallNotFound, ConfigError
+from threads_celery.records import RunStatus
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
 
 log = logging.getLogger("threads_celery.api.app")
-
-DEFAULT_MAX_BODY_BYTES = 1 << 20  # room for a message at the default 1,000,000-byte limit, in JSON
-DEFAULT_KEEPALIVE_S = 15.0
-DEFAULT_POLL_INTERVAL_S = 0.25
-EVENT_BATCH = 500
-
-# A library error, by class (the first match along the MRO wins): status and error type.
-ERROR_STATUS: dict[type[ThreadsError], tuple[int, str]] = {
-    UnknownAgent: (404, "unknown_agent"),
-    RunNotFound: (404, "run_not_found"),
-    ThreadNotFound: (404, "thread_not_found"),
-    CallNotFound: (404, "call_not_found"),
-    CallStateError: (409, "call_state_conflict"),
-    InvalidArguments: (422, "invalid_arguments"),
-    PayloadTooLarge: (413, "payload_too_large"),
-    StoreUnavailable: (503, "store_unavailable"),
-    BrokerUnavailable: (503, "broker_unavailable"),
-    # At request time a ConfigError is a clash with the ledger's state, e.g. a thread_id that
-    # belongs to another agent (the API checks the schema when it starts).
-    ConfigError: (409, "conflict"),
-}
-# These say which service is down in the log, and only that it is down to the client.
-TERSE_ERRORS = (StoreUnavailable, BrokerUnavailable)
-HTTP_ERROR_TYPES = {
-    400: "bad_request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
-    415: "unsupported_media_type",
-}
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut, "description": text}
-    for code, text in {
-        401: "Missing or wrong bearer token.",
-        422: "The request does not fit the schema.",
-        503: "The database or broker is unavailable.",
-    }.items()
-}
-
-
-class ApiError(Exception):
-    """An error answer the API decided on itself (not a library exception)."""
-
-    def __init__(self, status: int, type: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.type, self.message = status, type, message
-
-
-def error_response(
-    status: int, type: str, message: str, *, headers: Mapping[str, str] | None = None, **extra: Any
-) -> JSONResponse:
-    body: dict[str, Any] = {"type": type, "message": message}
-    body.update({k: v for k, v in extra.items() if v is not None})
-    return JSONResponse({"error": body}, status_code=status, headers=dict(headers or {}))
-
-
-# -- configuration -----------------------------------------------------------------------------
-
-
-def callers_from_env(env: Mapping[str, str]) -> dict[str, Caller]:
-    """Token -> caller as ``THREADS_API_TOKENS`` defines them (see :mod:`threads_celery.api.tenancy`)."""
-    return callers_from_tokens(env.get("THREADS_API_TOKENS", "").split(","))
-
-
-def tokens_from_env(env: Mapping[str, str]) -> set[str]:
-    """The bearer tokens ``THREADS_API_TOKENS`` defines."""
-    return set(callers_from_env(env))
-
-
-def auth_from_env(env: Mapping[str, str]) -> bool:
-    raw = env.get("THREADS_API_AUTH", "").strip().lower()
-    if raw in ("", "on", "true", "1", "bearer"):
-        return True
-    if raw in ("off", "false", "0"):
-        return False
-    raise ConfigError(f"THREADS_API_AUTH must be 'on' or 'off', not {raw!r}")
-
-
-def check_auth_config(auth: bool, tokens: set[str]) -> None:
-    """ConfigError for authentication switched on with no token to check against."""
-    if auth and not tokens:
-        raise ConfigError(
-            "the HTTP API needs bearer tokens: set THREADS_API_TOKENS=token1,token2 "
-            "(or THREADS_API_AUTH=off when something in front of it authenticates)"
-        )
-
-
-def max_body_from_env(env: Mapping[str, str]) -> int:
-    raw = env.get("THREADS_API_MAX_BODY_BYTES", "").strip()
-    if not raw:
-        return DEFAULT_MAX_BODY_BYTES
-    if not raw.isdigit() or int(raw) <= 0:
-        raise ConfigError(f"THREADS_API_MAX_BODY_BYTES must be a positive integer, not {raw!r}")
-    return int(raw)
-
-
-# -- the body limit ----------------------------------------------------------------------------
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-
-class BodyLimit:
-    """413 for a request body over ``max_bytes``: by its Content-Length, or as it streams in.
-
-    A pure ASGI middleware, so a chunked upload is cut off at the limit instead of being read
-    into memory first.
-    """
-
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    def _too_large(self) -> JSONResponse:
-        return error_response(413, "payload_too_large", f"the request body is over the limit of {self.max_bytes} bytes")
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or ()).get(b"content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                await error_response(400, "bad_request", "Content-Length is not a number")(scope, receive, send)
-                return
-            if int(declared) > self.max_bytes:
-                await self._too_large()(scope, receive, send)
-                return
-        received = 0
-        started = False
-
-        async def limited_receive() -> MutableMapping[str, Any]:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    # FastAPI passes an HTTPException raised while reading the body on to the
-                    # exception handlers, which answer in the usual error shape.
-                    raise HTTPException(413, f"the request body is over the limit of {self.max_bytes} bytes")
-            return message
-
-        async def tracking_send(message: MutableMapping[str, Any]) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except HTTPException as exc:
-            if exc.status_code != 413 or started:
-                raise
-            await self._too_large()(scope, receive, send)
 
 
 # -- the app -----------------------------------------------------------------------------------
@@ -301,93 +138,15 @@ def create_api(
     )
     app.state.threads = threads
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    _install_error_handlers(app)
+    install_error_handlers(app)
     _install_health(app, threads)
-    caller_of = _bearer_auth(callers) if auth else _unauthenticated
+    caller_of = bearer_auth(callers) if auth else unauthenticated
     # At the router too, so that no route can forget it; FastAPI runs it once per request.
     app.include_router(
         _v1(threads, caller_of, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s),
         dependencies=[Depends(caller_of)],
     )
     return app
-
-
-def _unauthenticated() -> Caller:
-    return UNAUTHENTICATED
-
-
-def _bearer_auth(callers: Mapping[str, Caller]) -> Callable[..., Caller]:
-    scheme = HTTPBearer(auto_error=False, description="A token from THREADS_API_TOKENS.")
-    known = [(t.encode(), caller) for t, caller in callers.items()]
-
-    # A default, not Annotated[...]: with postponed annotations FastAPI resolves names in the
-    # module's globals, where this closure's ``scheme`` is not.
-    def require_token(credentials: HTTPAuthorizationCredentials | None = Depends(scheme)) -> Caller:
-        if credentials is None:
-            raise HTTPException(
-                401, "missing bearer token (send Authorization: Bearer <token>)",
-                headers={"WWW-Authenticate": 'Bearer realm="threads-celery"'},
-            )  # fmt: skip
-        given = credentials.credentials.encode()
-        # Compare against every token, always, so timing says nothing about which one is close.
-        matched: Caller | None = None
-        for token, caller in known:
-            if hmac.compare_digest(given, token):
-                matched = caller
-        if matched is None:
-            raise HTTPException(
-                401, "invalid bearer token",
-                headers={"WWW-Authenticate": 'Bearer realm="threads-celery", error="invalid_token"'},
-            )  # fmt: skip
-        return matched
-
-    return require_token
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ThreadsError)
-    async def library_error(request: Request, exc: ThreadsError) -> JSONResponse:
-        for cls in type(exc).__mro__:
-            if cls in ERROR_STATUS:
-                status, kind = ERROR_STATUS[cls]
-                break
-        else:
-            log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-            return error_response(500, "internal_error", "internal server error")
-        if isinstance(exc, TERSE_ERRORS):
-            log.warning("%s %s: %s", request.method, request.url.path, exc)
-            return error_response(status, kind, (type(exc).__doc__ or kind).strip())
-        return error_response(status, kind, exc.message or kind)
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.type, exc.message)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = HTTP_ERROR_TYPES.get(exc.status_code, "http_error")
-        message = exc.detail if isinstance(exc.detail, str) else kind
-        return error_response(exc.status_code, kind, message, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # Never echo the input back: a rejected body may hold a secret.
-        details = [
-            {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-            for e in exc.errors()
-        ]
-        if any(d["type"] == "json_invalid" for d in details):
-            first = next(e for e in exc.errors() if e.get("type") == "json_invalid")
-            reason = (first.get("ctx") or {}).get("error", "malformed JSON")
-            message = f"the body is not valid JSON: {reason} (at position {first.get('loc', ('', '?'))[-1]})"
-        else:
-            message = "; ".join(f"{'.'.join(d['loc'])}: {d['msg']}" for d in details[:5]) or "invalid request"
-        return error_response(422, "validation_error", message, details=details)
-
-    @app.exception_handler(Exception)
-    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("%s %s failed", request.method, request.url.path)
-        return error_response(500, "internal_error", "internal server error")
 
 
 def _install_health(app: FastAPI, threads: Threads) -> None:
@@ -511,16 +270,16 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
         Frames are ``id: <seq>``, ``event: <type>``, ``data: <json>``; a comment line comes
         every ~15 s of silence to keep proxies from closing the connection.
         """
-        cursor = _parse_cursor(last_event_id, after)
+        cursor = parse_cursor(last_event_id, after)
         await run_in_threadpool(owned_thread, threads, caller, thread_id)
-        last = await run_in_threadpool(_last_event_seq, threads, thread_id)
+        last = await run_in_threadpool(last_event_seq, threads, thread_id)
         if cursor > last:
             raise ApiError(
                 400, "cursor_out_of_range",
                 f"cursor {cursor} is beyond the last event of thread {thread_id} ({last}); resume from an id you received",
             )  # fmt: skip
         return StreamingResponse(
-            _event_stream(threads, thread_id, cursor, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s),
+            event_stream(threads, thread_id, cursor, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -583,85 +342,16 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
             shortened_for_model=whole is not None,
         )
 
-    from threads_celery.api.children import add_agent_tool_routes
-
     add_agent_tool_routes(
         router,
         threads,
         caller_of=caller_of,
-        stream=lambda thread_id, cursor: _event_stream(
+        stream=lambda thread_id, cursor: event_stream(
             threads, thread_id, cursor, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s
         ),
-        parse_cursor=_parse_cursor,
-        last_event_seq=_last_event_seq,
-        api_error=ApiError,
     )
-    from threads_celery.api.usage import add_usage_routes
-
     add_usage_routes(router, threads, caller_of=caller_of)
     return router
-
-
-# -- the event stream --------------------------------------------------------------------------
-
-
-def _parse_cursor(last_event_id: str | None, after: int | None) -> int:
-    if last_event_id is not None and last_event_id.strip():
-        raw = last_event_id.strip()
-        # ASCII digits only (str.isdigit also takes other scripts' digits), and no more than a
-        # sequence number can be: int() of thousands of digits is refused by Python itself.
-        if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(MAX_SEQ)) or int(raw) > MAX_SEQ:
-            raise ApiError(
-                400, "invalid_cursor", "Last-Event-ID must be the id (a sequence number) of a frame you received"
-            )
-        return int(raw)
-    return after or 0
-
-
-def _last_event_seq(threads: Threads, thread_id: str) -> int:
-    """The thread's last event sequence number; ThreadNotFound if there is no such thread."""
-    with threads.store.read() as tx:
-        thread = tx.get_thread(thread_id)
-    if thread is None:
-        raise ThreadNotFound(thread_id)
-    return int(thread.event_seq or 0)
-
-
-def _read_events(threads: Threads, thread_id: str, after: int) -> list[Event]:
-    return list(islice(threads.events(thread_id, after=after), EVENT_BATCH))
-
-
-def sse_frame(event: Event) -> str:
-    """One SSE frame. JSON has no raw newline, so ``data`` is a single line."""
-    return f"id: {event.seq}\nevent: {event.type}\ndata: {EventOut.of(event).model_dump_json()}\n\n"
-
-
-async def _event_stream(
-    threads: Threads, thread_id: str, cursor: int, *, keepalive_s: float, poll_interval_s: float
-) -> AsyncIterator[str]:
-    # Sequence numbers are allocated under the thread's row lock and committed in that order,
-    # so "everything after the last seq sent" is exact: no gap to wait for, no duplicate.
-    yield "retry: 3000\n\n"
-    quiet_since = time.monotonic()
-    while True:
-        try:
-            batch = await run_in_threadpool(_read_events, threads, thread_id, cursor)
-        except StoreUnavailable as exc:
-            log.warning("event stream of %s: %s", thread_id, exc)
-            batch = []
-            yield ": the store is unavailable; retrying\n\n"
-            await asyncio.sleep(min(keepalive_s, 2.0))
-        for event in batch:
-            cursor = event.seq
-            yield sse_frame(event)
-        if batch:
-            quiet_since = time.monotonic()
-            if len(batch) >= EVENT_BATCH:
-                continue
-        elif time.monotonic() - quiet_since >= keepalive_s:
-            yield ": keepalive\n\n"
-            quiet_since = time.monotonic()
-        await asyncio.sleep(poll_interval_s)
 
 
 # -- for uvicorn and the CLI -------------------------------------------------------------------
@@ -697,4 +387,4 @@ def app_from_environment() -> FastAPI:
         raise
 
 
-__all__ = ["ApiError", "BodyLimit", "app_from_environment", "create_api", "sse_frame"]
+__all__ = ["app_from_environment", "create_api"]

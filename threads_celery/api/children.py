@@ -7,7 +7,7 @@ caller's tenant (a child thread belongs to its parent's), so another tenant's th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -17,6 +17,8 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from threads_celery.api.bodies import EFFECT_KEY_PATTERN, ID_PATTERN, MAX_SEQ, ErrorOut
+from threads_celery.api.errors import ApiError
+from threads_celery.api.events import last_event_seq, parse_cursor
 from threads_celery.api.tenancy import Caller, owned_thread
 
 if TYPE_CHECKING:
@@ -96,12 +98,9 @@ def add_agent_tool_routes(
     threads: Threads,
     *,
     caller_of: Callable[..., Caller],
-    stream: Any,
-    parse_cursor: Any,
-    last_event_seq: Any,
-    api_error: Any,
+    stream: Callable[[str, int], AsyncIterator[str]],
 ) -> None:
-    """Register the routes on the /v1 router (helpers come from :mod:`threads_celery.api.app`)."""
+    """Register the routes on the /v1 router; ``stream(thread_id, cursor)`` is the app's event stream."""
     # FastAPI's own type for extra OpenAPI responses.
     not_found: dict[int | str, dict[str, Any]] = {
         404: {"model": ErrorOut, "description": "No such thread, or no such run in its registry."}
@@ -110,7 +109,7 @@ def add_agent_tool_routes(
     def registry_row(thread_id: str, run_id: str) -> AgentToolRun:
         row = threads.inspect_agent_tool_run(run_id)
         if row is None or row.parent_thread_id != thread_id:
-            raise api_error(404, "not_found", f"thread {thread_id} has no agent-tool run {run_id}")
+            raise ApiError(404, "not_found", f"thread {thread_id} has no agent-tool run {run_id}")
         return row
 
     @router.get(
@@ -161,11 +160,11 @@ def add_agent_tool_routes(
         await run_in_threadpool(owned_thread, threads, caller, thread_id)
         row = await run_in_threadpool(registry_row, thread_id, run_id)
         if row.child_thread_id is None:
-            raise api_error(404, "not_found", f"agent-tool run {run_id} has no child thread yet")
+            raise ApiError(404, "not_found", f"agent-tool run {run_id} has no child thread yet")
         cursor = parse_cursor(last_event_id, after)
         last = await run_in_threadpool(last_event_seq, threads, row.child_thread_id)
         if cursor > last:
-            raise api_error(400, "cursor_out_of_range", f"cursor {cursor} is beyond the child's last event ({last})")
+            raise ApiError(400, "cursor_out_of_range", f"cursor {cursor} is beyond the child's last event ({last})")
         return StreamingResponse(
             stream(row.child_thread_id, cursor), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
