@@ -23,8 +23,8 @@ _EXPORTS = {
     "NotFound": "decisions.effects",
     "LookupUnknown": "decisions.effects",
     "Threads": "client.threads",
-    "agent_tool": "transitions.agent_tools",
-    "Detached": "transitions.agent_tools",
+    "agent_tool": "definitions.agent_tools",
+    "Detached": "definitions.agent_tools",
     "AgentToolFailure": "records",
     "AgentToolResult": "records",
     "Permissions": "decisions.permissions",
@@ -118,6 +118,7 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
     from threads_celery.decisions.effects import Found, LookupUnknown, NotFound, Reconcile
     from threads_celery.decisions.permissions import Permissions
     from threads_celery.decisions.usage import Limits, UsageLimits
+    from threads_celery.definitions.agent_tools import Detached, agent_tool
     from threads_celery.definitions.agents import Agent
     from threads_celery.definitions.context import ToolContext
     from threads_celery.definitions.hooks import Allow, Deny, HookCall, HookContext, HookResult, Modify, Stop
@@ -151,7 +152,6 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
     )
     from threads_celery.runtime.schedules import Schedule, crontab
     from threads_celery.settings import Settings
-    from threads_celery.transitions.agent_tools import Detached, agent_tool
 
 
 def __getattr__(name: str) -> Any:

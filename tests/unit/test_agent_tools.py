@@ -36,7 +36,7 @@ from threads_celery import Agent, ConfigError, Detached, Settings, Threads, agen
 from threads_celery.exceptions import UnknownAgent
 from threads_celery.records import AgentToolFailure, AgentToolResult, AgentToolRun
 from threads_celery.testing import ScriptedModel, call, say
-from threads_celery.transitions.agent_tools import DetachedHandle
+from threads_celery.definitions.agent_tools import DetachedHandle
 
 WAIT_S = 30.0
 

@@ -12,12 +12,12 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from threads_celery.definitions.agent_tools import Detached, DetachedHandle
 from threads_celery.definitions.agents import Agent
 from threads_celery.exceptions import ConfigError, RunTimeout, ThreadNotFound
 from threads_celery.records import AGENT_TOOL_HARD_TERMINAL, AgentToolFailure, AgentToolResult, AgentToolRun
 from threads_celery.telemetry.observability import emit
 from threads_celery.transitions import agent_tools, runs
-from threads_celery.transitions.agent_tools import Detached, DetachedHandle
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import AgentRegistry

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 from threads_celery.settings import Settings
 
 if TYPE_CHECKING:
+    from threads_celery.definitions.agent_tools import Detached, DetachedHandle
     from threads_celery.definitions.agents import Agent
     from threads_celery.runtime.files import ThreadFiles
     from threads_celery.runtime.sandbox import CodeResult
-    from threads_celery.transitions.agent_tools import Detached, DetachedHandle
 
 log = logging.getLogger("threads_celery.definitions.tools")
 
@@ -168,11 +168,11 @@ class ToolContext:
         """Start a child agent run in the background for this thread; returns its handle at once.
 
         ``child`` is an Agent (instance, class or registered name); ``detached`` is ``True`` or a
-        :class:`~threads_celery.transitions.agent_tools.Detached` (its ``on_finish`` names a method of this
+        :class:`~threads_celery.definitions.agent_tools.Detached` (its ``on_finish`` names a method of this
         run's agent). Detached only: a tool that waited on a child would hold its worker; expose
         the agent with ``agent_tool(...)`` to await it. Idempotent: without ``run_id`` the n-th
         child of this call is ``agent-tool:<effect_key>:<n>``, so a retried call re-attaches to
-        the runs it started. Returns a :class:`~threads_celery.transitions.agent_tools.DetachedHandle`.
+        the runs it started. Returns a :class:`~threads_celery.definitions.agent_tools.DetachedHandle`.
         """
         if self._start_child is None:
             from threads_celery.exceptions import ConfigError

@@ -13,11 +13,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from threads_celery.definitions.agent_tools import AgentToolInput, started_by_the_runtime
 from threads_celery.definitions.agents import Agent
 from threads_celery.definitions.tools import Tool, tool
 from threads_celery.exceptions import ConfigError
 from threads_celery.records import Message
-from threads_celery.transitions.agent_tools import AgentToolInput, _never_called
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ class Prompt(Agent):
             name=name or self.name.lower().replace("-", "_").replace(".", "_"),
             description=description or f"Run the {self.name} prompt.",
             input=input,
-            execute=_never_called,
+            execute=started_by_the_runtime,
             effect="read_only",
         )
         return replace(definition, child_agent=self, display_name=self.name, prompt_options=options)

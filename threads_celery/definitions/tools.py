@@ -55,7 +55,7 @@ class Tool:
     variables: tuple[Variable, ...] = ()
     queue: str | None = None
     _output_adapter: TypeAdapter[Any] | None = field(default=None, repr=False, compare=False)
-    #: Set for agent tools (see :func:`threads_celery.transitions.agent_tools.agent_tool`): the child agent.
+    #: Set for agent tools (see :func:`threads_celery.definitions.agent_tools.agent_tool`): the child agent.
     child_agent: Agent | None = field(default=None, repr=False, compare=False)
     display_name: str | None = None
     #: Set for prompt tools (see :mod:`threads_celery.definitions.prompts`): how the return is shaped.

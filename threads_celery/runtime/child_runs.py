@@ -11,17 +11,20 @@ import json
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from threads_celery.definitions.agent_tools import Detached, DetachedHandle
 from threads_celery.definitions.agents import Agent
+from threads_celery.definitions.prompts import child_message_for
 from threads_celery.definitions.tools import Tool
-from threads_celery.exceptions import AttachmentPathError, FenceLost
+from threads_celery.exceptions import AttachmentPathError, ConfigError, FenceLost
 from threads_celery.records import CallRow, Run
 from threads_celery.redaction import describe_exception
+from threads_celery.runtime.delivery import _settle_parent_call
 from threads_celery.runtime.files import ThreadFiles, copy_into_child
 from threads_celery.telemetry.observability import emit
+from threads_celery.transitions import agent_tools
 
 if TYPE_CHECKING:
     from threads_celery.runtime.machine import Runtime
-    from threads_celery.transitions.agent_tools import Detached, DetachedHandle
 
 
 def dispatch_child(
@@ -41,9 +44,6 @@ def dispatch_child(
     Prompt tools map their input to the child's first message; subagent messages name the
     child thread (the instance) to continue.
     """
-    from threads_celery.definitions.prompts import child_message_for
-    from threads_celery.transitions import agent_tools
-
     run_id = f"agent-tool:{call.effect_key}"
     if input_value is None:
         arguments = parsed.model_dump(mode="json")
@@ -99,8 +99,6 @@ def dispatch_child(
         if not started and row.is_terminal and row.status in row.delivered:
             # Refused (past the cap), or re-attached to a run whose finish was delivered
             # already: no delivery will come, so its result answers the call now.
-            from threads_celery.runtime.delivery import _settle_parent_call
-
             result = row.result()
             assert result is not None
             entries += _settle_parent_call(tx, row, result, now, self.registry)
@@ -127,11 +125,8 @@ def start_detached_child(
     display_name: str | None,
 ) -> DetachedHandle:
     """``ctx.run_agent_tool(...)``: start a detached child for the thread of the calling tool."""
-    from threads_celery.exceptions import ConfigError
-    from threads_celery.transitions import agent_tools
-
-    options = agent_tools.Detached() if detached is True else detached
-    if not isinstance(options, agent_tools.Detached):
+    options = Detached() if detached is True else detached
+    if not isinstance(options, Detached):
         raise ConfigError(
             "a tool starts child runs detached (detached=True or Detached(...)): waiting on one "
             "would hold this worker; expose the agent with agent_tool(...) to await it"
@@ -159,7 +154,7 @@ def start_detached_child(
         )
     self.publish(entries)
     refused = not started and row.status == "error"
-    return agent_tools.DetachedHandle(
+    return DetachedHandle(
         run_id=row.run_id,
         agent_type=row.agent_type,
         status="error" if refused else "running",

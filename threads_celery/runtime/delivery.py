@@ -14,6 +14,7 @@ import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from threads_celery.definitions.agent_tools import check_child_output
 from threads_celery.definitions.tools import Tool, render_result
 from threads_celery.records import (
     AGENT_TOOL_HARD_TERMINAL,
@@ -117,7 +118,7 @@ def finish_result(runtime: Runtime, row: AgentToolRun) -> AgentToolResult | Agen
         if schema_tool is None:
             return result
         # No structured output of its own: the child's final text is its output.
-        checked, error = agent_tools.check_child_output(schema_tool, row.agent_type, result.summary)
+        checked, error = check_child_output(schema_tool, row.agent_type, result.summary)
         if error is not None:
             return AgentToolFailure("error", error, retryable=False)
         return AgentToolResult(run_id=row.run_id, summary=result.summary, output=checked)
@@ -125,7 +126,7 @@ def finish_result(runtime: Runtime, row: AgentToolRun) -> AgentToolResult | Agen
     if output is None:
         return AgentToolFailure("error", "the agent tool run completed without an output", retryable=False)
     if schema_tool is not None:
-        output, error = agent_tools.check_child_output(schema_tool, row.agent_type, output)
+        output, error = check_child_output(schema_tool, row.agent_type, output)
         if error is not None:
             return AgentToolFailure("error", error, retryable=False)
     get_summary = getattr(child, "get_agent_tool_summary", None)

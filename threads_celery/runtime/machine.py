@@ -70,7 +70,7 @@ from threads_celery.transitions import runs
 from threads_celery.transitions.pending import wait_for_a_person
 
 if TYPE_CHECKING:
-    from threads_celery.transitions.agent_tools import Detached, DetachedHandle
+    from threads_celery.definitions.agent_tools import Detached, DetachedHandle
 
 log = logging.getLogger("threads_celery.runtime.machine")
 
