@@ -23,7 +23,7 @@ from threads_celery.cli.app import (
     resolve_spec,
     settings_from_env,
 )
-from threads_celery.exceptions import ConfigError, StoreUnavailable
+from threads_celery.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -213,7 +213,7 @@ def api(
 def _engine(database_url: str | None) -> Iterator[Engine]:
     from sqlalchemy.exc import OperationalError
 
-    from threads_celery.store.engine import safe_url
+    from threads_celery.store.availability import store_unavailable
     from threads_celery.worker.app import open_store
 
     url = database_url or settings_from_env().database_url or f"sqlite:///{DEFAULT_EMBEDDED_DB}"
@@ -221,8 +221,7 @@ def _engine(database_url: str | None) -> Iterator[Engine]:
     try:
         yield store.engine
     except OperationalError as exc:  # what a migration or a revision check meets when the server is away
-        first = (str(exc.orig).strip().splitlines() or [type(exc).__name__])[0]
-        raise StoreUnavailable(f"cannot reach the database at {safe_url(store.engine.url)}: {first}") from exc
+        raise store_unavailable(store.engine.url, exc) from exc
     finally:
         store.dispose()
 

@@ -25,7 +25,6 @@ from threads_celery.exceptions import (
     PayloadTooLarge,
     RunNotFound,
     RunTimeout,
-    StoreUnavailable,
     ThreadNotFound,
     UnknownAgent,
 )
@@ -41,6 +40,7 @@ from threads_celery.records import (
 )
 from threads_celery.settings import Settings
 from threads_celery.store import Store, Tx
+from threads_celery.store.availability import store_unavailable
 from threads_celery.store.engine import safe_url
 from threads_celery.store.storable import unstorable_reason
 from threads_celery.transitions import interventions, runs
@@ -606,10 +606,7 @@ def _raise_if_unreachable(store: Store, exc: Exception) -> None:
     from sqlalchemy.exc import OperationalError
 
     if isinstance(exc, OperationalError):
-        orig = getattr(exc, "orig", exc)
-        raise StoreUnavailable(
-            f"cannot reach the database at {safe_url(store.engine.url)}: {str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__}"
-        ) from exc
+        raise store_unavailable(store.engine.url, exc) from exc
 
 
 __all__ = ["Threads"]

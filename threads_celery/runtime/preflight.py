@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from threads_celery.exceptions import ConfigError, StoreUnavailable, ThreadsError
+from threads_celery.exceptions import ConfigError, ThreadsError
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import Agent
@@ -48,6 +48,7 @@ def check_database(store: Store) -> str:
     """The database's revision, once it answers and is at head; StoreUnavailable or ConfigError."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from threads_celery.store.availability import store_unavailable
     from threads_celery.store.engine import safe_url
     from threads_celery.store.migrate import current_revision, head_revision
 
@@ -55,8 +56,7 @@ def check_database(store: Store) -> str:
     try:
         current = current_revision(store.engine)
     except SQLAlchemyError as exc:
-        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__]
-        raise StoreUnavailable(f"cannot reach the database at {where}: {detail[0]}") from exc
+        raise store_unavailable(store.engine.url, exc) from exc
     head = head_revision()
     if current != head:
         raise ConfigError(

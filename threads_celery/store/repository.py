@@ -15,13 +15,11 @@ from typing import Any
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection, Engine, Row
-from sqlalchemy.exc import DBAPIError, OperationalError
 
-from threads_celery.exceptions import StoreUnavailable
 from threads_celery.records import DEFAULT_TENANT, CallRow, OutboxEntry, Run, Thread, ToolResult
 from threads_celery.store import statements
 from threads_celery.store.agent_tool_queries import AgentToolQueries
-from threads_celery.store.engine import safe_url
+from threads_celery.store.availability import unreachable_as_store_unavailable
 from threads_celery.store.grant_queries import GrantQueries
 from threads_celery.store.message_queries import MessageQueries
 from threads_celery.store.metrics_queries import MetricsQueries
@@ -43,15 +41,8 @@ class Store:
     @contextmanager
     def transaction(self) -> Iterator[Tx]:
         """One read-write transaction, committed on success and rolled back on error."""
-        try:
-            with self.engine.begin() as conn:
-                yield Tx(conn, self)
-        except OperationalError as exc:
-            if _is_connection_error(exc):
-                raise StoreUnavailable(
-                    f"cannot reach the database at {safe_url(self.engine.url)}: {_first_line(exc)}"
-                ) from exc
-            raise
+        with unreachable_as_store_unavailable(self.engine.url), self.engine.begin() as conn:
+            yield Tx(conn, self)
 
     @contextmanager
     def read(self) -> Iterator[Tx]:
@@ -62,33 +53,19 @@ class Store:
         the BEGIN and ROLLBACK round trips. On SQLite, a deferred transaction, so readers do
         not queue on writers.
         """
-        try:
-            with self.engine.connect() as conn:
-                if self.dialect == "postgresql":
-                    conn.execution_options(isolation_level="AUTOCOMMIT")
-                else:
-                    conn.execution_options(threads_readonly=True)
-                yield Tx(conn, self)
-        except OperationalError as exc:
-            if _is_connection_error(exc):
-                raise StoreUnavailable(
-                    f"cannot reach the database at {safe_url(self.engine.url)}: {_first_line(exc)}"
-                ) from exc
-            raise
+        with unreachable_as_store_unavailable(self.engine.url), self.engine.connect() as conn:
+            if self.dialect == "postgresql":
+                conn.execution_options(isolation_level="AUTOCOMMIT")
+            else:
+                conn.execution_options(threads_readonly=True)
+            yield Tx(conn, self)
 
     @contextmanager
     def autocommit(self) -> Iterator[Tx]:
         """A connection whose every statement commits on its own (PostgreSQL's one-statement paths)."""
-        try:
-            with self.engine.connect() as conn:
-                conn.execution_options(isolation_level="AUTOCOMMIT")
-                yield Tx(conn, self)
-        except OperationalError as exc:
-            if _is_connection_error(exc):
-                raise StoreUnavailable(
-                    f"cannot reach the database at {safe_url(self.engine.url)}: {_first_line(exc)}"
-                ) from exc
-            raise
+        with unreachable_as_store_unavailable(self.engine.url), self.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield Tx(conn, self)
 
     def ping(self) -> None:
         """Raise StoreUnavailable unless the database answers."""
@@ -97,30 +74,6 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
-
-
-#: SQLSTATE classes that mean "the server is not there for now": connection exceptions (08),
-#: operator intervention such as a shutdown or a restart in progress (57), too many
-#: connections or out of resources (53).
-UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
-
-
-def _is_connection_error(exc: DBAPIError) -> bool:
-    """Whether ``exc`` means the store is unreachable (try again), not that a query is wrong."""
-    if exc.connection_invalidated:
-        return True
-    sqlstate = getattr(exc.orig, "sqlstate", None)
-    if isinstance(sqlstate, str) and sqlstate[:2] in UNAVAILABLE_SQLSTATE_CLASSES:
-        return True
-    text = str(exc.orig).lower() if exc.orig is not None else ""
-    return any(
-        marker in text for marker in ("connection", "could not connect", "server closed", "terminating", "timeout")
-    )
-
-
-def _first_line(exc: BaseException) -> str:
-    orig = getattr(exc, "orig", None) or exc
-    return (str(orig).strip().splitlines() or [type(orig).__name__])[0]
 
 
 def args_digest(args: str) -> str:
