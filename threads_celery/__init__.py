@@ -37,7 +37,7 @@ _EXPORTS = {
     "Stop": "definitions.hooks",
     "Variable": "definitions.variables",
     "Prompt": "definitions.prompts",
-    "SubagentRelationship": "definitions.subagents",
+    "SubagentRelationship": "definitions.agents",
     "Settings": "settings",
     "Message": "records",
     "ToolCall": "records",
@@ -119,13 +119,12 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
     from threads_celery.decisions.permissions import Permissions
     from threads_celery.decisions.usage import Limits, UsageLimits
     from threads_celery.definitions.agent_tools import Detached, agent_tool
-    from threads_celery.definitions.agents import Agent
+    from threads_celery.definitions.agents import Agent, SubagentRelationship
     from threads_celery.definitions.context import ToolContext
     from threads_celery.definitions.hooks import Allow, Deny, HookCall, HookContext, HookResult, Modify, Stop
     from threads_celery.definitions.mcp_servers import MCPServer
     from threads_celery.definitions.prompts import Prompt
     from threads_celery.definitions.pydantic_ai_adapter import from_pydantic_ai
-    from threads_celery.definitions.subagents import SubagentRelationship
     from threads_celery.definitions.tools import Tool, tool
     from threads_celery.definitions.variables import Variable
     from threads_celery.exceptions import (

@@ -29,11 +29,10 @@ from threads_celery.definitions.hooks import (
     Modify,
     Stop,
     Verdict,
-    call_with_limit,
     check_answer,
     combine,
-    implementers,
 )
+from threads_celery.runtime.hooks import call_with_limit, implementers
 from threads_celery.testing import ScriptedModel, call, say
 
 WAIT_S = 30.0
@@ -482,7 +481,7 @@ def test_a_hanging_observing_hook_is_cut_at_its_limit_and_the_run_goes_on(
     release = threading.Event()
     weather = Weather()
     try:
-        with caplog.at_level("WARNING", logger="threads_celery.definitions.hooks"):
+        with caplog.at_level("WARNING", logger="threads_celery.runtime.hooks"):
             run, [result] = _run(threads, HangingObserver(weather, release))
             # The hook runs after the result is recorded, so the run may end before it is cut.
             eventually(
@@ -499,7 +498,7 @@ def test_a_failing_observing_hook_is_logged_and_ignored(
 ) -> None:
     weather = Weather()
     observer = Observer(weather, fail=True)
-    with caplog.at_level("WARNING", logger="threads_celery.definitions.hooks"):
+    with caplog.at_level("WARNING", logger="threads_celery.runtime.hooks"):
         run, [result] = _run(threads, observer)
         eventually(lambda: "observer broke again" in caplog.text, what="the on_stop failure logged")
     assert run.status == "completed" and result.tool_result.content == "sunny in Oslo"

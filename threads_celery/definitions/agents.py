@@ -4,6 +4,15 @@ An agent is code (instructions, a model, tools) that must exist in every worker 
 store only ever holds its name and a fingerprint of its configuration. A thread is pinned to that
 fingerprint: changing an agent's tools or settings under a live thread is a ConfigError, because a
 config change starts a new thread.
+
+Subagents are child agents an owning agent creates and talks to across turns. Relationships are
+declared on the owning agent (``Agent(subagents=[SubagentRelationship(...)])``), never as tool
+configuration. For each agent with non-hidden relationships three lifecycle tools are added to
+what its model sees: ``subagents`` (list this thread's instances), ``subagent_create`` (start an
+instance with a first message and await its reply) and ``subagent_message`` (send an instance
+another message and await the reply). An instance is a child thread: durable, and resumable
+after any crash, because each exchange is an agent-tool run on that thread (the runtime carries
+the calls out: :mod:`threads_celery.runtime.subagents`).
 """
 
 from __future__ import annotations
@@ -16,11 +25,18 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pydantic import BaseModel, Field
+
 from threads_celery.decisions.backbone import check_queue_name
+from threads_celery.decisions.permissions import Permissions
 from threads_celery.decisions.usage import UsageLimits
-from threads_celery.definitions.tools import Tool
+from threads_celery.definitions.hooks import HOOK_POINTS
+from threads_celery.definitions.mcp_servers import mcp_tools
+from threads_celery.definitions.tools import RESERVED_TOOL_NAMES, Tool, tool
+from threads_celery.definitions.variables import declared
 from threads_celery.exceptions import ConfigError, UnknownAgent
 
 if TYPE_CHECKING:
@@ -111,13 +127,9 @@ class Agent:
             self.hook_timeout_s = hook_timeout_s
         self.mcp_servers = tuple(mcp_servers if mcp_servers is not None else type(self).mcp_servers)
         if self.mcp_servers:
-            from threads_celery.definitions.mcp_servers import mcp_tools
-
             # Listed now, so the servers' tools are pinned in the config fingerprint.
             self.tools = (*self.tools, *mcp_tools(self.name, self.mcp_servers))
         self._validate()
-        from threads_celery.definitions.subagents import lifecycle_tools
-
         #: What the model sees: the agent's tools plus the injected subagent lifecycle tools.
         self.runtime_tools: tuple[Tool, ...] = (*self.tools, *lifecycle_tools(list(self.subagents)))
         self._tools_by_name = {t.name: t for t in self.runtime_tools}
@@ -137,8 +149,6 @@ class Agent:
         refused = check_queue_name(f"agent {self.name!r}", self.queue)
         if refused is not None:
             raise ConfigError(refused)
-        from threads_celery.definitions.subagents import SubagentRelationship
-
         for relationship in self.subagents:
             if not isinstance(relationship, SubagentRelationship):
                 raise ConfigError(f"agent {self.name!r}: subagents must be SubagentRelationship(...) values")
@@ -154,8 +164,6 @@ class Agent:
             if t.name in seen:
                 raise ConfigError(f"agent {self.name!r}: two tools are named {t.name!r}")
             seen.add(t.name)
-        from threads_celery.decisions.permissions import Permissions
-
         if self.permissions is None:
             self.permissions = Permissions()
         elif not isinstance(self.permissions, Permissions):
@@ -166,8 +174,6 @@ class Agent:
         self._validate_hooks()
 
     def _validate_hooks(self) -> None:
-        from threads_celery.definitions.hooks import HOOK_POINTS
-
         timeout = self.hook_timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
             raise ConfigError(
@@ -246,8 +252,6 @@ class Agent:
 
     def declared_variables(self, *, tree: bool = False) -> dict[str, Any]:
         """Variables declared by this agent and its tools (and with ``tree``, its child agents')."""
-        from threads_celery.definitions.variables import declared
-
         found = list(self.variables)
         for t in self.tools:
             found.extend(t.variables)
@@ -272,6 +276,74 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} tools={[t.name for t in self.tools]}>"
+
+
+# -- subagents: relationships and the lifecycle tools they add -------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentRelationship:
+    """The owning agent may create instances of ``agent`` under ``name``."""
+
+    name: str
+    agent: Agent
+    description: str = ""
+    hidden: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.agent, Agent):
+            agent = self.agent() if isinstance(self.agent, type) and issubclass(self.agent, Agent) else None
+            if agent is None:
+                raise ConfigError(f"subagent {self.name!r}: agent must be an Agent")
+            object.__setattr__(self, "agent", agent)
+        if not self.name or not isinstance(self.name, str):
+            raise ConfigError("a subagent relationship needs a name")
+        if self.name in RESERVED_TOOL_NAMES:
+            raise ConfigError(f"subagent relationship name {self.name!r} is reserved")
+
+
+class ListIn(BaseModel):
+    pass
+
+
+class CreateIn(BaseModel):
+    subagent: str = Field(description="Which kind of subagent to create (a relationship name).")
+    message: str = Field(description="The first message for the new instance.")
+
+
+class MessageIn(BaseModel):
+    instance_id: str = Field(description="The instance to talk to (from subagents or subagent_create).")
+    message: str = Field(description="What to tell it.")
+
+
+def lifecycle_tools(relationships: list[SubagentRelationship]) -> list[Tool]:
+    """The tools injected for an agent's non-hidden relationships (none if there are none)."""
+    visible = [r for r in relationships if not r.hidden]
+    if not visible:
+        return []
+    kinds = "; ".join(f"{r.name}: {r.description or r.agent.name}" for r in visible)
+
+    def definition(name: str, description: str, model: type[BaseModel], op: str) -> Tool:
+        built = tool(
+            name="x_" + name,
+            description=description,
+            input=model,
+            execute=_carried_out_by_the_runtime,
+            effect="read_only",
+        )
+        return replace(built, name=name, subagent_op=op)
+
+    return [
+        definition("subagents", "List the subagent instances of this conversation.", ListIn, "list"),
+        definition(
+            "subagent_create", f"Create a subagent instance and get its reply. Kinds: {kinds}", CreateIn, "create"
+        ),
+        definition("subagent_message", "Send a subagent instance a message and get its reply.", MessageIn, "message"),
+    ]
+
+
+def _carried_out_by_the_runtime(inp: Any, ctx: Any) -> Any:
+    raise RuntimeError("subagent tools are dispatched by the runtime")
 
 
 class AgentRegistry:

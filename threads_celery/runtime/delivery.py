@@ -23,6 +23,7 @@ from threads_celery.records import (
     AgentToolRun,
     OutboxEntry,
 )
+from threads_celery.runtime.hooks import observe
 from threads_celery.telemetry.observability import emit
 from threads_celery.transitions import agent_tools, runs
 
@@ -179,8 +180,6 @@ def _fire_hooks(
         hook = getattr(parent, "on_agent_tool_finish", None)
         if callable(hook):
             hook(row, result)
-        from threads_celery.definitions.hooks import observe
-
         observe(parent, "after_subagent", (row, result))
     if not row.detached:
         return entries

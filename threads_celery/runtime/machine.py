@@ -41,9 +41,9 @@ from threads_celery.decisions.permissions import Allow as PermissionAllow
 from threads_celery.decisions.permissions import Ask, Deny
 from threads_celery.decisions.provider_limits import provider_of
 from threads_celery.decisions.usage import LIMIT_REASON, limit_reached
-from threads_celery.definitions import hooks
 from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.context import ToolContext
+from threads_celery.definitions.hooks import Stop
 from threads_celery.definitions.tools import Tool, ToolArgumentsError, ToolOutputError, render_result, shorten_for_model
 from threads_celery.definitions.variables import ThreadEnv, declared
 from threads_celery.exceptions import ConfigError, EffectUnknown, FenceLost, StoreUnavailable, UnknownAgent
@@ -56,7 +56,7 @@ from threads_celery.redaction import (
     redacting,
     secrets_active,
 )
-from threads_celery.runtime import batches, child_runs, models, provider_retry
+from threads_celery.runtime import batches, child_runs, hooks, models, provider_retry, subagents
 from threads_celery.runtime.history import HistoryCache
 from threads_celery.runtime.leases import LeaseKeeper
 from threads_celery.runtime.permission_checks import check_call
@@ -307,7 +307,7 @@ class Runtime:
                 outcome = "completed"
         self.publish(entries)
         if outcome == "completed":
-            hooks.observe_stop(agent, run, step, hooks.Stop("completed", output=turn.text))
+            hooks.observe_stop(agent, run, step, Stop("completed", output=turn.text))
         return outcome
 
     def _record_usage(self, tx: Tx, run: Run, step: int, agent: Agent, turn: models.ModelTurn, now: datetime) -> None:
@@ -358,7 +358,7 @@ class Runtime:
             entries = runs.finish(tx, run, fence=fence, status=status, now=self.clock(), output=output, error=error)
         self.publish(entries)
         if run.agent in self.registry:
-            hooks.observe_stop(self.registry.get(run.agent), run, run.step, hooks.Stop(status, output, error))
+            hooks.observe_stop(self.registry.get(run.agent), run, run.step, Stop(status, output, error))
 
     def _extend_run_lease(self, run_id: str, fence: int, lease: timedelta) -> bool:
         with self.store.transaction() as tx:
@@ -422,9 +422,7 @@ class Runtime:
             return gated
         call, parsed = gated.call, gated.parsed
         if tool.subagent_op is not None:
-            from threads_celery.definitions.subagents import subagent_call
-
-            return subagent_call(self, run, call, agent, tool, parsed, now)
+            return subagents.subagent_call(self, run, call, agent, tool, parsed, now)
         if tool.child_agent is not None:
             return self._dispatch_child(run, call, tool, parsed, now)
         permission = check_call(self.store, self.registry, run, agent, tool, call)
@@ -511,7 +509,7 @@ class Runtime:
             outcome = self._commit_executed(run, fence, call, tool, content, is_error=is_error, own_outbox=read_only)
         hooks.observe_result(agent, gated, content, is_error)
         if outcome.startswith("ended the turn"):
-            hooks.observe_stop(agent, run, call.step, hooks.Stop("completed"))
+            hooks.observe_stop(agent, run, call.step, Stop("completed"))
         return outcome
 
     def _claim_still_held(self, claim_started: float, renew: Callable[[], bool]) -> bool:
