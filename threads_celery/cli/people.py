@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
-from threads_celery.cli.app import (
+from threads_celery.cli.common import (
     EXIT_OK,
     EmbeddedDb,
     JsonFlag,
     UsageError,
-    app,
     embedded_db_missing,
     err,
     friendly_errors,
@@ -35,9 +34,9 @@ from threads_celery.cli.app import (
     principal_of_this_user,
     resolve_spec,
     settings_from_env,
-    watch_to_end,
 )
 from threads_celery.cli.live import STATUS_STYLES, RunView, format_args, shorten
+from threads_celery.cli.run import watch_to_end
 from threads_celery.exceptions import CallNotFound
 
 if TYPE_CHECKING:
@@ -69,7 +68,6 @@ def pending_to_json(call: PendingCall) -> dict[str, Any]:
     return data
 
 
-@app.command()
 @friendly_errors
 def parked(
     run: Annotated[str | None, typer.Option("--run", help="Only calls of this run.")] = None,
@@ -139,7 +137,6 @@ def parked(
     )
 
 
-@app.command()
 @friendly_errors
 def approve(
     effect_key: Annotated[
@@ -189,7 +186,6 @@ def approve(
     raise typer.Exit(_decide(effect_key, act, agent_spec=agent, db=db, timeout=timeout))
 
 
-@app.command()
 @friendly_errors
 def deny(
     effect_key: Annotated[
@@ -232,7 +228,6 @@ def deny(
     raise typer.Exit(_decide(effect_key, act, agent_spec=agent, db=db, timeout=timeout))
 
 
-@app.command()
 @friendly_errors
 def resolve(
     effect_key: Annotated[

@@ -13,13 +13,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from threads_celery.cli.app import (
+from threads_celery.cli.common import (
     EmbeddedDb,
     JsonFlag,
     UsageError,
     agent_tool_run_to_json,
     agent_tool_runs_of,
-    app,
     embedded_db_missing,
     friendly_errors,
     jsonable,
@@ -42,7 +41,6 @@ runs_app = typer.Typer(
     ),
     no_args_is_help=True,
 )
-app.add_typer(runs_app, name="runs")
 
 
 @runs_app.command("list")
@@ -212,7 +210,6 @@ def event_to_json(event: Event) -> dict[str, Any]:
     }
 
 
-@app.command()
 @friendly_errors
 def events(
     thread_id: Annotated[str, typer.Argument(metavar="THREAD_ID", show_default=False)],
@@ -288,7 +285,6 @@ def runs_allow_usage(
     out.print(f"✓ {run.id} goes on ({run.status}), allowed by {principal}")
 
 
-@app.command("usage")
 @friendly_errors
 def usage_command(
     run: Annotated[str | None, typer.Option("--run", help="One run's usage.")] = None,

@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from threads_celery.cli.app import (
+from threads_celery.cli.common import (
     DEFAULT_EMBEDDED_DB,
     UsageError,
-    app,
     err,
     friendly_errors,
     out,
@@ -34,7 +33,6 @@ db_app = typer.Typer(
     help="Database migrations.\n\n\b\n  threads-celery db upgrade --database-url postgresql://app@db/threads\n  threads-celery db current",
     no_args_is_help=True,
 )
-app.add_typer(db_app, name="db")
 
 
 class Pool(str, Enum):
@@ -49,7 +47,6 @@ class Pool(str, Enum):
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@app.command(context_settings=PASS_THROUGH)
 @friendly_errors
 def worker(
     ctx: typer.Context,
@@ -115,7 +112,6 @@ def _preflight(celery_app: ThreadsCelery, service: str) -> None:
     err.print(f"agents: {', '.join(ready.agents) or 'none'}", style="dim")
 
 
-@app.command(context_settings=PASS_THROUGH)
 @friendly_errors
 def beat(
     ctx: typer.Context,
@@ -151,7 +147,6 @@ def beat(
 # -- flower ------------------------------------------------------------------------------------
 
 
-@app.command()
 @friendly_errors
 def flower(
     address: Annotated[
@@ -180,7 +175,6 @@ def flower(
 # -- api ---------------------------------------------------------------------------------------
 
 
-@app.command()
 @friendly_errors
 def api(
     host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0 in a container).")] = "127.0.0.1",
