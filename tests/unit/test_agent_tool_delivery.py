@@ -31,20 +31,16 @@ from tests.support.agent_tool_agents import (
     quick_child,
     unique,
 )
-from threads_celery import ConfigError, Detached, Settings, Threads, agent_tool
+from threads_celery import ConfigError, Detached, Threads, agent_tool
 from threads_celery.records import AgentToolFailure, AgentToolResult
 from threads_celery.runtime.machine import Runtime
 from threads_celery.store.schema import agent_tool_runs
 from threads_celery.testing import call, say
 from threads_celery.transitions import agent_tools, runs
 
+pytestmark = pytest.mark.embedded(concurrency=4)
+
 WAIT_S = 30.0
-
-
-@pytest.fixture(scope="module")
-def threads() -> Iterator[Threads]:
-    with Threads.embedded(settings=Settings(model_retries=0), concurrency=4) as runtime:
-        yield runtime
 
 
 @pytest.fixture

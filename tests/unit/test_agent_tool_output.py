@@ -8,14 +8,13 @@ JSON) is validated against the schema; output that fails reaches the parent as a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from tests.support.agent_tool_agents import RecordingParent, unique
-from threads_celery import Agent, ConfigError, Settings, Threads, agent_tool
+from threads_celery import Agent, ConfigError, Threads, agent_tool
 from threads_celery.testing import ScriptedModel, call, say
 from threads_celery.definitions.agent_tools import check_child_output
 
@@ -78,12 +77,6 @@ def test_an_output_pydantic_cannot_validate_is_a_config_error_naming_the_tool() 
 
 
 # -- on the embedded runtime -------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def threads() -> Iterator[Threads]:
-    with Threads.embedded(settings=Settings(model_retries=0), concurrency=2) as runtime:
-        yield runtime
 
 
 def _run_parent(threads: Threads, child: Agent) -> tuple[Any, Any]:

@@ -32,20 +32,16 @@ from tests.support.agent_tool_agents import (
     runs_of,
     unique,
 )
-from threads_celery import Agent, ConfigError, Detached, Settings, Threads, agent_tool
+from threads_celery import Agent, ConfigError, Detached, Threads, agent_tool
 from threads_celery.exceptions import UnknownAgent
 from threads_celery.records import AgentToolFailure, AgentToolResult, AgentToolRun
 from threads_celery.testing import ScriptedModel, call, say
 from threads_celery.definitions.agent_tools import DetachedHandle
 
+# Four worker threads: a test may hold one or two in a gate while delivery still runs.
+pytestmark = pytest.mark.embedded(concurrency=4)
+
 WAIT_S = 30.0
-
-
-@pytest.fixture(scope="module")
-def threads() -> Iterator[Threads]:
-    # Four worker threads: a test may hold one or two in a gate while delivery still runs.
-    with Threads.embedded(settings=Settings(model_retries=0), concurrency=4) as runtime:
-        yield runtime
 
 
 @pytest.fixture

@@ -7,13 +7,12 @@ as after a crash mid-call. Embedded runtime (SQLite and the in-process worker).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
-from threads_celery import Agent, EffectUnknown, Settings, Threads, tool
+from threads_celery import Agent, EffectUnknown, Threads, tool
 from threads_celery.decisions.permissions import Permissions
 from threads_celery.testing import ScriptedModel, call, say
 
@@ -23,12 +22,6 @@ _names = itertools.count()
 
 class NoInput(BaseModel):
     pass
-
-
-@pytest.fixture(scope="module")
-def threads() -> Iterator[Threads]:
-    with Threads.embedded(settings=Settings(model_retries=0)) as runtime:
-        yield runtime
 
 
 def _agent_with_failing_tool(effect: str, calls: list[str]) -> Agent:

@@ -30,12 +30,6 @@ WAIT_S = 30.0
 _names = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def threads() -> Iterator[Threads]:
-    with Threads.embedded(settings=Settings(model_retries=0)) as runtime:
-        yield runtime
-
-
 class Gate:
     """A tool that blocks until the test opens the gate, and tells the test when it is inside."""
 

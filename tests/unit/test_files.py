@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -225,14 +225,9 @@ class Note(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def files_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("files")
-
-
-@pytest.fixture(scope="module")
-def threads(files_root: Path) -> Iterator[Threads]:
-    with Threads.embedded(settings=Settings(model_retries=0, files_root=str(files_root))) as runtime:
-        yield runtime
+def files_root(threads: Threads) -> Path:
+    """The module's runtime keeps thread files in a temporary folder of its own."""
+    return Path(threads.settings.files_root)
 
 
 def last_user_text(messages: list[Any]) -> str:

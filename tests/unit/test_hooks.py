@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from tests.support.agent_tool_agents import eventually, unique
-from threads_celery import Agent, ConfigError, Settings, Threads, agent_tool, tool
+from threads_celery import Agent, ConfigError, Threads, agent_tool, tool
 from threads_celery.definitions.hooks import (
     Allow,
     Deny,
@@ -34,6 +33,8 @@ from threads_celery.definitions.hooks import (
 )
 from threads_celery.runtime.hooks import call_with_limit, implementers
 from threads_celery.testing import ScriptedModel, call, say
+
+pytestmark = pytest.mark.embedded(concurrency=3)
 
 WAIT_S = 30.0
 ARGS = {"city": "Paris"}
@@ -153,12 +154,6 @@ def test_a_hooks_entry_with_no_hook_method_is_a_config_error() -> None:
 
 
 # -- on the embedded runtime ---------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def threads() -> Iterator[Threads]:
-    with Threads.embedded(settings=Settings(model_retries=0), concurrency=3) as runtime:
-        yield runtime
 
 
 class Weather:

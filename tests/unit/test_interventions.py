@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 from pydantic import BaseModel
@@ -44,10 +44,9 @@ def mailer(name: str, permissions: Permissions | None = None) -> Agent:
 
 
 @pytest.fixture
-def threads() -> Iterator[Threads]:
+def threads(embedded_threads: Callable[..., Threads]) -> Threads:
     SENT.clear()
-    with Threads.embedded() as t:
-        yield t
+    return embedded_threads()
 
 
 def _awaiting(threads: Threads, agent: Agent) -> tuple[str, str]:

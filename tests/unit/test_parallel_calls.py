@@ -11,7 +11,6 @@ The crash case (a worker SIGKILLed mid-group) is in ``tests/chaos/test_parallel_
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,6 +27,8 @@ from threads_celery.runtime.batches import (
     slot_successor,
 )
 from threads_celery.testing import ScriptedModel, calls, say
+
+pytestmark = pytest.mark.embedded(concurrency=5)
 
 WAIT_S = 30.0
 
@@ -155,12 +156,6 @@ def test_the_in_flight_limit_comes_from_the_environment() -> None:
 
 
 # -- on the embedded runtime -------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def threads() -> Iterator[Threads]:
-    with Threads.embedded(settings=Settings(model_retries=0), concurrency=5) as runtime:
-        yield runtime
 
 
 def _agent(tools: list[Any], args: list[tuple[str, dict[str, Any]]]) -> Agent:

@@ -6,17 +6,18 @@ pending approval shown at its parent and answered there.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from tests.support.agent_tool_agents import eventually, unique
-from threads_celery import Agent, Settings, Threads, agent_tool, tool
+from threads_celery import Agent, Threads, agent_tool, tool
 from threads_celery.decisions.permissions import Permissions
 from threads_celery.exceptions import RunNotFound
 from threads_celery.testing import ScriptedModel, call, say
+
+pytestmark = pytest.mark.embedded(concurrency=3)
 
 WAIT_S = 30.0
 
@@ -53,12 +54,6 @@ class Ledger:
             ),
             tool(name="send_note", description="Send (unguarded).", input=NoteIn, execute=self._record("send_note")),
         ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def threads() -> Iterator[Threads]:
-    with Threads.embedded(settings=Settings(model_retries=0), concurrency=3) as runtime:
-        yield runtime
 
 
 def _agent(

@@ -29,19 +29,15 @@ from tests.support.agent_tool_agents import (
     idle_parent,
     unique,
 )
-from threads_celery import Agent, Detached, Settings, Threads, tool
+from threads_celery import Agent, Detached, Threads, tool
 from threads_celery.definitions.context import ToolContext
 from threads_celery.runtime import progress
 from threads_celery.runtime.progress import ProgressReporter
 from threads_celery.testing import ScriptedModel, call, say
 
+pytestmark = pytest.mark.embedded(concurrency=4)
+
 WAIT_S = 30.0
-
-
-@pytest.fixture(scope="module")
-def threads() -> Iterator[Threads]:
-    with Threads.embedded(settings=Settings(model_retries=0), concurrency=4) as runtime:
-        yield runtime
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ tests/integration/test_adapters_worker.py.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,16 +16,10 @@ from pydantic_ai.models.test import TestModel
 from pydantic_ai.toolsets import FunctionToolset
 
 from tests.support import pydantic_ai_agents as pai
-from threads_celery import Agent, ConfigError, Settings, Threads, from_pydantic_ai
+from threads_celery import Agent, ConfigError, Threads, from_pydantic_ai
 from threads_celery.definitions.pydantic_ai_adapter import PydanticAIAgent, factory_reference
 
 WAIT_S = 30.0
-
-
-@pytest.fixture(scope="module")
-def threads() -> Iterator[Threads]:
-    with Threads.embedded(settings=Settings(model_retries=0)) as runtime:
-        yield runtime
 
 
 def test_the_adapter_returns_an_agent_with_the_tools_and_their_stated_effects() -> None:

@@ -392,12 +392,6 @@ def test_a_schedule_name_declared_twice_differently_is_refused(tmp_path: Path, m
 # -- the scheduled_run task on the embedded runtime -------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def threads() -> Iterator[Threads]:
-    with Threads.embedded(settings=Settings(model_retries=0)) as runtime:
-        yield runtime
-
-
 def unique(base: str) -> str:
     return f"{base}-{next(_names)}"
 
