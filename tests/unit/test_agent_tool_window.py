@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 from pydantic import BaseModel
 from sqlalchemy import update
 
+from tests.support.waiting import eventually
 from threads_celery import Agent, Permissions, Threads, agent_tool, tool
 from threads_celery.store.schema import agent_tool_runs
 from threads_celery.testing import ScriptedModel, call, say
@@ -38,10 +38,7 @@ def test_an_awaited_child_past_the_maximum_window_is_sealed_window_exceeded_and_
     GATE.clear()
     with Threads.embedded() as threads:
         handle = threads.start(Parent(), "go")
-        deadline = time.monotonic() + 10
-        while not threads.agent_tool_runs(handle.thread_id):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        eventually(lambda: threads.agent_tool_runs(handle.thread_id), timeout=10, what="the child run in the registry")
         [row] = threads.agent_tool_runs(handle.thread_id)
         with threads.store.transaction() as tx:  # the window has passed
             tx.conn.execute(update(agent_tool_runs).values(check_at=utcnow() - timedelta(seconds=1), started_at=utcnow() - timedelta(minutes=5)))

@@ -19,10 +19,10 @@ from pydantic import ValidationError
 
 from threads_celery.api.app import create_api
 from threads_celery.api.auth import auth_from_env, tokens_from_env
+from threads_celery.api.bodies import Approve, Deny, Resolve, StartRun
 from threads_celery.api.body_limit import max_body_from_env
 from threads_celery.api.errors import ERROR_STATUS, ApiError
 from threads_celery.api.events import parse_cursor, sse_frame
-from threads_celery.api.bodies import Approve, Deny, Resolve, StartRun
 from threads_celery.api.tenancy import parse_token_entry
 from threads_celery.exceptions import (
     BrokerUnavailable,

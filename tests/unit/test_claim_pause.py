@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from sqlalchemy import update
 
 import threads_celery.runtime.machine as runtime_module
+from tests.support.waiting import eventually
 from threads_celery import Agent, NotFound, Reconcile, Threads, tool
 from threads_celery.decisions.permissions import Permissions
 from threads_celery.store.schema import runs, tool_calls
@@ -59,10 +60,9 @@ def _agent(effect_tool: Any) -> Agent:
 
 
 @pytest.fixture
-def threads() -> Iterator[Threads]:
+def threads(embedded_threads: Callable[..., Threads]) -> Threads:
     EFFECTS.clear()
-    with Threads.embedded(reconcile_interval=None, concurrency=1) as t:
-        yield t
+    return embedded_threads(reconcile_interval=None, concurrency=1)
 
 
 def _pause_after_the_first_claim(
@@ -125,10 +125,12 @@ def test_an_unguarded_call_paused_after_its_claim_never_acts(
     )
     _pause_after_the_first_claim(threads, monkeypatch)
     handle = threads.start(_agent(unguarded), "send 5")
-    deadline = time.monotonic() + 30
-    while threads.get_run(handle.run_id).status != "parked":
-        assert time.monotonic() < deadline, "the run did not park"
-        time.sleep(0.02)
+    eventually(
+        lambda: threads.get_run(handle.run_id).status == "parked",
+        timeout=30,
+        what="the run parking",
+        detail=lambda: threads.get_run(handle.run_id).status,
+    )
     # The backbone parked it for a person (it may have acted); the paused worker never did.
     assert EFFECTS == []
     assert [p.effect_key for p in threads.parked()] == [f"{handle.run_id}:0:0"]

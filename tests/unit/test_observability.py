@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import delete, update
 
+from tests.support.waiting import eventually
 from threads_celery import Agent, Detached, Threads
 from threads_celery.store.schema import agent_tool_runs, runs
 from threads_celery.telemetry.observability import ObservedEvent, subscribe
@@ -18,13 +18,6 @@ child = Agent(name="quick", instructions="x", model=ScriptedModel([say("done")],
 parent = Agent(name="host", instructions="x", model=ScriptedModel([say("hi")], per="run"))
 
 
-def _eventually(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-
-
 def test_dispatch_delivery_and_cancel_are_published_to_subscribers() -> None:
     seen: list[ObservedEvent] = []
     unsubscribe = subscribe("agent_tool", seen.append)
@@ -33,7 +26,7 @@ def test_dispatch_delivery_and_cancel_are_published_to_subscribers() -> None:
             thread_id = threads.wait(threads.start(parent, "hello").run_id, 20).thread_id
             result = threads.run_agent_tool(thread_id, child, "go", run_id="obs-1")
             assert result.summary == "done"
-            _eventually(lambda: any(e.type == "agent_tool:delivered" for e in seen))
+            eventually(lambda: any(e.type == "agent_tool:delivered" for e in seen), timeout=10, what="the delivery event")
             handle = threads.run_agent_tool(thread_id, child, "go", detached=Detached(), run_id="obs-2")
             threads.cancel_agent_tool(handle.run_id)
     finally:
@@ -66,7 +59,11 @@ def test_a_silent_child_whose_record_is_gone_is_sealed_not_tailable() -> None:
         with Threads.embedded(reconcile_interval=None) as threads:
             thread_id = threads.wait(threads.start(parent, "hello").run_id, 20).thread_id
             handle = threads.run_agent_tool(thread_id, child, "go", detached=Detached(), run_id="obs-3")
-            _eventually(lambda: threads.inspect_agent_tool_run(handle.run_id).status == "completed")
+            eventually(
+                lambda: threads.inspect_agent_tool_run(handle.run_id).status == "completed",
+                timeout=10,
+                what="the child run completing",
+            )
             past = utcnow() - timedelta(hours=2)
             with threads.store.transaction() as tx:  # a row that says running, whose child is gone
                 row = tx.get_agent_tool_run(handle.run_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -11,6 +11,7 @@ import pytest
 from pydantic import BaseModel
 from sqlalchemy import select, update
 
+from tests.support.waiting import eventually
 from threads_celery import Agent, Threads, tool
 from threads_celery.decisions.permissions import Permissions
 from threads_celery.store.schema import outbox, runs, tool_calls
@@ -45,26 +46,16 @@ agent = Agent(
 
 
 @pytest.fixture
-def threads() -> Iterator[Threads]:
+def threads(embedded_threads: Callable[..., Threads]) -> Iterator[Threads]:
     CALLS.clear()
     RELEASE.clear()
-    with Threads.embedded(reconcile_interval=None) as t:  # ticks by hand only, to count them
-        yield t
-    RELEASE.set()
-
-
-def _poll(predicate, timeout: float = 10.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
+    yield embedded_threads(reconcile_interval=None)  # ticks by hand only, to count them
+    RELEASE.set()  # a first attempt still blocked wakes up before the runtime closes
 
 
 def test_a_run_whose_lease_expired_is_fenced_off_and_its_call_settled_by_effect(threads: Threads) -> None:
     handle = threads.start(agent, "charge 5")
-    _poll(lambda: CALLS == [1])  # first attempt is running and blocked
+    eventually(lambda: CALLS == [1], timeout=10, what="the first attempt running and blocked")
     # The worker "dies": its lease lapses (we move the clock of the ledger instead of waiting).
     past = utcnow() - timedelta(seconds=1)
     with threads.store.transaction() as tx:
@@ -84,7 +75,7 @@ def test_a_run_whose_lease_expired_is_fenced_off_and_its_call_settled_by_effect(
     assert run.status == "completed"
     assert CALLS == [1, 2]  # idempotent, inside its window: sent again with the same key
     RELEASE.set()  # the "dead" first attempt wakes up; its late write must be refused
-    _poll(lambda: threads.app.threads_runtime.get().keeper._held == {})
+    eventually(lambda: threads.app.threads_runtime.get().keeper._held == {}, timeout=10, what="the lease keeper holding no lease")
     results = [m for m in threads.messages(run.thread_id) if m.role == "tool"]
     assert [m.text for m in results] == ["charged 5 (attempt 2)"]
     with threads.store.read() as tx:

@@ -13,14 +13,13 @@ import os
 import shutil
 import tempfile
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
+from tests.support.waiting import eventually
 from threads_celery import Agent, Settings, Threads, tool
 from threads_celery.definitions.context import ToolContext
 from threads_celery.runtime import sandbox
@@ -187,10 +186,9 @@ def test_processes_the_code_leaves_behind_are_killed(unsandboxed: bool) -> None:
     result = run_code(code, timeout_s=5.0, unsandboxed=unsandboxed)
     assert result.ok, result
     assert result.stdout == "None\n"  # still running when the code ended
-    deadline = time.monotonic() + 5.0
-    while _processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not _processes_with(marker)
+    eventually(
+        lambda: not _processes_with(marker), timeout=5, what="the child process gone", detail=lambda: _processes_with(marker)
+    )
 
 
 def test_limits_cap_memory_per_interpreter_and_processes_per_user(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -313,13 +311,6 @@ class SeenByModel:
         return self.answer
 
 
-@pytest.fixture(scope="module")
-def threads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Threads]:
-    settings = Settings(model_retries=0, files_root=str(tmp_path_factory.mktemp("files")))
-    with Threads.embedded(settings=settings) as runtime:
-        yield runtime
-
-
 def test_a_tool_runs_code_and_the_result_reaches_the_model(threads: Threads) -> None:
     run_python = tool(
         name="run_python",
@@ -366,10 +357,7 @@ def test_cancelling_the_run_stops_the_code_its_tool_runs(threads: Threads) -> No
     handle = threads.start(agent, "spin")
     assert started.wait(WAIT_S), "the tool never started"
     threads.cancel(handle.run_id)
-    deadline = time.monotonic() + WAIT_S
-    while not outcomes and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert outcomes, "the code was not stopped"
+    eventually(lambda: outcomes, timeout=WAIT_S, what="the code stopping")
     assert outcomes[0].cancelled is True
     assert outcomes[0].timed_out is False
     assert threads.get_run(handle.run_id).status == "aborted"

@@ -15,12 +15,12 @@ import shutil
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.waiting import eventually
 from threads_celery.runtime import isolation, sandbox
 from threads_celery.runtime.sandbox import run_code
 
@@ -172,10 +172,9 @@ while time.monotonic() < deadline:
     result = run_code(code, timeout_s=8.0)
     assert "orphan running" in result.stdout, result
     assert result.timed_out is (ending == "times out")
-    deadline = time.monotonic() + 10.0
-    while _processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _processes_with(marker) == []
+    eventually(
+        lambda: _processes_with(marker) == [], timeout=10, what="the orphan gone", detail=lambda: _processes_with(marker)
+    )
 
 
 def test_a_fork_bomb_hits_the_cap_as_root_too() -> None:
@@ -223,10 +222,7 @@ def test_seen_from_the_host_the_code_is_not_root() -> None:
     runner = threading.Thread(target=lambda: results.append(run_code(code, timeout_s=2.0)))
     runner.start()
     try:
-        deadline = time.monotonic() + 15.0
-        while not (pids := _processes_with(marker)):
-            assert time.monotonic() < deadline, "the sandboxed process never showed up"
-            time.sleep(0.02)
+        pids = eventually(lambda: _processes_with(marker), timeout=15, what="the sandboxed process showing up")
         status = dict(line.split(":", 1) for line in Path(f"/proc/{pids[0]}/status").read_text().splitlines() if ":" in line)
     finally:
         runner.join(30)
