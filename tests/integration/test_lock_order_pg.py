@@ -26,7 +26,7 @@ from threads_celery.runtime.machine import Runtime
 from threads_celery.store import Store, create_store_engine, parse_database_url
 from threads_celery.store.migrate import upgrade
 from threads_celery.testing import ScriptedModel, say
-from threads_celery.transitions import agent_tools
+from threads_celery.transitions import agent_tool_dispatch, agent_tools
 from threads_celery.transitions import runs as run_ledger
 
 WAIT_S = 30.0
@@ -51,12 +51,12 @@ def _three_levels(store: Store) -> dict[str, Any]:
         for agent in (top, middle, leaf):
             tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), now)
         top_run, _ = run_ledger.submit_run(tx, agent=top.name, config_hash=top.config_hash(), message="go", now=now)
-        middle_row, _, _ = agent_tools.dispatch(
+        middle_row, _, _ = agent_tool_dispatch.dispatch(
             tx, run_id="agent-tool:middle", parent_thread_id=top_run.thread_id, child=middle, input_value="m",
             now=now, parent_run_id=top_run.id,
         )  # fmt: skip
         assert middle_row.child_run_id is not None and middle_row.child_thread_id is not None
-        leaf_row, _, _ = agent_tools.dispatch(
+        leaf_row, _, _ = agent_tool_dispatch.dispatch(
             tx, run_id="agent-tool:leaf", parent_thread_id=middle_row.child_thread_id, child=leaf, input_value="l",
             now=now, parent_run_id=middle_row.child_run_id,
         )  # fmt: skip

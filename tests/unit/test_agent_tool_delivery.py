@@ -36,7 +36,7 @@ from threads_celery.records import AgentToolFailure, AgentToolResult
 from threads_celery.runtime.machine import Runtime
 from threads_celery.store.schema import agent_tool_runs
 from threads_celery.testing import call, say
-from threads_celery.transitions import agent_tools, runs
+from threads_celery.transitions import agent_tool_dispatch, agent_tools, runs
 
 pytestmark = pytest.mark.embedded(concurrency=4)
 
@@ -375,7 +375,7 @@ def test_an_awaited_model_call_given_up_on_returns_the_interrupted_envelope_and_
     handle = threads.start(parent, "go")
     gate.wait_inside()
     [row] = threads.agent_tool_runs(handle.thread_id)
-    assert row.last_signal_at is not None and row.no_progress_budget_ms == agent_tools.DEFAULT_AWAITED_NO_PROGRESS_MS
+    assert row.last_signal_at is not None and row.no_progress_budget_ms == agent_tool_dispatch.DEFAULT_AWAITED_NO_PROGRESS_MS
     # The child has been silent for longer than the awaited window (120 s).
     past = runs.utcnow() - timedelta(seconds=130)
     set_ledger(threads, row.run_id, last_signal_at=past, check_at=past + timedelta(seconds=120))

@@ -17,7 +17,7 @@ from threads_celery.definitions.agents import Agent
 from threads_celery.exceptions import ConfigError, RunTimeout, ThreadNotFound
 from threads_celery.records import AGENT_TOOL_HARD_TERMINAL, AgentToolFailure, AgentToolResult, AgentToolRun
 from threads_celery.telemetry.observability import emit
-from threads_celery.transitions import agent_tools, runs
+from threads_celery.transitions import agent_tool_dispatch, agent_tools, runs
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import AgentRegistry
@@ -84,7 +84,7 @@ class AgentToolsMixin:
         run_id = run_id or runs.new_id("agent-tool")
         cap = getattr(parent, "max_concurrent_agent_tools", None)
         with self.store.transaction() as tx:
-            row, entries, started = agent_tools.dispatch(
+            row, entries, started = agent_tool_dispatch.dispatch(
                 tx,
                 run_id=run_id,
                 parent_thread_id=parent_thread_id,

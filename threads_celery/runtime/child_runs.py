@@ -21,7 +21,7 @@ from threads_celery.redaction import describe_exception
 from threads_celery.runtime.delivery import _settle_parent_call
 from threads_celery.runtime.files import ThreadFiles, copy_into_child
 from threads_celery.telemetry.observability import emit
-from threads_celery.transitions import agent_tools
+from threads_celery.transitions import agent_tool_dispatch, agent_tools
 
 if TYPE_CHECKING:
     from threads_celery.runtime.machine import Runtime
@@ -80,7 +80,7 @@ def dispatch_child(
             call.effect_key, status="started", attempt=call.attempt + 1, first_started_at=call.first_started_at or now
         )
         tx.delete_outbox(call.effect_key)
-        row, entries, started = agent_tools.dispatch(
+        row, entries, started = agent_tool_dispatch.dispatch(
             tx,
             run_id=run_id,
             parent_thread_id=run.thread_id,
@@ -139,7 +139,7 @@ def start_detached_child(
     if options.on_finish is not None and not callable(getattr(parent, options.on_finish, None)):
         raise ConfigError(f"on_finish {options.on_finish!r} is not a method of agent {parent.name!r}")
     with self.store.transaction() as tx:
-        row, entries, started = agent_tools.dispatch(
+        row, entries, started = agent_tool_dispatch.dispatch(
             tx,
             run_id=run_id,
             parent_thread_id=run.thread_id,

@@ -17,6 +17,7 @@ from threads_celery.exceptions import ConfigError, FenceLost, RunNotFound, Threa
 from threads_celery.records import TERMINAL_STATUSES, CallRow, OutboxEntry, Run
 from threads_celery.store import Tx
 from threads_celery.telemetry import metrics, tracing
+from threads_celery.transitions.agent_tools import child_finished, child_signal
 
 STEP_TASK = "threads.step"
 TOOL_TASK = "threads.tool"
@@ -197,8 +198,6 @@ def finish(
     metrics.run_finished(status)
     entries = release_thread(tx, run, now)
     if run.agent_tool_run_id is not None:
-        from threads_celery.transitions.agent_tools import child_finished
-
         entries += child_finished(tx, run, status=status, output=output, error=error, now=now)
     return entries
 
@@ -241,8 +240,6 @@ def cancel(tx: Tx, run_id: str, *, now: datetime, reason: str = "cancelled") -> 
     if thread.active_run_id == run.id:
         entries = release_thread(tx, run, now)
     if run.agent_tool_run_id is not None:
-        from threads_celery.transitions.agent_tools import child_finished
-
         entries += child_finished(tx, run, status="aborted", output=None, error=reason, now=now)
     ended = tx.get_run(run_id)
     assert ended is not None
@@ -332,8 +329,6 @@ def record_call_result(
     if own_outbox:
         tx.delete_outbox(call.effect_key)
     if run.agent_tool_run_id is not None:
-        from threads_celery.transitions.agent_tools import child_signal
-
         child_signal(
             tx,
             run.agent_tool_run_id,
