@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 
 from threads_celery.records import Event, Message, Run, RunStatus
 from threads_celery.store.storable import unstorable_reason
-from threads_celery.transitions.interventions import PendingCall
+from threads_celery.transitions.pending import PendingCall
 
 #: Ids a client may choose for a thread or a run: short, printable, URL-safe.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"

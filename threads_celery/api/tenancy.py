@@ -28,7 +28,7 @@ from threads_celery.records import DEFAULT_TENANT
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
-    from threads_celery.transitions.interventions import PendingCall
+    from threads_celery.transitions.pending import PendingCall
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
 _QUALIFIED = re.compile(rf"^(?P<principal>{_NAME})@(?P<tenant>{_NAME})=(?P<token>.*)$")

@@ -42,7 +42,7 @@ from threads_celery.exceptions import CallNotFound
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
     from threads_celery.records import Run
-    from threads_celery.transitions.interventions import PendingCall
+    from threads_celery.transitions.pending import PendingCall
 
 
 class Resolution(str, Enum):

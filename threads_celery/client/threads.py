@@ -44,7 +44,8 @@ from threads_celery.store.availability import store_unavailable
 from threads_celery.store.engine import safe_url
 from threads_celery.store.storable import unstorable_reason
 from threads_celery.transitions import interventions, runs
-from threads_celery.transitions.interventions import PendingCall, Resolution
+from threads_celery.transitions.interventions import Resolution
+from threads_celery.transitions.pending import PendingCall
 from threads_celery.worker.app import EMBEDDED_BROKER, Publisher, create_app, open_store
 
 if TYPE_CHECKING:

@@ -7,7 +7,6 @@ expects and changes nothing otherwise.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -23,41 +22,6 @@ from threads_celery.transitions.pending import announce_answer
 log = logging.getLogger("threads_celery.transitions.interventions")
 
 Resolution = Literal["assume_done", "assume_not_done"]
-
-
-@dataclass(frozen=True, slots=True)
-class PendingCall:
-    """A call that waits for a person: parked after an interruption, or awaiting approval."""
-
-    effect_key: str
-    run_id: str
-    thread_id: str
-    tool: str
-    args: str
-    status: str
-    reason: str
-    attempt: int
-    first_started_at: datetime | None
-    #: "call": a call of the run itself; "child": a call of a child run it waits on (answer it
-    #: here, by its effect key, as any other).
-    kind: Literal["call", "child"] = "call"
-    #: For a child entry: the agent whose call it is, and the agent-tool run it came through.
-    agent: str | None = None
-    via: str | None = None
-
-    @classmethod
-    def of(cls, call: CallRow) -> PendingCall:
-        return cls(
-            effect_key=call.effect_key,
-            run_id=call.run_id,
-            thread_id=call.thread_id,
-            tool=call.tool,
-            args=call.args,
-            status=call.status,
-            reason=call.park_reason or "",
-            attempt=call.attempt,
-            first_started_at=call.first_started_at,
-        )
 
 
 def _load(tx: Tx, effect_key: str, expected: str) -> tuple[CallRow, Run]:

@@ -13,20 +13,53 @@ list without polling.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 from threads_celery.exceptions import FenceLost
 from threads_celery.records import CallRow, Run
 from threads_celery.store import Store, Tx
 
-if TYPE_CHECKING:
-    from threads_celery.transitions.interventions import PendingCall
-
 #: Call statuses that wait for a person.
 WAITING = ("parked", "awaiting_approval", "awaiting_variable")
 #: How deep a tree of child runs is followed (a guard against a cycle in bad data).
 MAX_DEPTH = 32
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCall:
+    """A call that waits for a person: parked after an interruption, or awaiting approval."""
+
+    effect_key: str
+    run_id: str
+    thread_id: str
+    tool: str
+    args: str
+    status: str
+    reason: str
+    attempt: int
+    first_started_at: datetime | None
+    #: "call": a call of the run itself; "child": a call of a child run it waits on (answer it
+    #: here, by its effect key, as any other).
+    kind: Literal["call", "child"] = "call"
+    #: For a child entry: the agent whose call it is, and the agent-tool run it came through.
+    agent: str | None = None
+    via: str | None = None
+
+    @classmethod
+    def of(cls, call: CallRow) -> PendingCall:
+        return cls(
+            effect_key=call.effect_key,
+            run_id=call.run_id,
+            thread_id=call.thread_id,
+            tool=call.tool,
+            args=call.args,
+            status=call.status,
+            reason=call.park_reason or "",
+            attempt=call.attempt,
+            first_started_at=call.first_started_at,
+        )
 
 
 def _ancestors(tx: Tx, run: Run) -> Iterator[tuple[str, str | None, str]]:
@@ -93,10 +126,6 @@ def announce_answer(tx: Tx, run: Run, call: CallRow, answer: str, now: datetime)
 
 def pending_under(tx: Tx, run_id: str) -> list[PendingCall]:
     """The run's own calls that wait for a person, then its children's (kind ``child``)."""
-    from dataclasses import replace
-
-    from threads_celery.transitions.interventions import PendingCall
-
     run = tx.get_run(run_id)
     if run is None:
         return []
