@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from threads_celery.decisions.effects import (
     AlreadySettled,
@@ -22,8 +22,11 @@ from threads_celery.decisions.effects import (
     Wait,
     decide_recovery,
 )
-from threads_celery.definitions.tools import Tool
 from threads_celery.records import CallRow, Run
+
+if TYPE_CHECKING:
+    # Only read (``tool.reconcile``), never built: definitions sit above the decisions.
+    from threads_celery.definitions.tools import Tool
 
 
 @dataclass(frozen=True, slots=True)
