@@ -21,8 +21,8 @@ clock, touches no database or broker and calls no user code. That is what lets e
 tested exhaustively without Celery or a database, and lets the task, the Beat sweep and the
 tests share one answer. The I/O stays in a thin shell: the caller loads the ledger row, passes
 ``now``, applies the decision, and, when the decision is :class:`NeedsLookup`, runs the user's
-lookup through :func:`run_lookup` (which bounds it with a timeout and turns every failure into a
-:class:`LookupFailed` value) and asks again with the answer.
+lookup through :func:`threads_celery.runtime.reconcile_lookup.run_lookup` (which bounds it with a
+timeout and turns every failure into a :class:`LookupFailed` value) and asks again with the answer.
 
 The promise the decision keeps: a side effect that may have happened is never silently repeated.
 Any evidence that a call started counts as a start, and anything the decision cannot check
@@ -31,11 +31,7 @@ parks the call instead of guessing.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import inspect
-import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeAlias, assert_never, get_args
@@ -65,7 +61,6 @@ __all__ = [
     "RunAgain",
     "Wait",
     "decide_recovery",
-    "run_lookup",
 ]
 
 EFFECTS: tuple[Effect, ...] = get_args(Effect)
@@ -110,14 +105,12 @@ class LookupUnknown:
 LookupAnswer: TypeAlias = Found | NotFound | LookupUnknown
 """What a reconcile lookup returns."""
 
-_LOOKUP_ANSWER_TYPES = (Found, NotFound, LookupUnknown)
-
 
 @dataclass(frozen=True, slots=True)
 class LookupFailed:
     """The lookup gave no answer: it raised, timed out or returned something else.
 
-    Produced by :func:`run_lookup`, never by user code; ``reason`` is a sentence without a
+    Produced by :func:`~threads_celery.runtime.reconcile_lookup.run_lookup`, never by user code; ``reason`` is a sentence without a
     traceback, e.g. ``"lookup did not answer within 10 s"``.
     """
 
@@ -236,7 +229,8 @@ class AlreadySettled:
 
 @dataclass(frozen=True, slots=True)
 class NeedsLookup:
-    """Ask the tool's reconcile lookup (see :func:`run_lookup`), then decide again with its answer."""
+    """Ask the tool's reconcile lookup (see :func:`~threads_celery.runtime.reconcile_lookup.run_lookup`),
+    then decide again with its answer."""
 
 
 RecoveryDecision: TypeAlias = RunAgain | RecordFound | Park | Wait | AlreadySettled | NeedsLookup
@@ -343,95 +337,3 @@ def _decide_reconcilable(call: CallRecord, *, lookup: LookupAnswer | LookupFaile
             return Park(f"reconcilable call's lookup failed ({reason}): {_PERSON_DECIDES}")
         case _:
             assert_never(lookup)
-
-
-# --- the I/O shell around a lookup ---------------------------------------------------------------
-
-
-def run_lookup(reconcile: Reconcile, effect_key: str) -> LookupAnswer | LookupFailed:
-    """Ask ``reconcile.lookup`` about ``effect_key`` and return its answer or why there is none.
-
-    This is the thin I/O shell around :func:`decide_recovery`. The lookup may be sync or async
-    (a returned awaitable is run in a fresh event loop); either way it runs on a daemon thread,
-    so a lookup that hangs cannot hold the caller past ``reconcile.timeout_s`` and the caller
-    may itself be inside an event loop. Never raises for the lookup's sake: an exception becomes
-    ``LookupFailed("lookup raised <Type>: <message>")``, a timeout
-    ``LookupFailed("lookup did not answer within <N> s")`` and a value that is not a
-    :data:`LookupAnswer` a :class:`LookupFailed` that names its type.
-    """
-    attempt = _LookupAttempt(reconcile.lookup, effect_key)
-    thread = threading.Thread(target=attempt.run, name=f"reconcile-lookup:{effect_key}", daemon=True)
-    thread.start()
-    if not attempt.done.wait(reconcile.timeout_s):
-        # A hung sync lookup cannot be stopped from outside; the daemon thread is abandoned.
-        # A hung coroutine can be: cancel it so its loop closes and the thread ends.
-        attempt.cancel()
-        return LookupFailed(f"lookup did not answer within {reconcile.timeout_s:g} s")
-    if attempt.error is not None:
-        return LookupFailed(_describe_exception(attempt.error))
-    answer = attempt.answer
-    if not isinstance(answer, _LOOKUP_ANSWER_TYPES):
-        return LookupFailed(f"lookup returned {type(answer).__name__}, expected Found, NotFound or LookupUnknown")
-    return answer
-
-
-class _LookupAttempt:
-    """One lookup call running on its own thread; the caller reads it once ``done`` is set."""
-
-    def __init__(self, lookup: Callable[[str], object], effect_key: str) -> None:
-        self._lookup = lookup
-        self._effect_key = effect_key
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[object] | None = None
-        self._cancelled = False
-        self.done = threading.Event()
-        self.answer: object = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            result = self._lookup(self._effect_key)
-            if inspect.isawaitable(result):
-                result = self._run_awaitable(result)
-            self.answer = result
-        # BaseException too: whatever escapes a thread is lost, and the caller should hear of it
-        # now rather than at the timeout.
-        except BaseException as exc:  # noqa: BLE001
-            self.error = exc
-        finally:
-            self.done.set()
-
-    def _run_awaitable(self, awaitable: Awaitable[object]) -> object:
-        with asyncio.Runner() as runner:
-            loop = runner.get_loop()
-            task = loop.create_task(_await(awaitable))
-            with self._lock:
-                self._loop, self._task = loop, task
-                cancelled = self._cancelled
-            if cancelled:
-                task.cancel()
-            return loop.run_until_complete(task)
-
-    def cancel(self) -> None:
-        """Cancel the lookup's coroutine, if it is one; a sync lookup is left to finish alone."""
-        with self._lock:
-            self._cancelled = True
-            loop, task = self._loop, self._task
-        if loop is not None and task is not None:
-            # RuntimeError: the loop already closed, so the coroutine has finished.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(task.cancel)
-
-
-def _await(awaitable: Awaitable[object]) -> Coroutine[Any, Any, object]:
-    async def wait_for_it() -> object:
-        return await awaitable
-
-    return wait_for_it()
-
-
-def _describe_exception(exc: BaseException) -> str:
-    message = str(exc)
-    name = type(exc).__name__
-    return f"lookup raised {name}: {message}" if message else f"lookup raised {name}"

@@ -23,13 +23,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, assert_never
 
 from threads_celery.decisions.backbone import republish_delay
-from threads_celery.decisions.effects import (
-    NeedsLookup,
-    Park,
-    RecordFound,
-    RunAgain,
-    run_lookup,
-)
+from threads_celery.decisions.effects import NeedsLookup, Park, RecordFound, RunAgain
 from threads_celery.decisions.next_step import (  # re-exported: the step machine's decisions
     Busy,
     Proceed,
@@ -60,6 +54,7 @@ from threads_celery.runtime import batches, child_runs, hooks, models, provider_
 from threads_celery.runtime.history import HistoryCache
 from threads_celery.runtime.leases import LeaseKeeper
 from threads_celery.runtime.permission_checks import check_call
+from threads_celery.runtime.reconcile_lookup import run_lookup
 from threads_celery.runtime.streaming import ToolCallStarted, ToolCallStarts
 from threads_celery.runtime.usage_limits import totals_for_limits
 from threads_celery.settings import Settings
