@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from threads_celery.decisions.budgets import check_at
 from threads_celery.definitions.agent_tools import Detached, DetachedHandle
 from threads_celery.definitions.agents import Agent
 from threads_celery.exceptions import ConfigError, RunTimeout, ThreadNotFound
@@ -109,7 +110,7 @@ class AgentToolsMixin:
                     child_still_running=None,
                     error=None,
                     last_signal_at=now,
-                    check_at=agent_tools.check_at(
+                    check_at=check_at(
                         started=row.started_at or now,
                         last_signal=now,
                         max_budget_ms=row.max_budget_ms,

@@ -1,5 +1,8 @@
 """Finish delivery of agent-tool runs, and the backbone's pass over their budgets.
 
+The pass loads each due row and applies what :mod:`threads_celery.decisions.budgets` decides
+(look again later, tear the child down, or inspect a silent child and seal what was found).
+
 Delivery is a claim-and-lease ledger on the agent-tool row: a deliverer claims it, fires the
 hooks, and marks the status delivered in one transaction with the parent's tool result. Two
 deliveries of the same finish fire once; a deliverer that dies or a hook that raises leaves the
@@ -14,6 +17,15 @@ import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from threads_celery.decisions.budgets import (
+    INSPECT_TIMEOUT_S,
+    RECOVERY_DEADLINE_S,
+    CheckAt,
+    Finding,
+    TearDown,
+    decide_budget,
+    interruption_for,
+)
 from threads_celery.definitions.agent_tools import check_child_output
 from threads_celery.definitions.tools import Tool, render_result
 from threads_celery.records import (
@@ -325,70 +337,39 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
             if not agent_tools.is_active(row.status):
                 tx.update_agent_tool_run(row.run_id, check_at=None)
                 continue
-            if (
-                row.max_budget_ms is not None
-                and (row.started_at or now) + timedelta(milliseconds=row.max_budget_ms) <= now
-            ):
-                cancelled = _tear_down(tx, row, now, "budget exceeded")
-                entries += agent_tools.seal_interrupted(
-                    tx,
-                    row,
-                    reason="budget-exceeded" if row.detached else "window-exceeded",
-                    error=(
-                        f"agent tool run exceeded its budget of {row.max_budget_ms} ms"
-                        if row.detached
-                        else f"agent tool run exceeded the parent's maximum window of {row.max_budget_ms} ms"
-                    ),
-                    child_still_running=not cancelled,
-                    now=now,
-                )
-                observed.append(
-                    (
-                        "agent_tool:interrupted",
-                        {"run_id": row.run_id, "reason": "budget-exceeded" if row.detached else "window-exceeded"},
-                    )
-                )
+            budget = decide_budget(
+                started_at=row.started_at,
+                last_signal_at=row.last_signal_at,
+                max_budget_ms=row.max_budget_ms,
+                no_progress_budget_ms=row.no_progress_budget_ms,
+                detached=row.detached,
+                now=now,
+            )
+            if isinstance(budget, CheckAt):
+                tx.update_agent_tool_run(row.run_id, check_at=budget.at)
+                continue
+            if isinstance(budget, TearDown):
+                _tear_down(tx, row, now, "budget exceeded")
+                interrupt = budget.interrupt
                 expired += 1
-            elif (
-                row.no_progress_budget_ms is not None
-                and row.last_signal_at is not None
-                and row.last_signal_at + timedelta(milliseconds=row.no_progress_budget_ms) <= now
-            ):
+            else:
                 # Before giving up on a silent child, look at it: it may have ended, or be gone.
                 finding = _inspect_child(tx, row, started=started)
                 observed.append(("agent_tool:recovery:row", {"run_id": row.run_id, "finding": finding}))
-                if finding == "ended":
+                found = interruption_for(finding, no_progress_budget_ms=row.no_progress_budget_ms)
+                if found is None:
                     continue  # its finish is recorded and delivered on its own
-                reason, error, still_running = {
-                    "silent": (
-                        "no-progress",
-                        f"agent tool run made no progress for {row.no_progress_budget_ms} ms",
-                        True,
-                    ),
-                    "gone": ("not-tailable", "the child run cannot be found to follow", False),
-                    "failed": ("inspect-failed", "inspecting the child run failed", None),
-                    "slow": ("inspect-timeout", f"inspecting the child run took over {INSPECT_TIMEOUT_S:g} s", None),
-                    "late": (
-                        "recovery-deadline",
-                        f"the recovery pass ran past its {RECOVERY_DEADLINE_S:g} s deadline",
-                        None,
-                    ),
-                }[finding]
-                entries += agent_tools.seal_interrupted(
-                    tx, row, reason=reason, error=error, child_still_running=still_running, now=now
-                )
-                observed.append(("agent_tool:interrupted", {"run_id": row.run_id, "reason": reason}))
+                interrupt = found
                 silent += 1
-            else:
-                tx.update_agent_tool_run(
-                    row.run_id,
-                    check_at=agent_tools.check_at(
-                        started=row.started_at or now,
-                        last_signal=row.last_signal_at,
-                        max_budget_ms=row.max_budget_ms,
-                        no_progress_ms=row.no_progress_budget_ms,
-                    ),
-                )
+            entries += agent_tools.seal_interrupted(
+                tx,
+                row,
+                reason=interrupt.reason,
+                error=interrupt.error,
+                child_still_running=interrupt.child_still_running,
+                now=now,
+            )
+            observed.append(("agent_tool:interrupted", {"run_id": row.run_id, "reason": interrupt.reason}))
     with runtime.store.transaction() as tx:
         for row in tx.undelivered_agent_tool_runs(now=now, limit=limit):
             if row.status in row.delivered:
@@ -405,13 +386,7 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
     return {"budget_exceeded": expired, "no_progress": silent, "redelivered": redelivered}
 
 
-#: An inspection of one child that takes longer than this is an inspect-timeout.
-INSPECT_TIMEOUT_S = 2.0
-#: A recovery pass that runs longer than this seals what is left as recovery-deadline.
-RECOVERY_DEADLINE_S = 5.0
-
-
-def _inspect_child(tx: Tx, row: AgentToolRun, *, started: float) -> str:
+def _inspect_child(tx: Tx, row: AgentToolRun, *, started: float) -> Finding:
     """What the silent child's own record says: ended, silent, gone, failed, slow or late.
 
     A missing record is "gone" only when the row says there was one; an inspection that raises
@@ -432,13 +407,13 @@ def _inspect_child(tx: Tx, row: AgentToolRun, *, started: float) -> str:
     return "ended" if child.is_terminal else "silent"
 
 
-def _tear_down(tx: Tx, row: AgentToolRun, now: datetime, reason: str) -> bool:
+def _tear_down(tx: Tx, row: AgentToolRun, now: datetime, reason: str) -> None:
     """Cancel the child run without delivering 'aborted' (the caller seals the outcome)."""
     if row.child_run_id is None:
-        return True
+        return
     child = tx.get_run(row.child_run_id, lock=True)
     if child is None or child.is_terminal:
-        return True
+        return
     thread = tx.get_thread(child.thread_id, lock=True)
     tx.advance_run(
         child.id,
@@ -452,4 +427,3 @@ def _tear_down(tx: Tx, row: AgentToolRun, now: datetime, reason: str) -> bool:
     )
     if thread is not None and thread.active_run_id == child.id:
         runs.release_thread(tx, child, now)
-    return True

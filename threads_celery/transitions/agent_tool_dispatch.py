@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from threads_celery.decisions.budgets import check_at
 from threads_celery.definitions.agent_tools import Detached
 from threads_celery.definitions.agents import Agent
 from threads_celery.exceptions import ConfigError
 from threads_celery.records import AgentToolRun, MilestoneOptions, OutboxEntry
 from threads_celery.store import Tx
 from threads_celery.transitions import runs
-from threads_celery.transitions.agent_tools import check_at
 
 #: How long an awaited child may stay silent before the parent stops waiting (soft).
 DEFAULT_AWAITED_NO_PROGRESS_MS = 120_000

@@ -14,9 +14,10 @@ writes the parent's tool result (awaited) or fires ``on_finish`` / notify (detac
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from threads_celery.decisions.budgets import check_at
 from threads_celery.records import AGENT_TOOL_HARD_TERMINAL, AgentToolRun, OutboxEntry
 from threads_celery.store import Tx
 
@@ -30,18 +31,6 @@ InterruptedReason = Literal[
     "recovery-deadline",
     "budget-exceeded",
 ]
-
-
-def check_at(
-    *, started: datetime, last_signal: datetime | None, max_budget_ms: int | None, no_progress_ms: int | None
-) -> datetime | None:
-    """When the backbone must look at a run next: the earliest budget that can run out."""
-    due = []
-    if max_budget_ms is not None:
-        due.append(started + timedelta(milliseconds=max_budget_ms))
-    if no_progress_ms is not None and last_signal is not None:
-        due.append(last_signal + timedelta(milliseconds=no_progress_ms))
-    return min(due) if due else None
 
 
 def deliver_entry(run_id: str, status: str) -> OutboxEntry:
