@@ -11,12 +11,9 @@ import pytest
 from tests.support.fake_openai import FakeOpenAI
 from threads_celery import Agent, ConfigError, Threads
 from threads_celery.decisions.provider_limits import (
-    GiveUp,
     ProviderFailure,
     RateLimit,
-    RetryIn,
     classify_provider_failure,
-    decide_provider_retry,
     parse_retry_after,
     provider_of,
     rate_limits_from_json,
@@ -24,6 +21,7 @@ from threads_celery.decisions.provider_limits import (
     window_is_full,
     window_of,
 )
+from threads_celery.decisions.retry import GiveUp, RetryDecision, decide_provider_retry
 from threads_celery.runtime.rate_limiter import LocalWindows, RedisWindows, rate_limiter_for
 from threads_celery.settings import Settings
 
@@ -70,7 +68,7 @@ def test_a_retry_honours_retry_after_and_never_goes_past_the_bound() -> None:
         retry_for_s=60,
         reason="429",
     )
-    assert retry == RetryIn(4.0)
+    assert retry == RetryDecision(4.0)
     capped = decide_provider_retry(
         ProviderFailure(True, 429, 30.0),
         failures_so_far=3,
@@ -79,7 +77,7 @@ def test_a_retry_honours_retry_after_and_never_goes_past_the_bound() -> None:
         retry_for_s=60,
         reason="429",
     )
-    assert capped == RetryIn(10.0)
+    assert capped == RetryDecision(10.0)
     backoff = decide_provider_retry(
         ProviderFailure(True, 500),
         failures_so_far=3,
@@ -88,7 +86,7 @@ def test_a_retry_honours_retry_after_and_never_goes_past_the_bound() -> None:
         retry_for_s=60,
         reason="500",
     )
-    assert backoff == RetryIn(4.0)
+    assert backoff == RetryDecision(4.0)
     over = decide_provider_retry(
         ProviderFailure(True, 429, 1.0), failures_so_far=9, first_failed_at=NOW - timedelta(seconds=61), now=NOW,
         retry_for_s=60, reason="status 429",

@@ -14,7 +14,9 @@ token budget per minute.
   of the fleet); a full window (requests, or tokens already used) makes the step wait for the
   next window, again as a retry with a countdown. Tokens are counted after each call.
 
-Decisions here are pure functions; :mod:`threads_celery.runtime.rate_limiter` holds the Redis shell.
+Decisions here are pure functions (how long to wait, and when to give up, is
+:func:`threads_celery.decisions.retry.decide_provider_retry`); :mod:`threads_celery.runtime.rate_limiter`
+holds the Redis shell.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ RATE_LIMITS_VARIABLE = "THREADS_RATE_LIMITS"
 RETRY_FOR_VARIABLE = "THREADS_PROVIDER_RETRY_FOR_S"
 DEFAULT_RETRY_FOR_S = 600.0
 WINDOW_S = 60
-MAX_BACKOFF_S = 60.0
 #: HTTP statuses worth waiting out: throttling, timeouts, conflicts, and the provider's own faults.
 TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
 
@@ -160,43 +161,6 @@ def classify_provider_failure(exc: BaseException, now: datetime) -> ProviderFail
     return ProviderFailure(transient=transient, status=status, retry_after_s=retry_after)
 
 
-@dataclass(frozen=True, slots=True)
-class RetryIn:
-    """Try the step again after ``seconds``."""
-
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class GiveUp:
-    """End the run: the provider kept failing for longer than allowed."""
-
-    reason: str
-
-
-def decide_provider_retry(
-    failure: ProviderFailure,
-    *,
-    failures_so_far: int,
-    first_failed_at: datetime,
-    now: datetime,
-    retry_for_s: float,
-    reason: str,
-) -> RetryIn | GiveUp:
-    """Retry a transient failure after the advised delay (else capped backoff) while the step has
-    failed for less than ``retry_for_s``; never schedule a retry past that bound."""
-    elapsed = (now - first_failed_at).total_seconds()
-    remaining = retry_for_s - elapsed
-    if remaining <= 0:
-        return GiveUp(
-            f"the model provider kept failing for {elapsed:.0f}s (limit {retry_for_s:g}s, "
-            f"{RETRY_FOR_VARIABLE}); last: {reason}"
-        )
-    backoff = min(2.0 ** max(failures_so_far - 1, 0), MAX_BACKOFF_S)
-    delay = failure.retry_after_s if failure.retry_after_s is not None else backoff
-    return RetryIn(min(delay, remaining))
-
-
 # -- the shared window -------------------------------------------------------------------------
 
 
@@ -216,12 +180,9 @@ def window_is_full(limit: RateLimit, *, requests: int, tokens: int) -> bool:
 
 
 __all__ = [
-    "GiveUp",
     "ProviderFailure",
     "RateLimit",
-    "RetryIn",
     "classify_provider_failure",
-    "decide_provider_retry",
     "parse_retry_after",
     "provider_of",
     "rate_limits_from_json",

@@ -26,6 +26,7 @@ from threads_celery.decisions.budgets import (
     decide_budget,
     interruption_for,
 )
+from threads_celery.decisions.retry import DELIVERY_BACKOFF
 from threads_celery.definitions.agent_tools import check_child_output
 from threads_celery.definitions.tools import Tool, render_result
 from threads_celery.records import (
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("threads_celery.transitions.agent_tools")
 
 DELIVERY_LEASE = timedelta(seconds=60)
-#: Redelivery backoff after a failed delivery, by attempt: about 5, 15, 30, then 120 s.
-BACKOFF_S = (5, 15, 30, 120)
 
 
 def deliver(runtime: Runtime, run_id: str, status: str) -> str:
@@ -82,12 +81,12 @@ def deliver(runtime: Runtime, run_id: str, status: str) -> str:
         info = _with_result(row, result)
         entries = _fire_hooks(runtime, parent, info, result)
     except Exception as exc:  # noqa: BLE001 - the claim lapses and the backbone retries
-        backoff = BACKOFF_S[min(attempts, len(BACKOFF_S) - 1)]
+        backoff = DELIVERY_BACKOFF.delay_s(attempts + 1)
         with runtime.store.transaction() as tx:
             tx.update_agent_tool_run(run_id, delivery_lease_until=runtime.clock() + timedelta(seconds=backoff))
             tx.delete_outbox(outbox_key)  # the backbone delivers again when the backoff ends
         log.warning(
-            "delivery of %s (%s) failed, retrying in %ss: %s: %s", run_id, status, backoff, type(exc).__name__, exc
+            "delivery of %s (%s) failed, retrying in %gs: %s: %s", run_id, status, backoff, type(exc).__name__, exc
         )
         return f"failed: {type(exc).__name__}"
     with runtime.store.transaction() as tx:

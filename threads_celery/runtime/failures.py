@@ -8,15 +8,16 @@ the task again, and the model is asked again. Here such a failure is retried wit
 bounded number of times (``Settings.max_task_failures``, ``THREADS_MAX_TASK_FAILURES``), then
 the run ends ``error`` with the reason, as Celery users expect of a poison message.
 
-The decision is a pure function; :func:`apply_task_failure` is the thin shell around it.
+The decision is :func:`threads_celery.decisions.retry.decide_task_failure`, a pure function of the
+one retry policy; :func:`apply_task_failure` is the thin shell around it.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from threads_celery.decisions.retry import GiveUp, RetryDecision, decide_task_failure
 from threads_celery.exceptions import FenceLost
 from threads_celery.redaction import describe_exception
 from threads_celery.transitions import runs
@@ -26,32 +27,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("threads_celery.runtime.failures")
 
-#: Longest wait between two tries of a failing task.
-MAX_BACKOFF_S = 30.0
 
-
-@dataclass(frozen=True, slots=True)
-class TryAgain:
-    """Send the task again after ``countdown`` seconds."""
-
-    countdown: float
-
-
-@dataclass(frozen=True, slots=True)
-class GiveUp:
-    """End the run: ``reason`` says which task failed, how often, and why."""
-
-    reason: str
-
-
-def decide_task_failure(task: str, key: str, failures: int, limit: int, error: str) -> TryAgain | GiveUp:
-    """What to do after the ``failures``-th failure in a row (this one included) of a task."""
-    if failures >= limit:
-        return GiveUp(f"{task} {key} failed {failures} times in a row; the last error: {error}")
-    return TryAgain(min(2.0 ** (failures - 1), MAX_BACKOFF_S))
-
-
-def apply_task_failure(runtime: Runtime, task: str, key: str, failures: int, exc: BaseException) -> TryAgain | GiveUp:
+def apply_task_failure(
+    runtime: Runtime, task: str, key: str, failures: int, exc: BaseException
+) -> RetryDecision | GiveUp:
     """Record the failure of a step (``key`` = run id) or tool task (``key`` = effect key).
 
     Trying again: the run's lease is given back (when this worker holds it) so the next try
@@ -72,7 +51,7 @@ def apply_task_failure(runtime: Runtime, task: str, key: str, failures: int, exc
         run = tx.get_run(run_id)
         if run is None or run.is_terminal:
             return decision
-        if isinstance(decision, TryAgain):
+        if isinstance(decision, RetryDecision):
             if task == runs.TOOL_TASK:
                 # A read_only call's row would be republished alongside our own retries.
                 tx.touch_outbox(key, now)

@@ -34,6 +34,7 @@ from threads_celery.decisions.next_step import (  # re-exported: the step machin
 from threads_celery.decisions.permissions import Allow as PermissionAllow
 from threads_celery.decisions.permissions import Ask, Deny
 from threads_celery.decisions.provider_limits import provider_of
+from threads_celery.decisions.retry import STORE_RECONNECT_BACKOFF, GiveUp, decide_model_step_retry
 from threads_celery.decisions.usage import LIMIT_REASON, limit_reached
 from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.context import ToolContext
@@ -329,22 +330,22 @@ class Runtime:
 
     def _step_failed(self, run: Run, fence: int, step: int, attempt: int, exc: Exception) -> str:
         reason = describe_exception(exc, ())
-        status = getattr(exc, "status_code", None)
-        # A request the provider refuses as such (bad model name, bad key, bad request) fails the
-        # same way every time; timeouts, rate limits and server errors are worth another try.
-        permanent = isinstance(status, int) and 400 <= status < 500 and status not in (408, 409, 425, 429)
-        if attempt < self.settings.model_retries and not permanent:
-            # Give the lease back so the retry (on any worker) can claim at once.
-            with self.store.transaction() as tx:
-                if (
-                    tx.advance_run(run.id, fence=fence, now=self.clock(), lease_owner=None, lease_expires_at=None)
-                    is None
-                ):
-                    raise FenceLost(run.id, fence)
-            log.warning("run %s step %d failed (attempt %d), retrying: %s", run.id, step, attempt + 1, reason)
-            raise RetryLater(min(2.0**attempt, 30.0), reason)
-        self._finish(run, fence, "error", error=f"model step {step} failed after {attempt + 1} attempts: {reason}")
-        return f"error: {reason}"
+        decision = decide_model_step_retry(
+            attempt=attempt,
+            retries=self.settings.model_retries,
+            status=getattr(exc, "status_code", None),
+            step=step,
+            reason=reason,
+        )
+        if isinstance(decision, GiveUp):
+            self._finish(run, fence, "error", error=decision.reason)
+            return f"error: {reason}"
+        # Give the lease back so the retry (on any worker) can claim at once.
+        with self.store.transaction() as tx:
+            if tx.advance_run(run.id, fence=fence, now=self.clock(), lease_owner=None, lease_expires_at=None) is None:
+                raise FenceLost(run.id, fence)
+        log.warning("run %s step %d failed (attempt %d), retrying: %s", run.id, step, attempt + 1, reason)
+        raise RetryLater(decision.countdown, reason)
 
     def _finish(
         self, run: Run, fence: int, status: str, *, output: str | None = None, error: str | None = None
@@ -557,18 +558,19 @@ class Runtime:
                 tx.keep_full_result(call.effect_key, content)
             content = shortened
         deadline = time.monotonic() + max(self.settings.tool_lease_s, 5.0)
-        delay = 0.1
+        unreachable = 0
         while True:
             try:
                 return self._commit_call(run, fence, call, tool, content, is_error=is_error, own_outbox=own_outbox)
             except StoreUnavailable as exc:
+                unreachable += 1
+                delay = STORE_RECONNECT_BACKOFF.delay_s(unreachable)
                 if time.monotonic() + delay >= deadline:
                     raise
                 log.warning(
                     "call %s: cannot commit its result yet, retrying in %.1f s: %s", call.effect_key, delay, exc
                 )
                 time.sleep(delay)
-                delay = min(delay * 2, 2.0)
             except FenceLost:
                 raise
             except Exception as exc:  # the store refused this result: the model is told so, once

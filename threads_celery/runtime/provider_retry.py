@@ -1,5 +1,6 @@
 """The step machine's shell around provider failures and rate-limit windows (decisions in
-:mod:`threads_celery.decisions.provider_limits`): load, decide, apply."""
+:mod:`threads_celery.decisions.provider_limits` and :mod:`threads_celery.decisions.retry`): load,
+decide, apply."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import logging
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from threads_celery.decisions.provider_limits import GiveUp, classify_provider_failure, decide_provider_retry
+from threads_celery.decisions.provider_limits import classify_provider_failure
+from threads_celery.decisions.retry import GiveUp, decide_provider_retry
 from threads_celery.exceptions import FenceLost
 from threads_celery.redaction import describe_exception
 
@@ -85,13 +87,13 @@ def provider_failed(runtime: Runtime, run: Run, fence: int, step: int, exc: Exce
         run.id,
         step,
         failure.status,
-        decision.seconds,
+        decision.countdown,
         reason,
     )
     release_and_retry(
-        runtime, run, fence, decision.seconds, reason,
+        runtime, run, fence, decision.countdown, reason,
         event={
-            "run_id": run.id, "step": step, "status": failure.status, "retry_in_s": round(decision.seconds, 3),
+            "run_id": run.id, "step": step, "status": failure.status, "retry_in_s": round(decision.countdown, 3),
             "failures": failures, "first_failed_at": first_failed_at.isoformat(), "reason": reason,
         },
     )  # fmt: skip

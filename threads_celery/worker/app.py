@@ -283,7 +283,8 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
             if poison_key is None:
                 raise
             # A step or tool task that fails unforeseen: bounded tries, then the run ends.
-            from threads_celery.runtime.failures import GiveUp, apply_task_failure
+            from threads_celery.decisions.retry import GiveUp
+            from threads_celery.runtime.failures import apply_task_failure
 
             failures = (task.request.retries or 0) + 1
             decision = apply_task_failure(holder.get(), task.name, poison_key, failures, exc)
