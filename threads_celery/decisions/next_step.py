@@ -1,7 +1,10 @@
-"""What a delivered task should do, decided from the ledger alone: pure functions.
+"""What a delivered task should do, and what runs after it, decided from the ledger alone.
 
-``threads.step`` and ``threads.tool`` load a run (and a call), ask these functions, and apply the
-answer. No clock reads, no I/O: every branch is tested without Celery or a database.
+``threads.step`` and ``threads.tool`` load a run (and a call), ask :func:`decide_step` or
+:func:`decide_call` whether to do the work, and apply the answer. Whoever then commits a model
+reply or a call's result asks :func:`after_reply`, :func:`after_call` or :func:`after_results`
+which task runs next, and records it in the same commit. No clock reads, no I/O: every branch is
+tested without Celery or a database.
 """
 
 from __future__ import annotations
@@ -141,3 +144,51 @@ def decide_call(
     if isinstance(decision, Wait):
         return Busy(decision.until)
     return decision
+
+
+# -- what runs next ----------------------------------------------------------------------------
+#
+# After a commit moves a run on, the same commit records the one task that runs next (its outbox
+# row). These functions say which, from the committed call or reply alone; the committing shell
+# turns the answer into the outbox row (it knows the queues, and may have the next call's row).
+
+
+@dataclass(frozen=True, slots=True)
+class NextCall:
+    """Dispatch the call at ``index`` of the same model reply (when it opens a concurrent group,
+    the group's first wave)."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class NextStep:
+    """Every call of the reply has its result: ask the model again, at the run's current step."""
+
+
+@dataclass(frozen=True, slots=True)
+class FinishRun:
+    """End the run ``completed``: the model replied without calls, or a call ended the turn."""
+
+
+WhatRunsNext = NextCall | NextStep | FinishRun
+"""Every answer the functions below can give."""
+
+
+def after_reply(calls: int) -> NextCall | FinishRun:
+    """After a model step committed a reply with ``calls`` tool calls: its first call, or the end."""
+    return NextCall(0) if calls > 0 else FinishRun()
+
+
+def after_results(shown: int, calls_in_step: int) -> NextCall | NextStep:
+    """After the results of a reply's first ``shown`` calls (of ``calls_in_step``) are recorded,
+    in order: the call after them, or the next model step once every call has its result."""
+    return NextCall(shown) if shown < calls_in_step else NextStep()
+
+
+def after_call(call: CallRow, *, ends_turn: bool) -> WhatRunsNext:
+    """After ``call``'s result is committed in order. ``ends_turn``: the call succeeded and its
+    tool ends the turn, so the run finishes (the calls after it are skipped)."""
+    if ends_turn:
+        return FinishRun()
+    return after_results(call.index + 1, call.calls_in_step)

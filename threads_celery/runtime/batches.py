@@ -14,8 +14,9 @@ Each recording is one transaction holding the run's row lock, so siblings' commi
 than race; a read_only call records no claim before it runs (one commit per call, as in
 sequence), so after a crash its outbox row falls due and the backbone runs it again.
 
-The planning functions are pure; :func:`record_concurrent_result` and :func:`open_group` are the
-shell.
+The planning functions are pure (what runs once a group is complete is
+:func:`threads_celery.decisions.next_step.after_results`); :func:`record_concurrent_result` and
+:func:`open_group` are the shell.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from threads_celery.decisions.next_step import NextStep, after_results
 from threads_celery.exceptions import FenceLost
 from threads_celery.records import CallRow, OutboxEntry, Run, ToolResult
 from threads_celery.store import Tx
@@ -190,12 +192,13 @@ def _record(tx: Tx, run: Run, call: CallRow, group: list[CallRow], now: datetime
         return entries
     if tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None) is None:
         raise FenceLost(run.id, run.fence)
-    if end >= call.calls_in_step:
-        following = runs.step_entry(run, run.step, run.agent, runs.agent_queue(tx, run.agent))
+    following = after_results(end, call.calls_in_step)
+    if isinstance(following, NextStep):
+        entry = runs.step_entry(run, run.step, run.agent, runs.agent_queue(tx, run.agent))
     else:
-        following = _entry(tx.get_next_call(run.id, call.step, end))
-    tx.insert_outbox(following, now)
-    return [*entries, following]
+        entry = _entry(tx.get_next_call(run.id, call.step, following.index))
+    tx.insert_outbox(entry, now)
+    return [*entries, entry]
 
 
 SKIPPED = "skipped: the run ended before this call started"

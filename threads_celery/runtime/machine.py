@@ -24,10 +24,14 @@ from typing import TYPE_CHECKING, Any, assert_never
 
 from threads_celery.decisions.backbone import republish_delay
 from threads_celery.decisions.effects import NeedsLookup, Park, RecordFound, RunAgain
-from threads_celery.decisions.next_step import (  # re-exported: the step machine's decisions
+from threads_celery.decisions.next_step import (  # Busy, Proceed, Skip, decide_*: re-exported
     Busy,
+    NextCall,
+    NextStep,
     Proceed,
     Skip,
+    after_call,
+    after_reply,
     decide_call,
     decide_step,
 )
@@ -259,7 +263,8 @@ class Runtime:
                     now,
                     chunk={"role": "assistant", "text": turn.text, "tool_calls": [r.name for _, r, _ in calls]},
                 )
-            if calls:
+            following = after_reply(len(calls))
+            if isinstance(following, NextCall):
                 tx.insert_tool_calls(
                     [
                         {
@@ -287,10 +292,11 @@ class Runtime:
                     ]
                 )
                 # The first call, or the first wave of a concurrent group that opens the reply.
+                first = following.index
                 wave = (
-                    batches.first_wave(0, batches.group_end(plan, 0), self.settings.max_parallel_tool_calls)
-                    if plan[0] is not None
-                    else range(1)
+                    batches.first_wave(first, batches.group_end(plan, first), self.settings.max_parallel_tool_calls)
+                    if plan[first] is not None
+                    else range(first, first + 1)
                 )
                 for i in wave:
                     key, requested, t = calls[i]
@@ -659,11 +665,12 @@ class Runtime:
         """
         from threads_celery.records import ToolResult
 
-        entry = (
-            runs.step_entry(run, run.step, run.agent, self._step_queue(run.agent))
-            if call.next_call is None
-            else runs.tool_entry(*call.next_call)
-        )
+        following = after_call(call, ends_turn=False)
+        if isinstance(following, NextStep):
+            entry = runs.step_entry(run, run.step, run.agent, self._step_queue(run.agent))
+        else:
+            assert call.next_call is not None  # the one-statement path is chosen only when it is known
+            entry = runs.tool_entry(*call.next_call)
         with self.store.autocommit() as tx:
             moved = tx.commit_call_result_in_one(
                 run_id=run.id,

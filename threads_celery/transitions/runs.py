@@ -13,6 +13,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from threads_celery.decisions.next_step import FinishRun, NextStep, after_call
 from threads_celery.exceptions import ConfigError, FenceLost, RunNotFound, ThreadNotFound
 from threads_celery.records import TERMINAL_STATUSES, CallRow, OutboxEntry, Run
 from threads_celery.store import Tx
@@ -335,17 +336,18 @@ def record_call_result(
             now,
             chunk={"role": "tool", "name": call.tool, "text": content, "is_error": is_error},
         )
-    if ends_turn and not is_error:
+    following = after_call(call, ends_turn=ends_turn and not is_error)
+    if isinstance(following, FinishRun):
         skipped = _skip_rest_of_step(tx, run, call, seq + 1, now)
         entries = finish(tx, run, fence=moved, status="completed", now=now, output=_last_assistant_text(tx, run))
         return f"ended the turn{f' (skipped {skipped})' if skipped else ''}", entries
-    if call.is_last_in_step:
+    if isinstance(following, NextStep):
         entry = step_entry(run, run.step, run.agent, agent_queue(tx, run.agent))
-    elif call.next_call is not None:
+    elif call.next_call is not None:  # read with the call: no query for it
         entry = tool_entry(*call.next_call)
     else:
-        following = tx.get_next_call(run.id, call.step, call.index + 1)
-        entry = tool_entry(following.effect_key, following.tool, following.queue)
+        next_call = tx.get_next_call(run.id, call.step, following.index)
+        entry = tool_entry(next_call.effect_key, next_call.tool, next_call.queue)
     tx.insert_outbox(entry, now)
     return ("error" if is_error else "completed"), [entry]
 
