@@ -8,6 +8,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from threads_celery.exceptions import ConfigError
 from threads_celery.settings import Settings
 
 if TYPE_CHECKING:
@@ -116,6 +117,8 @@ class ToolContext:
         raise :class:`~threads_celery.exceptions.AttachmentQuotaError` and write nothing.
         """
         if self._files is None:
+            # A runtime service, loaded on a tool's first use: a web app importing the agents
+            # that declare this tool must not load the runtime.
             from threads_celery.runtime.files import FilesQuota, ThreadFiles
 
             quota = FilesQuota(self._settings.files_max_bytes or None, self._settings.files_max_count or None)
@@ -142,6 +145,7 @@ class ToolContext:
         as the worker's user (trusted code only; the only way to run code where ``bwrap`` is
         not installed).
         """
+        # A runtime service, loaded on first use, as ThreadFiles above.
         from threads_celery.runtime.sandbox import run_code
 
         return run_code(
@@ -175,8 +179,6 @@ class ToolContext:
         the runs it started. Returns a :class:`~threads_celery.definitions.agent_tools.DetachedHandle`.
         """
         if self._start_child is None:
-            from threads_celery.exceptions import ConfigError
-
             raise ConfigError("run_agent_tool() is available only inside a running tool call")
         if run_id is None:
             run_id = f"agent-tool:{self.effect_key}:{self._children_started}"

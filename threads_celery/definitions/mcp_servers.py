@@ -27,9 +27,13 @@ import json
 import re
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+import anyio
+from pydantic import ValidationError
 
 from threads_celery.decisions.effects import Reconcile
 from threads_celery.definitions.schema_tools import EffectChoice, SchemaTool, ToolArguments, schema_tool, stated_effect
@@ -264,7 +268,7 @@ class MCPServer:
     # -- calls ------------------------------------------------------------------------------
 
     def _client(self) -> AbstractAsyncContextManager[Client]:
-        from mcp import Client, StdioServerParameters
+        from mcp import Client, StdioServerParameters  # the optional mcp extra (threads-celery[mcp])
 
         if self.command is not None:
             params = StdioServerParameters(command=self.command, args=list(self.args), env=self.env, cwd=self.cwd)
@@ -293,8 +297,6 @@ class MCPServer:
         error result and :class:`~threads_celery.exceptions.EffectUnknown` when the server
         failed after the call was sent.
         """
-        import anyio
-
         sent = False
         result: CallToolResult | None = None
         meta: Any = {"io.threads-celery/effect-key": effect_key} if effect_key else None
@@ -325,8 +327,6 @@ class MCPServer:
 
 def _shown_url(url: str) -> str:
     """A URL fit for messages: no credentials, no query (either may hold a token)."""
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = f":{parts.port}" if parts.port else ""
@@ -357,8 +357,6 @@ def describe_failure(exc: BaseException, timeout_s: float) -> str:
     leaves = _leaf_exceptions(exc)
     if any(isinstance(e, TimeoutError) or "timed out" in str(e) for e in leaves):
         return f"did not answer within {timeout_s:g} s"
-    from pydantic import ValidationError
-
     if any(isinstance(e, ValidationError | json.JSONDecodeError) for e in leaves):
         return "answered with something that is not a valid MCP message"
     first = leaves[0] if leaves else exc
@@ -384,6 +382,7 @@ def _object_schema(schema: dict[str, Any]) -> dict[str, Any]:
 def _json_schema_validator(
     server: str, tool_name: str, schema: dict[str, Any]
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    # jsonschema comes with the optional mcp extra, the only source of raw JSON schemas.
     import jsonschema
     from jsonschema.exceptions import SchemaError
 
@@ -416,8 +415,7 @@ def _json_schema_validator(
 def _http_client_with_headers(
     url: str, headers: Mapping[str, str], timeout_s: float
 ) -> AbstractAsyncContextManager[Client]:
-    from contextlib import asynccontextmanager
-
+    # mcp is an optional extra (threads-celery[mcp]); httpx2 comes with it.
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
@@ -439,8 +437,6 @@ def run_in_fresh_loop(factory: Callable[[], Awaitable[_T]], timeout_s: float) ->
     Agents are built at import time, which may be inside a running event loop (a web app);
     a thread of its own keeps that loop out of it. Bounded by ``timeout_s`` (plus a grace).
     """
-    import anyio
-
     outcome: dict[str, Any] = {}
 
     def target() -> None:

@@ -36,6 +36,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
+from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai import RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models import (
@@ -48,6 +49,7 @@ from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.usage import RunUsage
 
 from threads_celery.decisions.effects import Reconcile
 from threads_celery.decisions.permissions import Permissions
@@ -144,8 +146,6 @@ def from_pydantic_ai(
     given. ``mcp_servers`` adds the tools of MCP servers (see
     :class:`~threads_celery.definitions.mcp_servers.MCPServer`), in place of Pydantic AI's MCP toolsets.
     """
-    from pydantic_ai import Agent as PydanticAgent
-
     if not isinstance(agent, PydanticAgent):
         raise ConfigError(f"from_pydantic_ai takes a pydantic_ai.Agent, not {type(agent).__name__}")
     agent_name = name or agent.name
@@ -258,8 +258,6 @@ def _run_context(
     call_key: str | None = None,
     retry: int = 0,
 ) -> Any:
-    from pydantic_ai.usage import RunUsage
-
     model = agent.model.inner if isinstance(agent.model, DurableModel) else agent.model
     return RunContext(
         deps=agent.built_deps(),
@@ -481,6 +479,8 @@ class DurableModel(WrapperModel):
         """The wrapped pydantic-ai model (resolved from a model string on first use)."""
         with self._lock:
             if self._inner is None:
+                # The runtime's model layer, loaded on the first request only: a web app
+                # importing this agent never resolves its model.
                 from threads_celery.runtime.models import resolve_model
 
                 self._inner = resolve_model(self._spec)

@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from cryptography.fernet import Fernet, InvalidToken
+
 from threads_celery.exceptions import ConfigError, ThreadsError
+from threads_celery.redaction import redact_text
 
 if TYPE_CHECKING:
-    from cryptography.fernet import Fernet
-
     from threads_celery.definitions.agents import AgentRegistry
     from threads_celery.store import Store, Tx
 
@@ -87,8 +88,6 @@ class SecretBox:
                     "(generate one with: python -c 'from cryptography.fernet import Fernet; "
                     "print(Fernet.generate_key().decode())')"
                 )
-            from cryptography.fernet import Fernet
-
             try:
                 self._fernet = Fernet(self._key.encode() if isinstance(self._key, str) else self._key)
             except (ValueError, TypeError):
@@ -99,8 +98,6 @@ class SecretBox:
         return self._cipher().encrypt(value.encode()).decode()
 
     def open(self, token: str) -> str:
-        from cryptography.fernet import InvalidToken
-
         try:
             return self._cipher().decrypt(token.encode()).decode()
         except InvalidToken:
@@ -112,8 +109,6 @@ def redact(text: str, secrets: Iterable[str]) -> str:
 
     See :func:`threads_celery.redaction.redact_text` (raw, JSON-escaped, ``repr``, each line).
     """
-    from threads_celery.redaction import redact_text
-
     return redact_text(text, secrets)
 
 

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
+    from prometheus_client import CollectorRegistry  # optional: threads-celery[metrics]
     from prometheus_client.metrics_core import Metric
 
     from threads_celery.store import Store
@@ -41,7 +41,7 @@ class _Instruments:
     """The process's histograms and counters, created once (prometheus_client refuses twice)."""
 
     def __init__(self) -> None:
-        from prometheus_client import Counter, Histogram
+        from prometheus_client import Counter, Histogram  # optional: threads-celery[metrics]
 
         buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
         self.step = Histogram("threads_step_duration_seconds", "Model step latency.", ["agent"], buckets=buckets)
@@ -116,7 +116,7 @@ class LedgerCollector:
         self.clock = clock or (lambda: datetime.now(UTC))
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import GaugeMetricFamily  # optional: threads-celery[metrics]
 
         with self.store.read() as tx:
             snapshot = tx.metrics_snapshot(self.clock())
@@ -144,12 +144,12 @@ class LedgerCollector:
 def registry_for(store: Store) -> CollectorRegistry:
     """A registry with the ledger's gauges and this process's instruments (or every prefork
     child's, with PROMETHEUS_MULTIPROC_DIR)."""
-    from prometheus_client import CollectorRegistry
+    from prometheus_client import CollectorRegistry  # optional: threads-celery[metrics]
 
     registry = CollectorRegistry()
     registry.register(LedgerCollector(store))
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
+        from prometheus_client import multiprocess  # optional: threads-celery[metrics]
 
         # prometheus_client leaves this constructor unannotated (the rest of its API is typed).
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
@@ -163,14 +163,14 @@ def registry_for(store: Store) -> CollectorRegistry:
 
 def render(store: Store) -> tuple[bytes, str]:
     """The metrics in Prometheus' text format, and its content type."""
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # optional: threads-celery[metrics]
 
     return generate_latest(registry_for(store)), CONTENT_TYPE_LATEST
 
 
 def serve(store: Store, port: int) -> None:
     """Serve ``/metrics`` on ``port`` from a background thread (a worker's THREADS_METRICS_PORT)."""
-    from prometheus_client import start_http_server
+    from prometheus_client import start_http_server  # optional: threads-celery[metrics]
 
     start_http_server(port, registry=registry_for(store))
 

@@ -25,7 +25,7 @@ TRACER_NAME = "threads_celery"
 
 def _tracer() -> Any | None:
     try:
-        from opentelemetry import trace
+        from opentelemetry import trace  # optional: threads-celery[otel]; untraced without it
     except ImportError:
         return None
     return trace.get_tracer(TRACER_NAME)
@@ -36,7 +36,7 @@ def start_run_span(run_id: str, thread_id: str, agent: str, *, parent_run_id: st
     tracer = _tracer()
     if tracer is None:
         return None
-    from opentelemetry.propagate import inject
+    from opentelemetry.propagate import inject  # optional: threads-celery[otel], found by _tracer()
 
     name = "threads.child_run" if parent_run_id else "threads.run"
     attributes = {"threads.run_id": run_id, "threads.thread_id": thread_id, "threads.agent": agent}
@@ -57,6 +57,7 @@ def run_child_span(traceparent: str | None, name: str, attributes: dict[str, Any
     if tracer is None or traceparent is None:
         yield None
         return
+    # optional: threads-celery[otel], found by _tracer()
     from opentelemetry.propagate import extract
     from opentelemetry.trace import Status, StatusCode
 
