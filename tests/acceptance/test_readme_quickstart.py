@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -25,26 +24,20 @@ from typing import Any
 
 import pytest
 
+from tests.support.processes import REPO_ROOT, ManagedProcess, free_port
 from tests.support.services import require_service
 
-REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- quickstart:begin -->", "<!-- quickstart:end -->"
 # Services start, two approvals, ten seconds of events, then up to a minute for the schedule.
 RUN_TIMEOUT_S = 300
 
 
 def quickstart() -> str:
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
     assert readme.count(BEGIN) == 1 and readme.count(END) == 1, "one quick-start block in README.md"
     block = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     assert block.startswith("```bash\n") and block.endswith("\n```"), block[:40]
     return block.removeprefix("```bash\n").removesuffix("\n```") + "\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def adapt(
@@ -116,19 +109,20 @@ def test_the_quickstart_runs_as_written(pg_server: Any, redis_url: str, tmp_path
         if not k.startswith(("THREADS_", "FLOWER_", "BATCH_", "OPENAI_"))
     }
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    proc = subprocess.Popen(
-        ["bash", str(path)], cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+    script = ManagedProcess(
+        "the quick-start", ["bash", str(path)], env=env, log_path=tmp_path / "quickstart.out", cwd=REPO_ROOT
+    )
+    proc = script.start().proc
+    assert proc is not None
     try:
         try:
-            output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+            proc.wait(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
+            script.kill()
             pytest.fail(
-                f"the quick-start did not finish within {RUN_TIMEOUT_S}s:\n{output}\n{_logs(logs)}"
+                f"the quick-start did not finish within {RUN_TIMEOUT_S}s:\n{script.log_text()}\n{_logs(logs)}"
             )
+        output = script.log_text()
         assert proc.returncode == 0, f"the quick-start failed:\n{output}\n{_logs(logs)}"
         # The approvals were accepted, the events streamed, the run completed, the schedule fired.
         assert output.count('"decision":"approved"') == 2, output
@@ -139,12 +133,11 @@ def test_the_quickstart_runs_as_written(pg_server: Any, redis_url: str, tmp_path
         [latest] = runs[-1]
         assert latest["id"].startswith("sched:nightly-report:"), output
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+        # The services the script started in the background stop warmly first, then whatever lingers.
+        script.signal_group(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=30)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        script.kill()
         with pg_server.connect(autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 

@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
-from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -18,7 +14,9 @@ import pytest
 pytest.importorskip("opentelemetry.sdk.trace", reason="opentelemetry-sdk is in the test extra")
 from opentelemetry import trace
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import REPO_ROOT, ManagedProcess
+from tests.support.waiting import Deadline
+
 READY_TIMEOUT_S = 90.0
 RUN_TIMEOUT_S = 60.0
 
@@ -78,19 +76,14 @@ def test_a_runs_spans_in_the_workers_are_children_of_the_runs_span(
         THREADS_AGENTS="traced_agents", SPANS_FILE=str(spans_file),
         PYTHONPATH=f"{REPO_ROOT}{os.pathsep}{tmp_path}", PYTHONUNBUFFERED="1",
     )  # fmt: skip
-    log_path = tmp_path / "worker.log"
     argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "prefork", "-c", "2",
             "-l", "INFO", "-n", "traced@%h", "--without-mingle", "--without-gossip"]  # fmt: skip
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    worker = ManagedProcess("the traced worker", argv, env=env, log_path=tmp_path / "worker.log", cwd=tmp_path).start()
     sys.path.insert(0, str(tmp_path))
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while "traced@" not in log_path.read_text(errors="replace") or " ready." not in log_path.read_text(errors="replace"):
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.1)
+        ready = Deadline(READY_TIMEOUT_S)
+        worker.wait_for_log("traced@", timeout=ready.remaining())
+        worker.wait_for_log(r" ready\.", timeout=ready.remaining())
         import traced_agents
 
         from threads_celery import Threads
@@ -99,7 +92,7 @@ def test_a_runs_spans_in_the_workers_are_children_of_the_runs_span(
         with Threads(database_url=migrated_pg_url, broker_url=integration_redis_url) as threads:
             threads.register(traced_agents.fleet)
             run = threads.wait(threads.start("traced-fleet", "go").run_id, timeout=RUN_TIMEOUT_S)
-        assert run.status == "completed", log_path.read_text()[-3000:]
+        assert run.status == "completed", worker.log_text()[-3000:]
         assert run.traceparent is not None
         _, trace_id, run_span_id, _ = run.traceparent.split("-")
         spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
@@ -111,10 +104,4 @@ def test_a_runs_spans_in_the_workers_are_children_of_the_runs_span(
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("traced_agents", None)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            with suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=20)
-        with suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=20)
+        worker.terminate(timeout=20)

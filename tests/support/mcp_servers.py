@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
-import time
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.support.processes import REPO_ROOT, ManagedProcess, free_port
+from tests.support.waiting import eventually
 from threads_celery import MCPServer
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVER_MODULE = "tests.support.mcp_test_server"
 
 
@@ -38,12 +38,6 @@ def stdio_server(
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def http_server_process(ledger: Path | None = None, *, timeout: float = 30.0) -> Iterator[str]:
     """The test server over streamable HTTP on a free port; yields its URL, stops it afterwards."""
@@ -51,45 +45,29 @@ def http_server_process(ledger: Path | None = None, *, timeout: float = 30.0) ->
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     if ledger is not None:
         env["MCP_TEST_LEDGER"] = str(ledger)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", SERVER_MODULE, "http", str(port)],
-        cwd=REPO_ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"the MCP test server exited with {proc.returncode} before listening"
-                )
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise AssertionError(
-                        f"the MCP test server did not listen on {port} within {timeout:g}s"
-                    ) from None
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        stop(proc)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a server process started here (SIGTERM, then SIGKILL)."""
-    if proc.poll() is None:
-        proc.terminate()
+    argv = [sys.executable, "-m", SERVER_MODULE, "http", str(port)]
+    with tempfile.TemporaryDirectory(prefix="mcp-test-server-") as logs:
+        server = ManagedProcess("the MCP test server", argv, env=env, log_path=Path(logs) / "server.log").start()
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+            eventually(
+                lambda: _listening(server, port),
+                timeout=timeout,
+                what=f"the MCP test server listening on {port}",
+                detail=server.log_tail,
+            )
+            yield f"http://127.0.0.1:{port}/mcp"
+        finally:
+            server.terminate(timeout=10)
+
+
+def _listening(server: ManagedProcess, port: int) -> bool:
+    if not server.alive():
+        raise AssertionError(f"{server.name} exited before listening:\n{server.log_tail()}")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def ledger_lines(ledger: Path) -> list[str]:
