@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import REPO_ROOT
 
 # Where a web app's process would find the worker-side agent code if it were (wrongly) imported.
 TOOL_MODULE = "webapp_agents_for_import_test"

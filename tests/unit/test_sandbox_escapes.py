@@ -20,11 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import REPO_ROOT
 from tests.support.waiting import eventually
 from threads_celery.runtime import isolation, sandbox
 from threads_celery.runtime.sandbox import run_code
-
-REPO = Path(__file__).resolve().parents[2]
 
 if isolation.find_bwrap() is None:
     if os.environ.get("CI") == "true":
@@ -120,7 +119,7 @@ def test_the_code_cannot_read_another_threads_files_the_project_or_home() -> Non
         other.mkdir(mode=0o755)
         (other / "notes.txt").write_text("canary-other-thread")
         (other / "notes.txt").chmod(0o644)
-        targets = [str(other / "notes.txt"), str(REPO / "README.md"), str(REPO / "pyproject.toml"),
+        targets = [str(other / "notes.txt"), str(REPO_ROOT / "README.md"), str(REPO_ROOT / "pyproject.toml"),
                    "/etc/passwd", "/etc/shadow", "/root/.bashrc", str(Path.home() / ".bashrc")]  # fmt: skip
         code = f"""
 import json
