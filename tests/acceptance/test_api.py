@@ -316,11 +316,7 @@ def test_a_childs_pending_call_is_listed_at_the_parent_run_and_approved_through_
         assert response.status_code == 200, response.text
         return [p for p in response.json() if p["kind"] == "child"]
 
-    deadline = time.monotonic() + 20
-    while not (entries := child_entry()):
-        assert time.monotonic() < deadline, "the child's call never showed at the parent"
-        time.sleep(0.02)
-    [entry] = entries
+    [entry] = eventually(child_entry, timeout=20, what="the child's call showing at the parent")
     assert (entry["tool"], entry["agent"], entry["status"]) == ("send_email", "api_child_mailer", "awaiting_approval")
     assert entry["via"].startswith("agent-tool:")
     approved = client.post(f"/v1/calls/{entry['effect_key']}/approve", json={"principal": "ops", "remember": True}, headers=AUTH)

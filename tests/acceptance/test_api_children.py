@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -10,6 +9,7 @@ from cryptography.fernet import Fernet
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
+from tests.support.waiting import eventually
 from threads_celery import Agent, Threads, Variable, agent_tool, tool
 from threads_celery.api.app import create_api
 from threads_celery.testing import ScriptedModel, call, say
@@ -43,10 +43,12 @@ def client() -> Iterator[tuple[TestClient, Threads]]:
 
 
 def _wait(threads: Threads, run_id: str, status: str) -> None:
-    deadline = time.monotonic() + 20
-    while threads.get_run(run_id).status != status:
-        assert time.monotonic() < deadline, threads.get_run(run_id).status
-        time.sleep(0.02)
+    eventually(
+        lambda: threads.get_run(run_id).status == status,
+        timeout=20,
+        what=f"run {run_id} {status}",
+        detail=lambda: threads.get_run(run_id).status,
+    )
 
 
 def test_agent_tool_runs_are_listed_drilled_into_and_cleared(client: tuple[TestClient, Threads]) -> None:

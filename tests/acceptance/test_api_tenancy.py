@@ -10,7 +10,6 @@ slip past these checks unnoticed.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 from sqlalchemy import select
 
+from tests.support.waiting import eventually
 from threads_celery import Agent, Threads, Variable, agent_tool, tool
 from threads_celery.api.app import create_api
 from threads_celery.store.schema import tool_calls
@@ -76,10 +76,12 @@ def request(http: TestClient, method: str, path: str, route: str, headers: dict[
 
 
 def wait_for(threads: Threads, run_id: str, status: str) -> None:
-    deadline = time.monotonic() + 20
-    while (current := threads.get_run(run_id).status) != status:
-        assert time.monotonic() < deadline, current
-        time.sleep(0.02)
+    eventually(
+        lambda: threads.get_run(run_id).status == status,
+        timeout=20,
+        what=f"run {run_id} {status}",
+        detail=lambda: threads.get_run(run_id).status,
+    )
 
 
 @pytest.fixture(scope="module")

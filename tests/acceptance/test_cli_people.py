@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from tests.support.processes import THREADS_CELERY, ManagedProcess
+from tests.support.waiting import eventually
 from threads_celery.cli.app import app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -295,13 +295,14 @@ def worker_process(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[dict
 
 
 def wait_for_call(tool: str, cwd: Path, env: dict[str, str], timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [c for c in pending(cwd, **env) if c["tool"] == tool]
-        if found:
-            return found[0]
-        assert time.monotonic() < deadline, f"no {tool} call waited for a person within {timeout}s\n" + (cwd / "worker.log").read_text()
-        time.sleep(0.2)
+    found = eventually(
+        lambda: [c for c in pending(cwd, **env) if c["tool"] == tool],
+        timeout=timeout,
+        interval=0.2,
+        what=f"a {tool} call waiting for a person",
+        detail=lambda: "\n" + (cwd / "worker.log").read_text(),
+    )
+    return found[0]
 
 
 def test_with_a_real_worker_each_approval_lets_the_workers_carry_the_run_to_its_end(worker_process: dict[str, str], tmp_path: Path) -> None:
@@ -319,10 +320,12 @@ def test_with_a_real_worker_each_approval_lets_the_workers_carry_the_run_to_its_
     assert email["run_id"] == run_id
     assert cli("approve", email["effect_key"], "--principal", "alice", cwd=tmp_path, **env).returncode == 0
 
-    deadline = time.monotonic() + 60
-    while (run := shown(run_id, tmp_path, **env))["status"] != "completed":
-        assert time.monotonic() < deadline and run["status"] not in ("error", "aborted"), run
-        time.sleep(0.2)
+    def completed() -> dict[str, Any] | None:
+        run = shown(run_id, tmp_path, **env)
+        assert run["status"] not in ("error", "aborted"), run
+        return run if run["status"] == "completed" else None
+
+    run = eventually(completed, timeout=60, interval=0.2, what=f"run {run_id} completing")
     assert "Gasthaus Pöschl" in run["output"] and "The details are in your inbox." in run["output"]
     outbox = (tmp_path / ".threads-celery" / "demo-outbox.jsonl").read_text().splitlines()
     assert len(outbox) == 1 and "Gasthaus Pöschl" in json.loads(outbox[0])["body"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -119,16 +118,18 @@ def flower(
 
 
 def wait_for_task(flower: Flower, task_id: str, *, state: str = "SUCCESS") -> dict[str, Any]:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
+    def task_in_state() -> dict[str, Any] | None:
         _, listing = flower.tasks()
-        task = listing.get(task_id)
-        if task is not None and task.get("state") == state:
-            return task
-        assert time.monotonic() < deadline, (
-            f"task {task_id} not {state} in Flower within {DEADLINE_S:g}s: {task}\n{flower.log_tail()}"
-        )
-        time.sleep(0.2)
+        task: dict[str, Any] | None = listing.get(task_id)
+        return task if task is not None and task.get("state") == state else None
+
+    return eventually(
+        task_in_state,
+        timeout=DEADLINE_S,
+        interval=0.2,
+        what=f"task {task_id} {state} in Flower",
+        detail=lambda: f"{flower.tasks()[1].get(task_id)}\n{flower.log_tail()}",
+    )
 
 
 def run_and_wait(threads: Any, flower: Flower, agent: Any, message: str) -> Any:

@@ -11,7 +11,6 @@ exposed point, lets the tick run into it, and only then lets the commit go on.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from tests.support.waiting import eventually
 from threads_celery import Agent, Settings
 from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.records import OutboxEntry
@@ -114,11 +114,13 @@ def test_a_child_step_commit_and_the_reconcile_tick_do_not_deadlock(store: Store
         store.transaction = remember_pid  # type: ignore[method-assign]
         try:
             ticker.start()
-            deadline = time.monotonic() + WAIT_S
-            while not (tick_pids and _waiting_on_a_lock(store, tick_pids[-1])):
+            def tick_waits_on_the_commit() -> bool:
+                if tick_pids and _waiting_on_a_lock(store, tick_pids[-1]):
+                    return True
                 assert ticker.is_alive(), f"the tick ended without waiting on the commit: {tick_errors or tick_result}"
-                assert time.monotonic() < deadline, "the tick never reached the commit's locks"
-                time.sleep(0.02)
+                return False
+
+            eventually(tick_waits_on_the_commit, timeout=WAIT_S, interval=0.02, what="the tick reaching the commit's locks")
         finally:
             store.transaction = original_begin  # type: ignore[method-assign]
         agent_tools.child_signal(commit, rows["middle_row"].run_id, now, chunk={"role": "assistant", "text": "thinking"})
@@ -168,11 +170,13 @@ def test_a_child_step_commit_and_cancelling_its_agent_tool_run_do_not_deadlock(s
             commit.insert_message(thread_id=middle_run.thread_id, run_id=middle_run.id, role="assistant", text="thinking", now=now)
             client.store.transaction = remember_pid  # type: ignore[method-assign]
             canceller.start()
-            deadline = time.monotonic() + WAIT_S
-            while not (pids and _waiting_on_a_lock(store, pids[-1])):
+            def cancel_waits_on_the_commit() -> bool:
+                if pids and _waiting_on_a_lock(store, pids[-1]):
+                    return True
                 assert canceller.is_alive(), f"the cancel ended without waiting on the commit: {errors}"
-                assert time.monotonic() < deadline, "the cancel never reached the commit's locks"
-                time.sleep(0.02)
+                return False
+
+            eventually(cancel_waits_on_the_commit, timeout=WAIT_S, interval=0.02, what="the cancel reaching the commit's locks")
             client.store.transaction = original_begin  # type: ignore[method-assign]
             agent_tools.child_signal(commit, rows["middle_row"].run_id, now, chunk={"role": "assistant", "text": "thinking"})
         canceller.join(WAIT_S)

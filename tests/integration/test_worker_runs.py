@@ -7,11 +7,11 @@ subprocess (see ``conftest.py``) loads the agents of ``agents_for_tests`` and do
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 from tests.integration.conftest import WorkerProcess
+from tests.support.waiting import eventually
 from threads_celery.records import Message
 
 WAIT_S = 60.0
@@ -31,11 +31,7 @@ def shape(messages: list[Message]) -> list[tuple[str, str]]:
 
 
 def wait_for_file(path: Path, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{path} did not appear within {timeout:g}s")
-        time.sleep(0.02)
+    eventually(path.exists, timeout=timeout, interval=0.02, what=f"{path} appearing")
 
 
 def outbox_keys(threads: Any) -> list[str]:
