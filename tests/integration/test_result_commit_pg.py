@@ -85,7 +85,7 @@ def test_a_stale_fence_writes_nothing(runtime: Store) -> None:
         call, current = tx.get_call_and_run(entry.args[0])
         before = (len(tx.list_messages(run.thread_id)), len(tx.list_events(run.thread_id)))
     with pytest.raises(FenceLost):
-        rt._commit_call_in_one(current, current.fence - 1, call, "late", is_error=False, own_outbox=True)
+        rt._commit_call(current, current.fence - 1, call, None, "late", is_error=False, own_outbox=True)
     with runtime.read() as tx:
         after = (len(tx.list_messages(run.thread_id)), len(tx.list_events(run.thread_id)))
         assert tx.get_call_and_run(entry.args[0])[0].status == "pending"

@@ -27,10 +27,8 @@ from threads_celery.decisions.effects import NeedsLookup, Park, RecordFound, Run
 from threads_celery.decisions.next_step import (  # Busy, Proceed, Skip, decide_*: re-exported
     Busy,
     NextCall,
-    NextStep,
     Proceed,
     Skip,
-    after_call,
     after_reply,
     decide_call,
     decide_step,
@@ -631,63 +629,20 @@ class Runtime:
     ) -> str:
         if call.batch is not None:
             return batches.record_concurrent_result(self, run, call, content, is_error=is_error)
-        ends_turn = tool is not None and tool.ends_turn and not is_error
-        if (
-            self.store.dialect == "postgresql"
-            and not ends_turn
-            and run.agent_tool_run_id is None
-            and (call.next_call is not None or call.is_last_in_step)
-        ):
-            return self._commit_call_in_one(run, fence, call, content, is_error=is_error, own_outbox=own_outbox)
-        with self.store.transaction() as tx:
-            outcome, entries = runs.record_call_result(
-                tx,
-                run,
-                call,
-                fence=fence,
-                content=content,
-                is_error=is_error,
-                ends_turn=tool is not None and tool.ends_turn,
-                now=self.clock(),
-                own_outbox=own_outbox,
-            )
+        outcome, entries = runs.commit_call_result(
+            self.store,
+            run,
+            call,
+            fence=fence,
+            content=content,
+            is_error=is_error,
+            ends_turn=tool is not None and tool.ends_turn,
+            own_outbox=own_outbox,
+            step_queue=self._step_queue(run.agent),
+            now=self.clock(),
+        )
         self.publish(entries)
         return outcome
-
-    def _commit_call_in_one(
-        self, run: Run, fence: int, call: CallRow, content: str, *, is_error: bool, own_outbox: bool
-    ) -> str:
-        """The common result commit as one statement and one round trip (PostgreSQL).
-
-        Writes what :func:`runs.record_call_result` writes for a call that neither ends the turn
-        nor belongs to a child run: the fenced run, the settled call, the tool message and its
-        event, and the next task's outbox row.
-        """
-        from threads_celery.records import ToolResult
-
-        following = after_call(call, ends_turn=False)
-        if isinstance(following, NextStep):
-            entry = runs.step_entry(run, run.step, run.agent, self._step_queue(run.agent))
-        else:
-            assert call.next_call is not None  # the one-statement path is chosen only when it is known
-            entry = runs.tool_entry(*call.next_call)
-        with self.store.autocommit() as tx:
-            moved = tx.commit_call_result_in_one(
-                run_id=run.id,
-                thread_id=run.thread_id,
-                fence=fence,
-                call=call,
-                content=content,
-                is_error=is_error,
-                own_outbox=own_outbox,
-                tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error),
-                next_entry=entry,
-                now=self.clock(),
-            )
-        if moved is None:
-            raise FenceLost(run.id, fence)
-        self.publish([entry])
-        return "error" if is_error else "completed"
 
     def _await_approval(self, run: Run, call: CallRow, reason: str, *, status: str = "awaiting_approval") -> None:
         """The run waits for a person (an approval, or a variable's value), holding no worker."""

@@ -24,9 +24,13 @@ from threads_celery.store.grant_queries import GrantQueries
 from threads_celery.store.message_queries import MessageQueries
 from threads_celery.store.metrics_queries import MetricsQueries
 from threads_celery.store.schema import agents, outbox, runs, threads, tool_calls, variables
+from threads_celery.store.storable import dumps, storable_text
 from threads_celery.store.usage_queries import UsageQueries
 
 TOOL_TASK_NAME = "threads.tool"
+#: What fills the one-statement result commit's next-task parameters when there is no next task
+#: (its ``has_next`` is false, so none of it is written).
+_NO_NEXT_ENTRY = OutboxEntry(key="", task="")
 
 
 class Store:
@@ -67,6 +71,37 @@ class Store:
             conn.execution_options(isolation_level="AUTOCOMMIT")
             yield Tx(conn, self)
 
+    def commit_call_result(
+        self,
+        *,
+        run_id: str,
+        thread_id: str,
+        fence: int,
+        call: CallRow,
+        content: str,
+        is_error: bool,
+        own_outbox: bool,
+        next_entry: OutboxEntry,
+        now: datetime,
+    ) -> int | None:
+        """:meth:`Tx.commit_call_result` in a transaction of its own: a worker's hot path.
+
+        On PostgreSQL the commit is one statement, run in autocommit: one round trip, with no
+        BEGIN or COMMIT. Elsewhere, one transaction.
+        """
+        with self.autocommit() if self.dialect == "postgresql" else self.transaction() as tx:
+            return tx.commit_call_result(
+                run_id=run_id,
+                thread_id=thread_id,
+                fence=fence,
+                call=call,
+                content=content,
+                is_error=is_error,
+                own_outbox=own_outbox,
+                next_entry=next_entry,
+                now=now,
+            )
+
     def ping(self) -> None:
         """Raise StoreUnavailable unless the database answers."""
         with self.read() as tx:
@@ -78,8 +113,6 @@ class Store:
 
 def args_digest(args: str) -> str:
     """The hash an approval binds to: the exact argument text, as the ledger holds it."""
-    from threads_celery.store.storable import storable_text
-
     return hashlib.sha256(storable_text(args).encode()).hexdigest()
 
 
@@ -297,7 +330,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
         )
         return [_call(row._mapping) for row in rows]
 
-    def commit_call_result_in_one(
+    def commit_call_result(
         self,
         *,
         run_id: str,
@@ -307,14 +340,69 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
         content: str,
         is_error: bool,
         own_outbox: bool,
-        tool_result: ToolResult,
-        next_entry: OutboxEntry,
+        next_entry: OutboxEntry | None,
+        now: datetime,
+        resume: bool = False,
+    ) -> int | None:
+        """Commit a tool call's result, fenced; the run's new fence, or None (nothing written).
+
+        Writes, all or nothing: the run's next fence (its lease released; with ``resume``, a run
+        that waited for a person is running again), the call settled, the tool message and its
+        event, the call's own outbox row consumed (``own_outbox``; a claim consumed it already
+        otherwise) and the outbox row of ``next_entry``, the task that runs next (None: the
+        caller records what follows, e.g. the run's finish). On PostgreSQL that is one statement
+        (one round trip, and atomic even in :meth:`Store.autocommit`), except for ``resume``,
+        whose change of status is also logged as an event; elsewhere, one statement per row.
+        """
+        if self.dialect == "postgresql" and not resume:
+            return self._commit_call_result_in_one(
+                run_id,
+                thread_id,
+                fence,
+                call,
+                content,
+                is_error=is_error,
+                own_outbox=own_outbox,
+                next_entry=next_entry,
+                now=now,
+            )
+        changes: dict[str, Any] = {"status": "running"} if resume else {}
+        moved = self.advance_run(run_id, fence=fence, now=now, lease_owner=None, lease_expires_at=None, **changes)
+        if moved is None:
+            return None
+        status = "error" if is_error else "completed"
+        self.settle_call(call.effect_key, status=status, result=content, is_error=is_error, now=now)
+        self.insert_message(
+            thread_id=thread_id,
+            run_id=run_id,
+            role="tool",
+            text=content,
+            now=now,
+            tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error),
+        )
+        if own_outbox:
+            self.delete_outbox(call.effect_key)
+        if next_entry is not None:
+            self.insert_outbox(next_entry, now)
+        return moved
+
+    def _commit_call_result_in_one(
+        self,
+        run_id: str,
+        thread_id: str,
+        fence: int,
+        call: CallRow,
+        content: str,
+        *,
+        is_error: bool,
+        own_outbox: bool,
+        next_entry: OutboxEntry | None,
         now: datetime,
     ) -> int | None:
-        """PostgreSQL: the result commit of a tool call as one statement; the new fence or None."""
-        from threads_celery.store.storable import dumps
-
+        """PostgreSQL: :meth:`commit_call_result` as the one statement COMMIT_CALL_RESULT_PG."""
+        tool_result = ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error)
         parts = {"tool_result": tool_result.to_json()}
+        following = next_entry or _NO_NEXT_ENTRY
         params = {
             "now": now,
             "run_id": run_id,
@@ -327,12 +415,13 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
             "parts": dumps(parts),
             "payload": dumps({"role": "tool", "text": content, **parts}),
             "own_outbox": own_outbox,
-            "next_key": next_entry.key,
-            "next_task": next_entry.task,
-            "next_args": dumps(list(next_entry.args)),
-            "next_queue": next_entry.queue,
-            "next_argsrepr": next_entry.argsrepr,
-            "next_due": now + self._outbox_grace(next_entry.task),
+            "has_next": next_entry is not None,
+            "next_key": following.key,
+            "next_task": following.task,
+            "next_args": dumps(list(following.args)),
+            "next_queue": following.queue,
+            "next_argsrepr": following.argsrepr,
+            "next_due": now + self._outbox_grace(following.task),
         }
         return self.conn.execute(statements.COMMIT_CALL_RESULT_PG, params).scalar()
 

@@ -175,7 +175,8 @@ def advance_run(columns: tuple[str, ...]) -> Any:
 #: PostgreSQL: a tool call's whole result commit in one statement (so one round trip, in
 #: autocommit). Each data-modifying part runs only if the fenced run update matched, so a stale
 #: fence writes nothing; the message takes the thread's next number and its event the next
-#: event number, as the separate statements would.
+#: event number, as the separate statements would. The next task's outbox row is written only
+#: with ``:has_next`` (a call that ends the turn leaves what follows to the run's finish).
 COMMIT_CALL_RESULT_PG = text(
     """
 WITH r AS (
@@ -209,6 +210,7 @@ WITH r AS (
     SELECT CAST(:next_key AS varchar), CAST(:next_task AS varchar), CAST(:next_args AS json),
         CAST(:next_queue AS varchar), CAST(:next_argsrepr AS varchar), :now, :next_due, 0
     FROM r
+    WHERE :has_next
     ON CONFLICT (key) DO NOTHING
 )
 SELECT fence FROM r
@@ -218,6 +220,7 @@ SELECT fence FROM r
     bindparam("next_due", type_=UTCDateTime()),
     bindparam("is_error", type_=Boolean()),
     bindparam("own_outbox", type_=Boolean()),
+    bindparam("has_next", type_=Boolean()),
 )
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from threads_celery.decisions.next_step import FinishRun, NextStep, after_call
 from threads_celery.exceptions import ConfigError, FenceLost, RunNotFound, ThreadNotFound
-from threads_celery.records import TERMINAL_STATUSES, CallRow, OutboxEntry, Run
-from threads_celery.store import Tx
+from threads_celery.records import TERMINAL_STATUSES, CallRow, OutboxEntry, Run, ToolResult
+from threads_celery.store import Store, Tx
 from threads_celery.telemetry import metrics, tracing
 from threads_celery.transitions.agent_tools import child_finished, child_signal
 
@@ -255,8 +255,6 @@ WAITING_CALL_STATUSES = ("awaiting_approval", "awaiting_variable", "parked")
 def _settle_waiting_calls(tx: Tx, run: Run, reason: str, now: datetime) -> None:
     """Settle a cancelled run's waiting calls: they leave ``parked()``, and the thread keeps a
     result for every call (a later run's model sees why), each announced on the event stream."""
-    from threads_celery.records import ToolResult
-
     if run.step == 0:
         return
     for call in tx.calls_in_step(run.id, run.step - 1):
@@ -290,6 +288,50 @@ def _settle_waiting_calls(tx: Tx, run: Run, reason: str, now: datetime) -> None:
         tx.append_event(run.thread_id, run.id, "tool_call_cancelled", payload, now)
 
 
+def commit_call_result(
+    store: Store,
+    run: Run,
+    call: CallRow,
+    *,
+    fence: int,
+    content: str,
+    is_error: bool,
+    ends_turn: bool,
+    own_outbox: bool,
+    step_queue: str | None,
+    now: datetime,
+) -> tuple[str, list[OutboxEntry]]:
+    """A worker's result commit of a call, in a transaction of its own (fenced).
+
+    Writes what :func:`record_call_result` writes. When nothing else has to join the result's
+    transaction it is the store's one operation (on PostgreSQL one statement, one round trip):
+    the call does not end the turn (which finishes the run), the run is not a child (whose
+    parent hears of each result) and the call after it in the reply is known. ``step_queue``
+    is the agent's step queue as this worker knows it (so the hot path reads nothing first).
+    """
+    following = _known_next_entry(run, call, step_queue, ends_run=ends_turn and not is_error)
+    if following is None or run.agent_tool_run_id is not None:
+        with store.transaction() as tx:
+            return record_call_result(
+                tx, run, call, fence=fence, content=content, is_error=is_error, ends_turn=ends_turn, now=now,
+                own_outbox=own_outbox,
+            )  # fmt: skip
+    moved = store.commit_call_result(
+        run_id=run.id,
+        thread_id=run.thread_id,
+        fence=fence,
+        call=call,
+        content=content,
+        is_error=is_error,
+        own_outbox=own_outbox,
+        next_entry=following,
+        now=now,
+    )
+    if moved is None:
+        raise FenceLost(run.id, fence)
+    return ("error" if is_error else "completed"), [following]
+
+
 def record_call_result(
     tx: Tx,
     run: Run,
@@ -303,32 +345,28 @@ def record_call_result(
     resume: bool = False,
     own_outbox: bool = True,
 ) -> tuple[str, list[OutboxEntry]]:
-    """Commit a call's result as a tool message and record what runs next (fenced).
+    """Commit a call's result as a tool message and record what runs next (fenced), in ``tx``.
 
     The next task is the following call of the same model reply, or the next model step after
     the last one; a successful ``ends_turn`` call ends the run instead. ``resume`` sets a run
     that waited for a person back to running. ``own_outbox=False`` says the call's outbox row
     was consumed already (by its claim).
     """
-    from threads_celery.records import ToolResult
-
-    changes: dict[str, Any] = {"status": "running"} if resume else {}
-    moved = tx.advance_run(run.id, fence=fence, now=now, lease_owner=None, lease_expires_at=None, **changes)
+    following = _next_entry(tx, run, call, ends_run=ends_turn and not is_error)
+    moved = tx.commit_call_result(
+        run_id=run.id,
+        thread_id=run.thread_id,
+        fence=fence,
+        call=call,
+        content=content,
+        is_error=is_error,
+        own_outbox=own_outbox,
+        next_entry=following,
+        now=now,
+        resume=resume,
+    )
     if moved is None:
         raise FenceLost(run.id, fence)
-    tx.settle_call(
-        call.effect_key, status="error" if is_error else "completed", result=content, is_error=is_error, now=now
-    )
-    seq = tx.insert_message(
-        thread_id=run.thread_id,
-        run_id=run.id,
-        role="tool",
-        text=content,
-        now=now,
-        tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error),
-    )
-    if own_outbox:
-        tx.delete_outbox(call.effect_key)
     if run.agent_tool_run_id is not None:
         child_signal(
             tx,
@@ -336,33 +374,46 @@ def record_call_result(
             now,
             chunk={"role": "tool", "name": call.tool, "text": content, "is_error": is_error},
         )
-    following = after_call(call, ends_turn=ends_turn and not is_error)
-    if isinstance(following, FinishRun):
-        skipped = _skip_rest_of_step(tx, run, call, seq + 1, now)
+    if following is None:
+        skipped = _skip_rest_of_step(tx, run, call, now)
         entries = finish(tx, run, fence=moved, status="completed", now=now, output=_last_assistant_text(tx, run))
         return f"ended the turn{f' (skipped {skipped})' if skipped else ''}", entries
+    return ("error" if is_error else "completed"), [following]
+
+
+def _known_next_entry(run: Run, call: CallRow, step_queue: str | None, *, ends_run: bool) -> OutboxEntry | None:
+    """The task after ``call`` if it is known without a query; None when the run finishes or
+    the next call must be read (either way, :func:`record_call_result` in a transaction)."""
+    following = after_call(call, ends_turn=ends_run)
+    if isinstance(following, FinishRun):
+        return None
     if isinstance(following, NextStep):
-        entry = step_entry(run, run.step, run.agent, agent_queue(tx, run.agent))
-    elif call.next_call is not None:  # read with the call: no query for it
-        entry = tool_entry(*call.next_call)
-    else:
-        next_call = tx.get_next_call(run.id, call.step, following.index)
-        entry = tool_entry(next_call.effect_key, next_call.tool, next_call.queue)
-    tx.insert_outbox(entry, now)
-    return ("error" if is_error else "completed"), [entry]
+        return step_entry(run, run.step, run.agent, step_queue)
+    return tool_entry(*call.next_call) if call.next_call is not None else None
 
 
-def _skip_rest_of_step(tx: Tx, run: Run, call: CallRow, seq: int, now: datetime) -> int:
+def _next_entry(tx: Tx, run: Run, call: CallRow, *, ends_run: bool) -> OutboxEntry | None:
+    """The task after ``call`` (None: the run finishes): the next model step after the reply's
+    last call, else the next call of the reply."""
+    following = after_call(call, ends_turn=ends_run)
+    if isinstance(following, FinishRun):
+        return None
+    if isinstance(following, NextStep):
+        return step_entry(run, run.step, run.agent, agent_queue(tx, run.agent))
+    if call.next_call is not None:  # read with the call: no query for it
+        return tool_entry(*call.next_call)
+    next_call = tx.get_next_call(run.id, call.step, following.index)
+    return tool_entry(next_call.effect_key, next_call.tool, next_call.queue)
+
+
+def _skip_rest_of_step(tx: Tx, run: Run, call: CallRow, now: datetime) -> int:
     """Settle the calls after an ends_turn call as skipped, so every call has a result."""
-    from threads_celery.records import ToolResult
-
     rest = [c for c in tx.calls_in_step(run.id, call.step) if c.index > call.index]
-    for offset, later in enumerate(rest):
+    for later in rest:
         text = f"skipped: {call.tool} ended the turn"
         tx.settle_call(later.effect_key, status="skipped", result=text, is_error=True, now=now)
         tx.insert_message(
             thread_id=run.thread_id,
-            seq=seq + offset,
             run_id=run.id,
             role="tool",
             text=text,
