@@ -7,9 +7,10 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection
 
 from threads_celery.records import AgentToolRun, Milestone
+from threads_celery.store.rows import agent_tool_run_from_row
 from threads_celery.store.schema import agent_tool_runs, milestones, threads
 
 
@@ -31,7 +32,7 @@ class AgentToolQueries:
         if row is None:
             return None
         found = self.list_milestones(run_id) if with_milestones else ()
-        return _agent_tool_run(row, found)
+        return agent_tool_run_from_row(row, found)
 
     def update_agent_tool_run(self, run_id: str, **values: Any) -> None:
         self.conn.execute(update(agent_tool_runs).where(agent_tool_runs.c.run_id == run_id).values(**values))
@@ -52,7 +53,7 @@ class AgentToolQueries:
             query = query.where(agent_tool_runs.c.status.in_(list(statuses)))
         if older_than is not None:
             query = query.where(agent_tool_runs.c.started_at < older_than)
-        return [_agent_tool_run(row, ()) for row in self.conn.execute(query)]
+        return [agent_tool_run_from_row(row, ()) for row in self.conn.execute(query)]
 
     def count_active_agent_tool_runs(self, parent_thread_id: str, agent_type: str | None = None) -> int:
         """Starting or running agent-tool runs of a parent thread (of one agent type, if given)."""
@@ -84,7 +85,7 @@ class AgentToolQueries:
         )
         if lock:
             query = query.with_for_update(skip_locked=True)
-        return [_agent_tool_run(row, ()) for row in self.conn.execute(query)]
+        return [agent_tool_run_from_row(row, ()) for row in self.conn.execute(query)]
 
     def undelivered_agent_tool_runs(self, *, now: datetime, limit: int) -> list[AgentToolRun]:
         """Finished runs whose delivery was claimed and the claim lapsed (the deliverer died)."""
@@ -95,7 +96,7 @@ class AgentToolQueries:
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
-        return [_agent_tool_run(row, ()) for row in self.conn.execute(query)]
+        return [agent_tool_run_from_row(row, ()) for row in self.conn.execute(query)]
 
     def claim_delivery(self, run_id: str, *, owner: str, until: datetime, now: datetime) -> bool:
         """Take the delivery claim unless another deliverer holds a live one."""
@@ -131,42 +132,3 @@ class AgentToolQueries:
 
     def thread_agent(self, thread_id: str) -> str | None:
         return self.conn.execute(select(threads.c.agent).where(threads.c.id == thread_id)).scalar()
-
-
-def _agent_tool_run(row: Row[Any], found: tuple[Milestone, ...]) -> AgentToolRun:
-    m = row._mapping
-    return AgentToolRun(
-        run_id=m["run_id"],
-        parent_thread_id=m["parent_thread_id"],
-        agent_type=m["agent_type"],
-        status=m["status"],
-        parent_run_id=m["parent_run_id"],
-        parent_tool_call_id=m["parent_tool_call_id"],
-        parent_effect_key=m["parent_effect_key"],
-        display_order=m["display_order"],
-        display_name=m["display_name"],
-        child_thread_id=m["child_thread_id"],
-        child_run_id=m["child_run_id"],
-        input=m["input"],
-        input_preview=m["input_preview"] or "",
-        reason=m["reason"],
-        child_still_running=m["child_still_running"],
-        error=m["error"],
-        summary=m["summary"],
-        output=m["output"],
-        progress=m["progress"],
-        last_signal_at=m["last_signal_at"],
-        detached=bool(m["detached"]),
-        event_delivery=m["event_delivery"],
-        on_finish=m["on_finish"],
-        notify=m["notify"],
-        on_milestones=m["on_milestones"],
-        max_budget_ms=m["max_budget_ms"],
-        no_progress_budget_ms=m["no_progress_budget_ms"],
-        delivered=tuple(m["delivered"] or ()),
-        delivery_attempts=m["delivery_attempts"] or 0,
-        created_at=m["created_at"],
-        started_at=m["started_at"],
-        finished_at=m["finished_at"],
-        milestones=found,
-    )

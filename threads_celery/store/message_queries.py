@@ -7,10 +7,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, insert, select
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection
 
 from threads_celery.records import Event, Message, ToolCall, ToolResult
 from threads_celery.store import statements
+from threads_celery.store.rows import message_from_row
 from threads_celery.store.schema import events, messages
 
 
@@ -121,7 +122,7 @@ class MessageQueries:
     def list_message_ends(self, thread_id: str, *, first_seq: int, last_seq: int) -> list[Message]:
         """The message at ``first_seq`` and those from ``last_seq`` on, in order (two index ranges)."""
         params = {"b_thread": thread_id, "b_first": first_seq, "b_last": last_seq}
-        return [_message(row) for row in self.conn.execute(statements.MESSAGE_ENDS, params)]
+        return [message_from_row(row) for row in self.conn.execute(statements.MESSAGE_ENDS, params)]
 
     def list_messages(self, thread_id: str, *, after: int = -1, limit: int | None = None) -> list[Message]:
         query = (
@@ -129,20 +130,4 @@ class MessageQueries:
         )
         if limit is not None:
             query = query.limit(limit)
-        return [_message(row) for row in self.conn.execute(query)]
-
-
-def _message(row: Row[Any]) -> Message:
-    parts = row.parts or {}
-    return Message(
-        thread_id=row.thread_id,
-        seq=row.seq,
-        role=row.role,
-        text=row.text or "",
-        tool_calls=tuple(ToolCall.from_json(c) for c in parts.get("tool_calls", ())),
-        tool_result=ToolResult.from_json(parts["tool_result"]) if "tool_result" in parts else None,
-        run_id=row.run_id,
-        created_at=row.created_at,
-        meta=row.meta,
-        key=row.key,
-    )
+        return [message_from_row(row) for row in self.conn.execute(query)]

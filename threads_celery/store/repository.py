@@ -1,8 +1,10 @@
-"""Every query the ledger runs, by name. Nothing outside this module builds SQL.
+"""The ledger's entry points: :class:`Store` opens transactions, :class:`Tx` names their queries.
 
-:class:`Store` owns the engine and opens transactions; :class:`Tx` is one transaction's named
-queries. Rows are turned into the frozen values of :mod:`threads_celery.records` here and never
-leave as rows. Writes that belong to a run's driver are conditional on the run's fence.
+Nothing outside the store package builds SQL. :class:`Tx` holds the queries of agents, threads,
+runs, variables and the outbox, and the result commit of a tool call, which spans several of
+them; the queries of one subject each live in a ``*_queries`` module mixed into it. Rows become
+the frozen values of :mod:`threads_celery.records` (:mod:`.rows`) and never leave as rows.
+Writes that belong to a run's driver are conditional on the run's fence.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import insert, select, update
-from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.engine import Connection, Engine
 
 from threads_celery.records import DEFAULT_TENANT, CallRow, OutboxEntry, Run, Thread, ToolResult
 from threads_celery.store import statements
 from threads_celery.store.agent_tool_queries import AgentToolQueries
 from threads_celery.store.availability import unreachable_as_store_unavailable
+from threads_celery.store.call_queries import CallQueries
 from threads_celery.store.grant_queries import GrantQueries
 from threads_celery.store.message_queries import MessageQueries
 from threads_celery.store.metrics_queries import MetricsQueries
-from threads_celery.store.schema import agents, outbox, runs, threads, tool_calls, variables
+from threads_celery.store.rows import run_from_row, thread_from_row
+from threads_celery.store.schema import agents, outbox, runs, threads, variables
 from threads_celery.store.storable import dumps, storable_text
 from threads_celery.store.usage_queries import UsageQueries
 
@@ -116,7 +120,7 @@ def args_digest(args: str) -> str:
     return hashlib.sha256(storable_text(args).encode()).hexdigest()
 
 
-class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQueries):
+class Tx(CallQueries, MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQueries):
     """The named queries of one transaction."""
 
     def __init__(self, conn: Connection, store: Store) -> None:
@@ -151,7 +155,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
         if lock:
             query = query.with_for_update()
         row = self.conn.execute(query).first()
-        return _thread(row) if row is not None else None
+        return thread_from_row(row) if row is not None else None
 
     def insert_thread(
         self,
@@ -231,7 +235,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
     def get_run(self, run_id: str, *, lock: bool = False) -> Run | None:
         query = statements.GET_RUN_LOCKED if lock else statements.GET_RUN
         row = self.conn.execute(query, {"b_id": run_id}).first()
-        return _run(row) if row is not None else None
+        return run_from_row(row) if row is not None else None
 
     def next_queued_run(self, thread_id: str, *, after: str) -> Run | None:
         """The oldest run still queued on the thread behind ``after``."""
@@ -241,7 +245,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
             .order_by(runs.c.created_at, runs.c.id)
             .limit(1)
         ).first()
-        return _run(row) if row is not None else None
+        return run_from_row(row) if row is not None else None
 
     def list_runs(
         self,
@@ -258,7 +262,7 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
             query = query.where(runs.c.thread_id.in_(select(threads.c.id).where(threads.c.tenant == tenant)))
         if statuses:
             query = query.where(runs.c.status.in_(list(statuses)))
-        return [_run(row) for row in self.conn.execute(query)]
+        return [run_from_row(row) for row in self.conn.execute(query)]
 
     def claim_run(self, run_id: str, *, fence: int, owner: str, lease_until: datetime, now: datetime) -> int | None:
         """Take the run's lease; returns the new fence, or None if the fence moved."""
@@ -293,42 +297,18 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
             self.append_event(row.thread_id, run_id, "run", payload, now)
         return int(row.fence)
 
-    # -- tool calls --------------------------------------------------------------------------
-
-    def insert_tool_calls(self, rows: Sequence[dict[str, Any]]) -> None:
-        if rows:
-            self.conn.execute(statements.INSERT_TOOL_CALLS, list(rows))
-
-    def get_call_and_run(self, effect_key: str, *, lock: bool = False) -> tuple[CallRow, Run] | None:
-        """The call's ledger row (with the next call of its reply) and its run's row, in one statement."""
-        if lock:
-            query = (
-                select(tool_calls, *[c.label(f"r__{c.name}") for c in runs.c])
-                .join(runs, runs.c.id == tool_calls.c.run_id)
-                .where(tool_calls.c.effect_key == effect_key)
-                .with_for_update()
-            )
-            row = self.conn.execute(query).first()
-        else:
-            row = self.conn.execute(statements.CALL_RUN_AND_NEXT, {"b_key": effect_key}).first()
-        if row is None:
-            return None
-        mapping = row._mapping
-        run_values = {c.name: mapping[f"r__{c.name}"] for c in runs.c}
-        call = _call(mapping)
-        if not lock and mapping["n__effect_key"] is not None:
-            from dataclasses import replace
-
-            call = replace(call, next_call=(mapping["n__effect_key"], mapping["n__tool"], mapping["n__queue"]))
-        return call, _run_from_mapping(run_values)
-
-    def calls_in_step(self, run_id: str, step: int) -> list[CallRow]:
-        rows = self.conn.execute(
-            select(tool_calls)
-            .where(tool_calls.c.run_id == run_id, tool_calls.c.step == step)
-            .order_by(tool_calls.c.idx)
+    def expired_runs(self, *, now: datetime, limit: int) -> list[Run]:
+        """Running runs whose driver stopped renewing its lease, locked with SKIP LOCKED."""
+        query = (
+            select(runs)
+            .where(runs.c.status == "running", runs.c.lease_expires_at < now)
+            .order_by(runs.c.lease_expires_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
         )
-        return [_call(row._mapping) for row in rows]
+        return [run_from_row(row) for row in self.conn.execute(query)]
+
+    # -- a tool call's result ----------------------------------------------------------------
 
     def commit_call_result(
         self,
@@ -424,98 +404,6 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
             "next_due": now + self._outbox_grace(following.task),
         }
         return self.conn.execute(statements.COMMIT_CALL_RESULT_PG, params).scalar()
-
-    def get_next_call(self, run_id: str, step: int, index: int) -> CallRow:
-        row = self.conn.execute(
-            select(tool_calls).where(
-                tool_calls.c.run_id == run_id, tool_calls.c.step == step, tool_calls.c.idx == index
-            )
-        ).one()
-        return _call(row._mapping)
-
-    def extend_call_lease(self, effect_key: str, lease_until: datetime) -> None:
-        self.conn.execute(
-            update(tool_calls)
-            .where(tool_calls.c.effect_key == effect_key, tool_calls.c.status == "started")
-            .values(lease_expires_at=lease_until)
-        )
-
-    def claim_call(self, effect_key: str, *, owner: str, lease_until: datetime, now: datetime) -> None:
-        """Record that the call is starting: the evidence that its effect may have happened."""
-        self.conn.execute(
-            statements.CLAIM_CALL, {"b_key": effect_key, "b_owner": owner, "b_until": lease_until, "b_now": now}
-        )
-
-    def claim_call_in_one(
-        self, run_id: str, effect_key: str, *, fence: int, owner: str, lease_until: datetime, now: datetime
-    ) -> int | None:
-        """PostgreSQL: claim the run and the call and consume its outbox row in one statement.
-
-        Returns the new fence, or None if the fence moved (then nothing was written).
-        """
-        params = {
-            "run_id": run_id,
-            "effect_key": effect_key,
-            "fence": fence,
-            "owner": owner,
-            "until": lease_until,
-            "now": now,
-        }
-        return self.conn.execute(statements.CLAIM_CALL_PG, params).scalar()
-
-    def settle_call(self, effect_key: str, *, status: str, result: str, is_error: bool, now: datetime) -> None:
-        self.conn.execute(
-            statements.SETTLE_CALL,
-            {"b_key": effect_key, "b_status": status, "b_result": result, "b_is_error": is_error, "b_now": now},
-        )
-
-    def keep_full_result(self, effect_key: str, result: str) -> None:
-        """Keep a tool's whole result beside the shortened one the model is shown."""
-        self.conn.execute(update(tool_calls).where(tool_calls.c.effect_key == effect_key).values(full_result=result))
-
-    def tool_result(self, effect_key: str) -> tuple[str, str | None, str | None, bool] | None:
-        """(status, shown result, whole result if it was shortened, is_error) of a call, or None."""
-        row = self.conn.execute(
-            select(tool_calls.c.status, tool_calls.c.result, tool_calls.c.full_result, tool_calls.c.is_error).where(
-                tool_calls.c.effect_key == effect_key
-            )
-        ).first()
-        return None if row is None else (row.status, row.result, row.full_result, bool(row.is_error))
-
-    def update_call(self, effect_key: str, **values: Any) -> None:
-        self.conn.execute(update(tool_calls).where(tool_calls.c.effect_key == effect_key).values(**values))
-
-    def calls_with_status(self, status: str, *, limit: int = 200) -> list[CallRow]:
-        rows = self.conn.execute(
-            select(tool_calls).where(tool_calls.c.status == status).order_by(tool_calls.c.created_at).limit(limit)
-        )
-        return [_call(row._mapping) for row in rows]
-
-    def expired_runs(self, *, now: datetime, limit: int) -> list[Run]:
-        """Running runs whose driver stopped renewing its lease, locked with SKIP LOCKED."""
-        query = (
-            select(runs)
-            .where(runs.c.status == "running", runs.c.lease_expires_at < now)
-            .order_by(runs.c.lease_expires_at)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-        return [_run(row) for row in self.conn.execute(query)]
-
-    def started_call(self, run_id: str, step: int) -> CallRow | None:
-        row = self.conn.execute(
-            select(tool_calls).where(
-                tool_calls.c.run_id == run_id, tool_calls.c.step == step, tool_calls.c.status == "started"
-            )
-        ).first()
-        return _call(row._mapping) if row is not None else None
-
-    def park_call(self, effect_key: str, *, reason: str) -> None:
-        self.conn.execute(
-            update(tool_calls)
-            .where(tool_calls.c.effect_key == effect_key)
-            .values(status="parked", park_reason=reason, lease_owner=None, lease_expires_at=None)
-        )
 
     # -- variables ---------------------------------------------------------------------------
 
@@ -620,80 +508,6 @@ class Tx(MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQu
 
     def outbox_keys(self) -> list[str]:
         return list(self.conn.execute(select(outbox.c.key).order_by(outbox.c.key)).scalars())
-
-
-# -- row conversion ----------------------------------------------------------------------------
-
-
-def _thread(row: Row[Any]) -> Thread:
-    m = row._mapping
-    return Thread(
-        id=m["id"],
-        agent=m["agent"],
-        config_hash=m["config_hash"],
-        parent_thread_id=m["parent_thread_id"],
-        active_run_id=m["active_run_id"],
-        event_seq=int(m["event_seq"] or 0),
-        created_at=m["created_at"],
-        tenant=m["tenant"],
-    )
-
-
-def _run(row: Row[Any]) -> Run:
-    return _run_from_mapping(row._mapping)
-
-
-def _run_from_mapping(m: Any) -> Run:
-    return Run(
-        id=m["id"],
-        thread_id=m["thread_id"],
-        agent=m["agent"],
-        status=m["status"],
-        step=m["step"],
-        fence=m["fence"],
-        input=m["input"],
-        output=m["output"],
-        error=m["error"],
-        created_at=m["created_at"],
-        started_at=m["started_at"],
-        finished_at=m["finished_at"],
-        lease_owner=m["lease_owner"],
-        lease_expires_at=m["lease_expires_at"],
-        input_meta=m["input_meta"],
-        agent_tool_run_id=m["agent_tool_run_id"],
-        traceparent=m.get("traceparent"),
-    )
-
-
-def _call(m: Any) -> CallRow:
-    return CallRow(
-        effect_key=m["effect_key"],
-        run_id=m["run_id"],
-        thread_id=m["thread_id"],
-        step=m["step"],
-        index=m["idx"],
-        call_id=m["call_id"],
-        tool=m["tool"],
-        args=m["args"],
-        status=m["status"],
-        attempt=m["attempt"],
-        calls_in_step=m["calls_in_step"],
-        effect=m["effect"],
-        queue=m["queue"],
-        dedup_window_ms=m["dedup_window_ms"],
-        finality=m["finality"],
-        first_started_at=m["first_started_at"],
-        lease_expires_at=m["lease_expires_at"],
-        result=m["result"],
-        is_error=bool(m["is_error"]),
-        park_reason=m["park_reason"],
-        resolution=m["resolution"],
-        resolved_by=m["resolved_by"],
-        approved_by=m["approved_by"],
-        approved_args_hash=m["approved_args_hash"],
-        original_args=m["original_args"],
-        batch=m.get("batch"),
-    )
 
 
 __all__ = ["Store", "Tx", "args_digest"]

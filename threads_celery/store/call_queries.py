@@ -1,0 +1,142 @@
+"""The named queries of tool calls (a part of :class:`~.repository.Tx`).
+
+A call's row is its ledger entry: inserted with the model's reply, claimed when it starts (the
+evidence that its effect may have happened), settled with its result. The result commit itself
+spans the run, the call, the thread's messages and the outbox, and lives on the transaction
+(:meth:`~.repository.Tx.commit_call_result`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Connection
+
+from threads_celery.records import CallRow, Run
+from threads_celery.store import statements
+from threads_celery.store.rows import call_from_mapping, run_from_mapping
+from threads_celery.store.schema import runs, tool_calls
+
+
+class CallQueries:
+    """Queries over ``tool_calls``; mixed into the transaction."""
+
+    conn: Connection
+
+    def insert_tool_calls(self, rows: Sequence[dict[str, Any]]) -> None:
+        if rows:
+            self.conn.execute(statements.INSERT_TOOL_CALLS, list(rows))
+
+    def get_call_and_run(self, effect_key: str, *, lock: bool = False) -> tuple[CallRow, Run] | None:
+        """The call's ledger row (with the next call of its reply) and its run's row, in one statement."""
+        if lock:
+            query = (
+                select(tool_calls, *[c.label(f"r__{c.name}") for c in runs.c])
+                .join(runs, runs.c.id == tool_calls.c.run_id)
+                .where(tool_calls.c.effect_key == effect_key)
+                .with_for_update()
+            )
+            row = self.conn.execute(query).first()
+        else:
+            row = self.conn.execute(statements.CALL_RUN_AND_NEXT, {"b_key": effect_key}).first()
+        if row is None:
+            return None
+        mapping = row._mapping
+        run_values = {c.name: mapping[f"r__{c.name}"] for c in runs.c}
+        call = call_from_mapping(mapping)
+        if not lock and mapping["n__effect_key"] is not None:
+            call = replace(call, next_call=(mapping["n__effect_key"], mapping["n__tool"], mapping["n__queue"]))
+        return call, run_from_mapping(run_values)
+
+    def calls_in_step(self, run_id: str, step: int) -> list[CallRow]:
+        rows = self.conn.execute(
+            select(tool_calls)
+            .where(tool_calls.c.run_id == run_id, tool_calls.c.step == step)
+            .order_by(tool_calls.c.idx)
+        )
+        return [call_from_mapping(row._mapping) for row in rows]
+
+    def get_next_call(self, run_id: str, step: int, index: int) -> CallRow:
+        row = self.conn.execute(
+            select(tool_calls).where(
+                tool_calls.c.run_id == run_id, tool_calls.c.step == step, tool_calls.c.idx == index
+            )
+        ).one()
+        return call_from_mapping(row._mapping)
+
+    def extend_call_lease(self, effect_key: str, lease_until: datetime) -> None:
+        self.conn.execute(
+            update(tool_calls)
+            .where(tool_calls.c.effect_key == effect_key, tool_calls.c.status == "started")
+            .values(lease_expires_at=lease_until)
+        )
+
+    def claim_call(self, effect_key: str, *, owner: str, lease_until: datetime, now: datetime) -> None:
+        """Record that the call is starting: the evidence that its effect may have happened."""
+        self.conn.execute(
+            statements.CLAIM_CALL, {"b_key": effect_key, "b_owner": owner, "b_until": lease_until, "b_now": now}
+        )
+
+    def claim_call_in_one(
+        self, run_id: str, effect_key: str, *, fence: int, owner: str, lease_until: datetime, now: datetime
+    ) -> int | None:
+        """PostgreSQL: claim the run and the call and consume its outbox row in one statement.
+
+        Returns the new fence, or None if the fence moved (then nothing was written).
+        """
+        params = {
+            "run_id": run_id,
+            "effect_key": effect_key,
+            "fence": fence,
+            "owner": owner,
+            "until": lease_until,
+            "now": now,
+        }
+        return self.conn.execute(statements.CLAIM_CALL_PG, params).scalar()
+
+    def settle_call(self, effect_key: str, *, status: str, result: str, is_error: bool, now: datetime) -> None:
+        self.conn.execute(
+            statements.SETTLE_CALL,
+            {"b_key": effect_key, "b_status": status, "b_result": result, "b_is_error": is_error, "b_now": now},
+        )
+
+    def keep_full_result(self, effect_key: str, result: str) -> None:
+        """Keep a tool's whole result beside the shortened one the model is shown."""
+        self.conn.execute(update(tool_calls).where(tool_calls.c.effect_key == effect_key).values(full_result=result))
+
+    def tool_result(self, effect_key: str) -> tuple[str, str | None, str | None, bool] | None:
+        """(status, shown result, whole result if it was shortened, is_error) of a call, or None."""
+        row = self.conn.execute(
+            select(tool_calls.c.status, tool_calls.c.result, tool_calls.c.full_result, tool_calls.c.is_error).where(
+                tool_calls.c.effect_key == effect_key
+            )
+        ).first()
+        return None if row is None else (row.status, row.result, row.full_result, bool(row.is_error))
+
+    def update_call(self, effect_key: str, **values: Any) -> None:
+        self.conn.execute(update(tool_calls).where(tool_calls.c.effect_key == effect_key).values(**values))
+
+    def calls_with_status(self, status: str, *, limit: int = 200) -> list[CallRow]:
+        rows = self.conn.execute(
+            select(tool_calls).where(tool_calls.c.status == status).order_by(tool_calls.c.created_at).limit(limit)
+        )
+        return [call_from_mapping(row._mapping) for row in rows]
+
+    def started_call(self, run_id: str, step: int) -> CallRow | None:
+        row = self.conn.execute(
+            select(tool_calls).where(
+                tool_calls.c.run_id == run_id, tool_calls.c.step == step, tool_calls.c.status == "started"
+            )
+        ).first()
+        return call_from_mapping(row._mapping) if row is not None else None
+
+    def park_call(self, effect_key: str, *, reason: str) -> None:
+        self.conn.execute(
+            update(tool_calls)
+            .where(tool_calls.c.effect_key == effect_key)
+            .values(status="parked", park_reason=reason, lease_owner=None, lease_expires_at=None)
+        )
