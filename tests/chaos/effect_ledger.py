@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tests.support.waiting import eventually
+
 ENV_VAR = "CHAOS_LEDGER"
 
 
@@ -99,14 +101,7 @@ class Ledger:
 
     def wait_for(self, predicate: Callable[[list[Entry]], Entry | None], *, timeout: float, what: str) -> Entry:
         """Poll the file until ``predicate(entries)`` returns an entry; AssertionError after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            found = predicate(self.entries())
-            if found is not None:
-                return found
-            if time.monotonic() >= deadline:
-                raise AssertionError(f"the ledger never showed {what} within {timeout:g} s")
-            time.sleep(0.02)
+        return eventually(lambda: predicate(self.entries()), timeout=timeout, what=f"the ledger showing {what}", interval=0.02)
 
     def wait_for_line(self, kind: str, effect_key: str, *, timeout: float = 30.0, nth: int = 1) -> Entry:
         """The ``nth`` line of ``kind`` for ``effect_key``, once it is written."""

@@ -10,13 +10,13 @@ window, unguarded parks for a person. The server's ledger is what really happene
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.support.waiting import eventually
 from threads_celery.transitions.runs import effect_key_for
 
 if TYPE_CHECKING:
@@ -53,10 +53,9 @@ def _lines(ledger: Path, effect: str) -> list[str]:
 
 
 def _caller_of_first_call(ledger: Path, effect: str) -> int:
-    deadline = time.monotonic() + SETTLE_S
-    while not (lines := _lines(ledger, effect)):
-        assert time.monotonic() < deadline, f"the {effect} call never reached the MCP server"
-        time.sleep(0.05)
+    lines = eventually(
+        lambda: _lines(ledger, effect), timeout=SETTLE_S, what=f"the {effect} call reaching the MCP server", interval=0.05
+    )
     found = re.search(r"caller=(\d+)", lines[0])
     assert found is not None, lines[0]
     return int(found.group(1))

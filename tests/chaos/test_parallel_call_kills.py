@@ -11,14 +11,13 @@ ones once, and the results reach the conversation in call order.
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.chaos import chaos_agents
+from tests.support.waiting import eventually
 from threads_celery.transitions.runs import effect_key_for
 
 if TYPE_CHECKING:
@@ -49,9 +48,11 @@ def test_a_worker_killed_mid_group_reruns_only_the_unrecorded_reads_through_beat
     for key in quick:
         cluster.ledger.wait_for_line("effect", key, timeout=SETTLE_S)
     # The quick calls' results are recorded (the second not shown yet: a slow call comes first).
-    _wait(
+    eventually(
         lambda: all(cluster.call(k).status in ("finished", "completed") for k in quick),
-        "quick calls recorded",
+        timeout=SETTLE_S,
+        what="quick calls recorded",
+        interval=0.05,
     )
     assert cluster.call(quick[1]).status == "finished"
 
@@ -78,9 +79,3 @@ def test_a_worker_killed_mid_group_reruns_only_the_unrecorded_reads_through_beat
     assert run.output == "done"
 
 
-def _wait(probe: Callable[[], bool], what: str, timeout: float = SETTLE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:g} s")
-        time.sleep(0.05)
