@@ -1,17 +1,9 @@
-"""The periodic jobs: ``celery -A beat beat`` (or ``celery -A tasks beat``, ``threads-celery beat``).
+"""``celery -A beat beat`` from the repository root (and in the image): the same app as :mod:`tasks`.
 
-``app`` is the same Celery application as :mod:`tasks`, configured from ``THREADS_BROKER_URL``
-(and, for the workers that run the jobs, ``THREADS_DATABASE_URL``); it is built when first
-asked for, so ``beat.schedule`` imports without a configured environment. Its
-``beat_schedule`` holds two kinds of job:
-
-- The reconcile backbone: the ``threads.reconcile`` task every ``THREADS_RECONCILE_INTERVAL_S``
-  seconds (default 5). A tick republishes outbox rows nobody consumed, re-dispatches steps and
-  calls whose lease expired, and settles interrupted calls by their effect. Ticks are safe to
-  overlap and to run from two Beats at once, so a duplicate Beat wastes work but breaks nothing.
-- Scheduled batch agents (:mod:`beat.schedule`): the ``SCHEDULES`` declared in the modules of
-  ``THREADS_AGENTS``, each published as ``threads.scheduled_run(name, slot)`` once per slot. Two
-  Beats publish the same slot, and the run id derived from it makes that one run.
+The app is :data:`threads_celery.worker.app`, built when first asked for; installed users name it
+by the package (``celery -A threads_celery.worker beat``). What Beat publishes, the reconcile
+backbone and the scheduled batch agents, is described in :mod:`threads_celery.worker.beat`. This
+directory is not installed into site-packages, where a top-level ``beat`` would shadow a user's own.
 """
 
 from typing import Any
@@ -20,8 +12,9 @@ __all__ = ["app"]
 
 
 def __getattr__(name: str) -> Any:
+    # Lazily, like threads_celery.worker itself: importing ``beat`` needs no configured environment.
     if name == "app":
-        from tasks import app
+        from threads_celery.worker import app
 
         return app
     raise AttributeError(f"module 'beat' has no attribute {name!r}")

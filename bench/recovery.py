@@ -56,7 +56,7 @@ from threads_celery.decisions.backbone import message_priority  # noqa: E402
 from threads_celery.definitions.agents import AgentRegistry  # noqa: E402
 from threads_celery.store.schema import runs, tool_calls  # noqa: E402
 from threads_celery.transitions.runs import STEP_TASK  # noqa: E402
-from threads_celery.worker.app import create_app  # noqa: E402
+from threads_celery.worker.application import create_app  # noqa: E402
 
 AGENTS = "bench.bench_recovery_agents"
 

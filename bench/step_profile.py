@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from threads_celery.records import OutboxEntry
     from threads_celery.runtime.machine import Runtime
     from threads_celery.transitions import runs
-    from threads_celery.worker.app import open_store
+    from threads_celery.transitions.publishing import open_store
 
     print(f"step profile: turns={args.turns} date={time.strftime('%Y-%m-%d %H:%M:%S %z')} "
           f"load={' '.join(f'{x:.2f}' for x in os.getloadavg())}")

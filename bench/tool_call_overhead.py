@@ -211,7 +211,7 @@ def explain_one_call(database_url: str) -> dict[str, list[str]]:
     from threads_celery.definitions.agents import AgentRegistry
     from threads_celery.runtime.machine import Runtime
     from threads_celery.transitions import runs
-    from threads_celery.worker.app import open_store
+    from threads_celery.transitions.publishing import open_store
 
     bench_agents.install_sql_counters()
     store = open_store(database_url)

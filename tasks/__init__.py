@@ -1,22 +1,10 @@
-"""The Celery application: ``celery -A tasks worker`` and ``celery -A tasks beat``.
+"""``celery -A tasks worker`` and ``celery -A tasks beat`` from the repository root (and in the image).
 
-Configured from the environment: ``THREADS_DATABASE_URL`` (the ledger), ``THREADS_BROKER_URL``
-(the broker) and ``THREADS_AGENTS`` (comma-separated ``module`` or ``module:attribute`` specs of
-the agents this worker runs). A configuration that cannot work is one line on stderr and exit
-status 2, not a traceback.
+The app is :data:`threads_celery.worker.app`, configured from ``THREADS_*`` variables; installed
+users name it by the package: ``celery -A threads_celery.worker worker``. This directory is not
+installed into site-packages, where a top-level ``tasks`` would shadow a user's own.
 """
 
-from celery import Celery
-
-from threads_celery.runtime.preflight import exit_on_failure
-from threads_celery.worker.app import app_from_environment
-
-
-def _app() -> Celery:
-    with exit_on_failure("the Celery app (tasks)"):
-        return app_from_environment()
-
-
-app = _app()
+from threads_celery.worker import app
 
 __all__ = ["app"]

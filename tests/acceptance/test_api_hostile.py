@@ -18,7 +18,6 @@ from pydantic import BaseModel
 from threads_celery import Agent, Settings, Threads, tool
 from threads_celery.api.app import create_api
 from threads_celery.testing import Reply, ScriptedModel, call, say
-from threads_celery.worker.embedded import EmbeddedWorker
 
 TOKEN = "hostile-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -60,15 +59,14 @@ def threads(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         url = f"sqlite:///{tmp_path_factory.mktemp('api') / 'ledger.db'}"
     else:
         url = request.getfixturevalue("pg_url_module")
-    runtime = Threads(database_url=url, broker_url="memory://", settings=Settings(), migrate=True)
+    runtime = Threads(database_url=url, broker_url="memory://", settings=Settings(), migrate=True, worker_concurrency=2)
     runtime.register(chatty_mailer)
     runtime.register(reporter)
-    worker = EmbeddedWorker(runtime.app, concurrency=2, reconcile_interval=0.5)
-    worker.start()
+    runtime.start_worker(reconcile_interval=0.5)
     try:
         yield runtime
     finally:
-        worker.stop(wait=True)
+        runtime.stop_worker()
         runtime.close()
 
 

@@ -39,7 +39,7 @@ SETTLE_S = 60.0
 RESULT_COMMIT_FAILED = (
     "cannot commit its result yet"  # threads_celery.runtime.machine, riding out an outage
 )
-PUBLISH_FAILED = "left for the reconcile backbone"  # threads_celery.worker.app.Publisher's warning
+PUBLISH_FAILED = "left for the reconcile backbone"  # threads_celery.transitions.publishing.Publisher's warning
 
 # Every class of effect, plus a reply with two calls. Without kills, nothing needs a rerun.
 MIX = [

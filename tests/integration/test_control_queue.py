@@ -36,8 +36,9 @@ from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.records import OutboxEntry
 from threads_celery.settings import Settings
 from threads_celery.store.schema import outbox
+from threads_celery.transitions.publishing import open_store
 from threads_celery.transitions.runs import STEP_TASK, utcnow
-from threads_celery.worker.app import create_app, open_store
+from threads_celery.worker.application import create_app
 
 BACKLOG = 10_000
 INTERVAL_S = 0.5
@@ -74,7 +75,7 @@ def broker(integration_redis_url: str) -> Iterator[redis.Redis]:
 
 def queue_backlog(broker_url: str, count: int) -> None:
     """Publish ``count`` work messages with the queue and priority the runtime gives work (as
-    :class:`threads_celery.worker.app.Publisher` does), through one connection, as a burst would."""
+    :class:`threads_celery.transitions.publishing.Publisher` does), through one connection, as a burst would."""
     app = create_app(Settings(), AgentRegistry(), broker_url=broker_url)
     priority = message_priority(STEP_TASK, recovered=False, broker_url=broker_url)
     assert priority == WORK_PRIORITY

@@ -25,7 +25,6 @@ from threads_celery.runtime.machine import Runtime
 from threads_celery.store import schema
 from threads_celery.store.storable import REPLACEMENT
 from threads_celery.testing import ScriptedModel, call, say
-from threads_celery.worker.embedded import EmbeddedWorker
 
 WAIT_S = 60.0
 
@@ -102,13 +101,12 @@ def threads(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Threads]
     settings = Settings(
         files_root=str(tmp_path / "files"), model_retries=1, max_task_failures=3, max_tool_result_bytes=LIMIT
     )
-    runtime = Threads(database_url=url, broker_url="memory://", settings=settings, migrate=True)
-    worker = EmbeddedWorker(runtime.app, concurrency=2, reconcile_interval=0.5)
-    worker.start()
+    runtime = Threads(database_url=url, broker_url="memory://", settings=settings, migrate=True, worker_concurrency=2)
+    runtime.start_worker(reconcile_interval=0.5)
     try:
         yield runtime
     finally:
-        worker.stop(wait=True)
+        runtime.stop_worker()
         runtime.close()
 
 

@@ -18,7 +18,6 @@ from threads_celery import Agent, Settings, Threads
 from threads_celery.api.app import create_api
 from threads_celery.exceptions import RunNotFound, StoreUnavailable
 from threads_celery.testing import ScriptedModel, say
-from threads_celery.worker.embedded import EmbeddedWorker
 
 TOKEN = "restart-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -36,14 +35,13 @@ def server() -> Iterator[OwnPostgres]:
 @pytest.fixture(scope="module")
 def threads(server: OwnPostgres) -> Iterator[Threads]:
     url = server.create_database("ledger")
-    runtime = Threads(database_url=url, broker_url="memory://", settings=Settings(), migrate=True)
+    runtime = Threads(database_url=url, broker_url="memory://", settings=Settings(), migrate=True, worker_concurrency=1)
     runtime.register(greeter)
-    worker = EmbeddedWorker(runtime.app, concurrency=1, reconcile_interval=None)
-    worker.start()
+    runtime.start_worker(reconcile_interval=None)
     try:
         yield runtime
     finally:
-        worker.stop(wait=True)
+        runtime.stop_worker()
         runtime.close()
 
 

@@ -28,8 +28,9 @@ from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.records import OutboxEntry
 from threads_celery.settings import Settings
 from threads_celery.testing import ScriptedModel
+from threads_celery.transitions.publishing import Publisher
 from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
-from threads_celery.worker.app import Publisher, consume_control_queue, create_app
+from threads_celery.worker.application import consume_control_queue, create_app
 
 
 class Empty(BaseModel):

@@ -20,7 +20,7 @@ from threads_celery.celery_settings import (
 )
 from threads_celery.exceptions import ConfigError
 from threads_celery.settings import Settings
-from threads_celery.worker.app import celery_config
+from threads_celery.transitions.publishing import celery_config
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""What a web app imports: the client pulls in neither the model layer nor any tool code.
+"""What a web app imports: the client pulls in neither the model layer nor any tool code, nor
+the worker side (the Celery tasks, the runtime that runs them).
 
 Each check runs in a fresh interpreter, so modules imported by other tests cannot hide a leak.
 """
@@ -41,7 +42,19 @@ TOOL_MODULE_SOURCE = textwrap.dedent(
     """
 )
 
-FORBIDDEN_PREFIXES = ("pydantic_ai", "openai", "anthropic", TOOL_MODULE, "tests")
+FORBIDDEN_PREFIXES = (
+    "pydantic_ai",
+    "openai",
+    "anthropic",
+    TOOL_MODULE,
+    "tests",
+    # The worker side: a web app publishes, and loads only what the workers share to send tasks
+    # (threads_celery.transitions.publishing).
+    "threads_celery.worker",
+    "threads_celery.runtime",
+    "tasks",
+    "beat",
+)
 FORBIDDEN_MODULES = ("threads_celery.runtime.models", "threads_celery.testing")
 
 REPORT = textwrap.dedent(
@@ -94,6 +107,15 @@ def test_importing_the_client_module_loads_no_model_layer_or_tool_code(tool_modu
     assert leaks(modules) == []
 
 
+def test_importing_the_client_package_loads_no_worker_runtime_or_model_layer(tool_module: Path) -> None:
+    modules = imported_modules(
+        "import threads_celery.client", extra_path=tool_module, env={"THREADS_AGENTS": TOOL_MODULE}
+    )
+    # It publishes through the doorbell the workers share, and loads nothing of theirs.
+    assert "threads_celery.client" in modules and "threads_celery.transitions.publishing" in modules
+    assert leaks(modules) == []
+
+
 def test_importing_threads_from_the_package_loads_no_model_layer_or_tool_code(tool_module: Path) -> None:
     modules = imported_modules(
         "from threads_celery import Threads",
@@ -135,3 +157,19 @@ def test_the_check_itself_sees_a_leak(tool_module: Path) -> None:
     assert TOOL_MODULE in found
     assert "threads_celery.testing" in found
     assert any(m.startswith("pydantic_ai") for m in found)
+
+
+def test_the_worker_side_is_loaded_only_when_this_process_starts_a_worker(tmp_path: Path) -> None:
+    # The one place the client imports worker code: when this process is to run tasks itself.
+    modules = imported_modules(
+        f"""
+        import sys
+        from threads_celery import Threads
+        threads = Threads(embedded_path="{tmp_path / "ledger.db"}")
+        assert not [m for m in sys.modules if m.startswith("threads_celery.worker")]
+        threads.start_worker()
+        assert "threads.step" in threads.app.tasks
+        threads.close()
+        """
+    )
+    assert "threads_celery.worker.embedded" in modules and "threads_celery.runtime.machine" in modules

@@ -84,8 +84,14 @@ def test_worker_beat_and_flower_run_the_same_app_module_which_exists(services: d
     assert apps == {"tasks"}
     assert importlib.util.find_spec("tasks") is not None
     module = ast.parse((REPO / "tasks" / "__init__.py").read_text())
-    assigned = {t.id for node in module.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
-    assert "app" in assigned  # what `celery -A tasks` looks for
+    bound = {t.id for node in module.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+    bound |= {alias.asname or alias.name for node in module.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert "app" in bound  # what `celery -A tasks` looks for
+    # `tasks` is not installed with the package (it would shadow a user's own tasks.py): the image
+    # finds it in /app, which is on its PYTHONPATH.
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "COPY tasks ./tasks" in dockerfile and "COPY beat ./beat" in dockerfile
+    assert re.search(r"PYTHONPATH=/app\b", dockerfile) and re.search(r"^WORKDIR /app$", dockerfile, re.MULTILINE)
     assert "-E" in argv(services["worker"]) or "--task-events" in argv(services["worker"])
 
 

@@ -105,7 +105,7 @@ def test_the_api_serves_metrics_behind_its_token() -> None:
 
 def test_a_bad_metrics_port_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from threads_celery import ConfigError
-    from threads_celery.worker.app import serve_metrics
+    from threads_celery.worker.application import serve_metrics
 
     monkeypatch.setenv("THREADS_METRICS_PORT", "ninety")
     with pytest.raises(ConfigError, match="THREADS_METRICS_PORT"):

@@ -1,7 +1,7 @@
 """Scheduled batch agents: slots, run ids, missed-slot policy, Beat's publishing, thread policies.
 
 The first half is pure (slot arithmetic on interval and crontab schedules, the Beat decision);
-the second drives ``beat.schedule.Scheduler`` with a recording publisher; the last half calls
+the second drives ``threads_celery.worker.beat.Scheduler`` with a recording publisher; the last half calls
 the real ``threads.scheduled_run`` task on the embedded runtime (SQLite and the in-process
 worker), so runs are started and completed for real.
 """
@@ -23,7 +23,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from beat.schedule import ENTRY_PREFIX, Scheduler, SlotSchedule, beat_entries
 from threads_celery import Agent, Settings, Threads, tool
 from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.exceptions import ConfigError
@@ -40,8 +39,9 @@ from threads_celery.runtime.schedules import (
 )
 from threads_celery.testing import ScriptedModel, call, say
 from threads_celery.transitions.runs import utcnow
-from threads_celery.worker.app import SCHEDULED_RUN_TASK as WORKER_TASK_NAME
-from threads_celery.worker.app import create_app
+from threads_celery.worker.application import create_app
+from threads_celery.worker.beat import ENTRY_PREFIX, Scheduler, SlotSchedule, beat_entries
+from threads_celery.worker.tasks import SCHEDULED_RUN_TASK as WORKER_TASK_NAME
 
 UTC = timezone.utc
 WAIT_S = 30.0
@@ -273,7 +273,7 @@ class Recorder:
 
 
 def test_the_scheduler_adds_declared_schedules_next_to_the_reconcile_backbone(beat_app: Any, tmp_path: Path) -> None:
-    assert beat_app.conf.beat_scheduler == "beat.schedule:Scheduler"
+    assert beat_app.conf.beat_scheduler == "threads_celery.worker.beat:Scheduler"
     holder = beat_app.threads_runtime
     holder.schedules.add(Schedule("tick", "agent", "go", every=timedelta(seconds=1)))
     holder.schedules.add(Schedule("off", "agent", "go", every=timedelta(seconds=1), enabled=False))

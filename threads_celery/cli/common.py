@@ -157,7 +157,7 @@ def open_threads(db: Path | None, *, need_broker: bool = True) -> Threads:
     Read-only commands pass ``need_broker=False``: they only read the ledger.
     """
     from threads_celery.client.threads import Threads
-    from threads_celery.worker.app import EMBEDDED_BROKER
+    from threads_celery.transitions.publishing import EMBEDDED_BROKER
 
     settings = settings_from_env()
     if settings.database_url or settings.broker_url:

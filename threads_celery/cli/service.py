@@ -27,7 +27,7 @@ from threads_celery.exceptions import ConfigError
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from threads_celery.worker.app import ThreadsCelery
+    from threads_celery.worker.application import ThreadsCelery
 
 db_app = typer.Typer(
     help="Database migrations.\n\n\b\n  threads-celery db upgrade --database-url postgresql://app@db/threads\n  threads-celery db current",
@@ -92,7 +92,7 @@ def worker(
         if not specs:
             raise ConfigError("no agents to run: pass --agents myapp.agents or set THREADS_AGENTS")
         os.environ["THREADS_AGENTS"] = ",".join(resolve_spec(s) for s in specs)
-    from threads_celery.worker.app import app_from_environment
+    from threads_celery.worker.application import app_from_environment
 
     celery_app = app_from_environment()
     _preflight(celery_app, "worker")
@@ -106,7 +106,7 @@ def worker(
 
 def _preflight(celery_app: ThreadsCelery, service: str) -> None:
     """Fail now, with one clear line, if the ledger is not ready or an agent cannot run here."""
-    from threads_celery.worker.app import preflight
+    from threads_celery.worker.application import preflight
 
     ready = preflight(celery_app, service=service)
     err.print(f"agents: {', '.join(ready.agents) or 'none'}", style="dim")
@@ -133,7 +133,7 @@ def beat(
       threads-celery beat --schedule /var/lib/threads/beat-schedule
     """
     require_services()
-    from threads_celery.worker.app import app_from_environment
+    from threads_celery.worker.application import app_from_environment
 
     celery_app = app_from_environment()
     _preflight(celery_app, "beat")
@@ -167,7 +167,7 @@ def flower(
 
     flower_credentials(os.environ)  # before touching the broker: a missing password is one red line
     require_services(database=False)
-    from threads_celery.worker.app import app_from_environment
+    from threads_celery.worker.application import app_from_environment
 
     start_flower(app_from_environment(), os.environ, address=address, port=port)
 
@@ -208,7 +208,7 @@ def _engine(database_url: str | None) -> Iterator[Engine]:
     from sqlalchemy.exc import OperationalError
 
     from threads_celery.store.availability import store_unavailable
-    from threads_celery.worker.app import open_store
+    from threads_celery.transitions.publishing import open_store
 
     url = database_url or settings_from_env().database_url or f"sqlite:///{DEFAULT_EMBEDDED_DB}"
     store = open_store(url)

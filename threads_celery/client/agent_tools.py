@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from threads_celery.definitions.agents import AgentRegistry
     from threads_celery.records import OutboxEntry, Run
     from threads_celery.store import Store
-    from threads_celery.worker.app import Publisher
+    from threads_celery.transitions.publishing import Publisher
 
 
 class AgentToolsMixin:

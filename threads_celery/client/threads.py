@@ -15,7 +15,10 @@ from pathlib import Path
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Self
 
+from celery import Celery
+
 from threads_celery.client.agent_tools import AgentToolsMixin
+from threads_celery.decisions.backbone import control_queue_for
 from threads_celery.decisions.usage import ALLOWED_EVENT, LIMIT_REASON, day_bounds
 from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.variables import SecretBox
@@ -46,9 +49,10 @@ from threads_celery.store.storable import unstorable_reason
 from threads_celery.transitions import interventions, runs
 from threads_celery.transitions.interventions import Resolution
 from threads_celery.transitions.pending import PendingCall
-from threads_celery.worker.app import EMBEDDED_BROKER, Publisher, create_app, open_store
+from threads_celery.transitions.publishing import EMBEDDED_BROKER, Publisher, celery_app, open_store
 
 if TYPE_CHECKING:
+    from threads_celery.worker.application import RuntimeHolder
     from threads_celery.worker.embedded import EmbeddedWorker
 
 #: Statuses in which a run waits for a person, so :meth:`Threads.wait` returns.
@@ -92,7 +96,9 @@ class Threads(AgentToolsMixin):
         self.settings = settings.with_(database_url=database_url, broker_url=broker_url)
         self.registry = registry or AgentRegistry()
         self.store: Store = open_store(database_url, self.settings)
-        self.app = create_app(self.settings, self.registry, broker_url=broker_url, store=self.store)
+        # The app publishes; the worker side (its tasks, the runtime) is installed on it only
+        # when this process starts a worker or ticks the backbone (see _worker_runtime).
+        self.app: Celery = celery_app(self.settings, broker_url=broker_url)
         self.publisher = Publisher(
             self.app, single_queue=self.app.conf.task_default_queue if self.is_embedded else None
         )
@@ -159,19 +165,27 @@ class Threads(AgentToolsMixin):
         backbone every ``reconcile_interval`` seconds (this handle's interval by default; None: never).
         """
         if self._worker is None:
+            # Imported here, on request: a web app's process holds this handle only to publish,
+            # and must not load the worker code (and with it the runtime and the model layer).
             from threads_celery.worker.embedded import EmbeddedWorker
 
             self._worker = EmbeddedWorker(
-                self.app,
+                self._worker_runtime(),
                 concurrency=self._worker_concurrency,
                 reconcile_interval=self._reconcile_interval if reconcile_interval is ... else reconcile_interval,
                 queues=None if self.is_embedded else self._queues_to_consume(queues),
             )
             self._worker.start()
 
-    def _queues_to_consume(self, queues: Sequence[str] | None) -> list[str]:
-        from threads_celery.decisions.backbone import control_queue_for
+    def _worker_runtime(self) -> RuntimeHolder:
+        """The worker side of this process: the tasks installed on :attr:`app` and the runtime
+        they use (``app.threads_runtime``), on first use."""
+        # Imported here, on request: see start_worker.
+        from threads_celery.worker.application import install_worker
 
+        return install_worker(self.app, self.settings, self.registry, self.store)
+
+    def _queues_to_consume(self, queues: Sequence[str] | None) -> list[str]:
         work = str(self.app.conf.task_default_queue)
         if queues is None:
             named = {agent.queue for agent in self.registry} | {
@@ -600,7 +614,7 @@ class Threads(AgentToolsMixin):
 
     def reconcile(self) -> dict[str, int]:
         """Run one reconcile tick in this process (what Beat schedules)."""
-        return self.app.threads_runtime.get().reconcile_tick()
+        return self._worker_runtime().get().reconcile_tick()
 
 
 def _raise_if_unreachable(store: Store, exc: Exception) -> None:

@@ -3,7 +3,7 @@
 Work (model steps, tool calls) and control (reconcile ticks, finish deliveries, scheduled-run
 starts) travel on different queues. Work may pile up by the thousand; control must not wait
 behind it, or recovery slows to the speed of the backlog. Every worker consumes the control
-queue besides its work queues (see :func:`threads_celery.worker.app.consume_control_queue`), and a
+queue besides its work queues (see :func:`threads_celery.worker.application.consume_control_queue`), and a
 deployment may add a small worker that consumes only the control queue.
 
 A tick is never thrown away because it is late (an ``expires`` on the tick discarded every tick

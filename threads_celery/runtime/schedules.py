@@ -18,7 +18,7 @@ Declare schedules in the module that defines the agent, as a module-level list n
         ),
     ]
 
-How it runs. Beat (``celery -A tasks beat``, whose scheduler is ``beat.schedule.Scheduler``) publishes
+How it runs. Beat (``celery -A tasks beat``, whose scheduler is ``threads_celery.worker.beat.Scheduler``) publishes
 ``threads.scheduled_run(schedule_name, slot_iso)`` once per slot. A *slot* is a point of the
 schedule, computed by flooring the clock to it (``every=timedelta`` slots are multiples of the
 interval since 1970-01-01 UTC, so ``timedelta(hours=1)`` fires on the hour; crontab slots are the

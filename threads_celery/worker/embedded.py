@@ -10,16 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery.apps.worker import Worker  # noqa: F401 - makes sure worker bootsteps are importable
 from celery.utils.nodenames import anon_nodename
 from celery.worker import WorkController
 
 from threads_celery.exceptions import ThreadsError
-
-if TYPE_CHECKING:
-    from threads_celery.worker.app import ThreadsCelery
+from threads_celery.worker.application import RuntimeHolder
 
 log = logging.getLogger("threads_celery.worker.embedded")
 
@@ -40,14 +38,16 @@ class EmbeddedWorker:
 
     def __init__(
         self,
-        app: ThreadsCelery,
+        runtime: RuntimeHolder,
         *,
         concurrency: int = 2,
         ready_timeout: float = 30.0,
         reconcile_interval: float | None = None,
         queues: Sequence[str] | None = None,
     ) -> None:
-        self.app = app
+        # The app the tasks were installed on (threads_celery.worker.application.install_worker).
+        self.runtime = runtime
+        self.app = runtime.app
         # None: the app's own queues (work and control); else these, as `-Q` gives them.
         self.queues = list(queues) if queues is not None else None
         self.concurrency = concurrency
@@ -94,7 +94,7 @@ class EmbeddedWorker:
         assert self.reconcile_interval is not None
         while not self._stop_ticks.wait(self.reconcile_interval):
             try:
-                self.app.threads_runtime.get().reconcile_tick()
+                self.runtime.get().reconcile_tick()
             except Exception as exc:  # noqa: BLE001 - the next tick tries again
                 log.warning("embedded reconcile tick failed: %s: %s", type(exc).__name__, exc)
 

@@ -1,8 +1,18 @@
-"""Celery Beat's side of scheduled batch agents: when a schedule is due, and what to publish.
+"""What Celery Beat publishes: the reconcile backbone and the scheduled batch agents.
 
 :class:`Scheduler` is the ``beat_scheduler`` of every threads app (see
-:func:`threads_celery.worker.app.celery_config`), so ``celery -A tasks beat`` and
-``threads-celery beat`` use it. On start-up it reads the ``SCHEDULES`` lists of the modules in
+:func:`threads_celery.transitions.publishing.celery_config`), so ``celery -A threads_celery.worker beat``,
+``celery -A tasks beat`` and ``threads-celery beat`` use it. Its ``beat_schedule`` holds two kinds of job:
+
+- The reconcile backbone: the ``threads.reconcile`` task every ``THREADS_RECONCILE_INTERVAL_S``
+  seconds (default 5). A tick republishes outbox rows nobody consumed, re-dispatches steps and
+  calls whose lease expired, and settles interrupted calls by their effect. Ticks are safe to
+  overlap and to run from two Beats at once, so a duplicate Beat wastes work but breaks nothing.
+- Scheduled batch agents: the ``SCHEDULES`` declared in the modules of ``THREADS_AGENTS``, each
+  published as ``threads.scheduled_run(name, slot)`` once per slot. Two Beats publish the same
+  slot, and the run id derived from it makes that one run.
+
+On start-up it reads the ``SCHEDULES`` lists of the modules in
 ``THREADS_AGENTS`` (:class:`threads_celery.runtime.schedules.Schedule` values) and adds one Beat entry
 per enabled schedule, ``threads-schedule:<name>``, next to the reconcile backbone. It keeps
 Celery's persistent schedule file (``-s PATH``), which is where it remembers when it last
@@ -43,6 +53,7 @@ from threads_celery.runtime.schedules import (
     beat_slot,
     format_slot,
 )
+from threads_celery.settings import Settings
 
 log = logging.getLogger("celery.beat.threads")
 
@@ -120,8 +131,6 @@ def schedules_for_app(app: Celery) -> ScheduleRegistry:
         registry = ScheduleRegistry()
     settings = getattr(holder, "settings", None)
     if settings is None:
-        from threads_celery.settings import Settings
-
         settings = Settings.from_env()
     if settings.agents:
         registry.load(settings.agents)
@@ -132,7 +141,7 @@ class Scheduler(PersistentScheduler):
     """Celery's persistent scheduler, plus the declared schedules, published with their slot."""
 
     def setup_schedule(self) -> None:
-        # The app's start-up check (threads_celery.worker.app.app_from_environment): a Beat that
+        # The app's start-up check (threads_celery.worker.application.app_from_environment): a Beat that
         # cannot reach a migrated ledger or import its agents refuses to start, in one line.
         preflight = getattr(self.app, "threads_beat_preflight", None)
         if preflight is not None:

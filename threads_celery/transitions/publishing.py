@@ -1,0 +1,209 @@
+"""The doorbell: what the client and the workers share to send tasks, and nothing that runs them.
+
+The broker only rings the bell: task messages carry ids (a run id and step number, or an effect
+key), and the ledger holds everything else. Delivery is at-least-once (``acks_late``,
+``reject_on_worker_lost``, prefetch 1) and every task reads the ledger first, so a duplicate or
+late delivery does nothing.
+
+This module builds a configured Celery app with no tasks installed (:func:`celery_app`), publishes
+committed outbox entries on it (:class:`Publisher`) and opens the ledger (:func:`open_store`). A
+web app imports it through :class:`threads_celery.client.Threads` and loads no worker code; the
+workers install their tasks on such an app (:mod:`threads_celery.worker.application`).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from celery import Celery
+from kombu import Exchange, Queue
+from kombu.exceptions import OperationalError as KombuOperationalError
+from kombu.utils.url import maybe_sanitize_url
+
+from threads_celery.celery_settings import merge_celery_settings
+from threads_celery.decisions.backbone import (
+    CONTROL_TASKS,
+    RECONCILE_TASK,
+    WORK_PRIORITY,
+    WORK_QUEUE,
+    control_queue_for,
+    message_priority,
+    queue_for,
+)
+from threads_celery.exceptions import BrokerUnavailable
+from threads_celery.records import OutboxEntry
+from threads_celery.settings import Settings
+from threads_celery.store import Store, create_store_engine, parse_database_url
+from threads_celery.transitions.runs import STEP_TASK
+
+log = logging.getLogger("threads_celery.transitions.publishing")
+
+#: The broker of the embedded default: Celery's in-process memory transport.
+EMBEDDED_BROKER = "memory://"
+
+#: Where Beat finds its scheduler (the reconcile backbone plus the declared schedules).
+BEAT_SCHEDULER = "threads_celery.worker.beat:Scheduler"
+
+AppT = TypeVar("AppT", bound=Celery)
+
+
+def task_queue(name: str) -> Queue:
+    """A queue bound to a direct exchange of its own name, by its own name.
+
+    Celery gives a bare ``Queue(name)`` its default exchange and routing key (``threads``): two
+    queues declared that way are both bound to key ``threads``, and a control message would be
+    copied into the work queue as well.
+    """
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
+
+
+def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
+    """Celery settings for at-least-once, JSON-only delivery of id-only task messages.
+
+    Two queues: work (``threads``: model steps and tool calls, unless an agent or tool names
+    its own) and control (``threads.control``: reconcile ticks, finish deliveries, scheduled-run
+    starts), so that the backbone never waits behind a backlog of work.
+    """
+    work_queue = WORK_QUEUE
+    if broker_url.startswith("memory://"):
+        # The memory transport's queues are shared by the whole process: queues of our own keep
+        # two embedded runtimes (or a stopping one) from taking each other's tasks.
+        work_queue = f"threads-embedded-{uuid.uuid4().hex[:12]}"
+    config: dict[str, Any] = {
+        "broker_url": broker_url,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_time_limit": settings.task_time_limit_s,
+        "task_soft_time_limit": settings.task_soft_time_limit_s,
+        "task_track_started": False,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_default_queue": work_queue,
+        # A worker started without -Q consumes both; one started with -Q gets the control queue
+        # added (see threads_celery.worker.application.consume_control_queue).
+        "task_queues": (task_queue(work_queue), task_queue(control_queue_for(work_queue))),
+        "task_routes": {task: {"queue": control_queue_for(work_queue)} for task in sorted(CONTROL_TASKS)},
+        "worker_hijack_root_logger": False,
+        # Beat's scheduler adds the scheduled batch agents (SCHEDULES in THREADS_AGENTS modules)
+        # and publishes each with its slot: see threads_celery.worker.beat and threads_celery.runtime.schedules.
+        "beat_scheduler": BEAT_SCHEDULER,
+        "beat_schedule": {
+            "threads-reconcile": {
+                "task": RECONCILE_TASK,
+                "schedule": timedelta(seconds=settings.reconcile_interval_s),
+                # No ``expires``: a tick late behind anything still runs, unless a tick that started
+                # after it was published covered it (see threads_celery.decisions.backbone.tick_is_covered).
+                "options": {"queue": control_queue_for(work_queue)},
+            }
+        },
+    }
+    if message_priority(STEP_TASK, recovered=False, broker_url=broker_url) is not None:
+        # What Celery sends itself (a task's retry) queues as ordinary work, behind recoveries;
+        # the control tasks carry their own priority (see threads_celery.worker.tasks).
+        config["task_default_priority"] = WORK_PRIORITY
+    if broker_url.startswith("memory://"):
+        # The memory transport polls; a short interval keeps each hop near a few milliseconds.
+        config["broker_transport_options"] = {"polling_interval": 0.005}
+        config["task_send_sent_event"] = False
+        config["worker_send_task_events"] = False
+    return merge_celery_settings(config, settings.extra_celery)
+
+
+def celery_app(
+    settings: Settings,
+    *,
+    broker_url: str | None = None,
+    main: str = "threads",
+    app_class: type[AppT] = Celery,  # type: ignore[assignment]  # mypy cannot tie a TypeVar default to its bound
+) -> AppT:
+    """A Celery app configured by :func:`celery_config`, with no tasks installed.
+
+    ``broker_url`` defaults to the settings' broker, then to the embedded memory transport. The
+    app is not made the process's current app: a process may hold several.
+    """
+    broker = broker_url or settings.broker_url or EMBEDDED_BROKER
+    app = app_class(main, set_as_current=False)
+    app.conf.update(celery_config(settings, broker))
+    return app
+
+
+class Publisher:
+    """Publishes outbox entries after their transaction committed.
+
+    A failure here loses nothing: the row stays in the outbox and the reconcile backbone
+    publishes it again.
+    """
+
+    def __init__(self, app: Celery, *, single_queue: str | None = None) -> None:
+        self.app = app
+        # The embedded worker consumes one work queue: all work goes there, whatever its routing.
+        self.single_queue = single_queue
+        self.broker_url = str(app.conf.broker_url or "")
+        self.control_queue = control_queue_for(app.conf.task_default_queue or WORK_QUEUE)
+
+    def __call__(self, entries: Sequence[OutboxEntry]) -> None:
+        for entry in entries:
+            try:
+                self.send(entry)
+            except Exception as exc:  # noqa: BLE001 - the outbox row is the retry
+                log.warning("publish of %s failed, left for the reconcile backbone: %s", entry.key, exc)
+
+    def send(self, entry: OutboxEntry) -> None:
+        options: dict[str, Any] = {"task_id": entry.key, "argsrepr": entry.argsrepr or entry.key}
+        queue = queue_for(entry.task, entry.queue, work_queue=self.single_queue, control_queue=self.control_queue)
+        if queue:
+            options["queue"] = queue
+        priority = message_priority(entry.task, recovered=entry.recovered, broker_url=self.broker_url)
+        if priority is not None:
+            options["priority"] = priority
+        self.app.send_task(
+            entry.task,
+            args=list(entry.args),
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
+            **options,
+        )
+
+    def check(self, timeout: float = 3.0) -> None:
+        """Raise BrokerUnavailable unless the broker accepts a connection."""
+        try:
+            with self.app.connection_for_write() as conn:
+                # kombu takes float seconds here; celery-types annotates the timeout as int.
+                conn.ensure_connection(max_retries=1, timeout=timeout)  # type: ignore[arg-type]
+        except (KombuOperationalError, OSError, TimeoutError) as exc:
+            raise BrokerUnavailable(
+                f"cannot reach the broker at {safe_broker_url(self.app.conf.broker_url)}: {exc}"
+            ) from exc
+
+
+def safe_broker_url(url: str | None) -> str:
+    """The broker URL with its password masked, for messages."""
+    if not url:
+        return "<unset>"
+    return str(maybe_sanitize_url(url))
+
+
+def open_store(database_url: str, settings: Settings | None = None, **engine_options: Any) -> Store:
+    """The ledger at ``database_url``, with the leases and graces of ``settings``.
+
+    Here rather than in the store, which knows no Settings (it imports only records and exceptions).
+    """
+    url = parse_database_url(database_url, source="THREADS_DATABASE_URL")
+    settings = settings or Settings()
+    return Store(
+        create_store_engine(url, **engine_options),
+        step_grace_s=settings.outbox_stale_after_s,
+        tool_grace_s=settings.tool_lease_s,
+    )

@@ -1,0 +1,197 @@
+"""The worker's Celery application: the configured app with the tasks installed on it, the
+runtime those tasks use, and the start-up checks and signals of ``celery -A tasks worker|beat``.
+
+The configuration, the queues and the publisher are the client's too, in
+:mod:`threads_celery.transitions.publishing`; the task bodies are in
+:mod:`threads_celery.worker.tasks`; Beat's scheduler is in :mod:`threads_celery.worker.beat`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+from celery.signals import celeryd_after_setup, worker_init
+
+from threads_celery.decisions.backbone import WORK_QUEUE, control_queue_for
+from threads_celery.definitions.agents import AgentRegistry
+from threads_celery.exceptions import ConfigError, StoreUnavailable
+from threads_celery.runtime.machine import Runtime
+from threads_celery.runtime.preflight import Ready, check_database, check_models, exit_on_failure, require_database_url
+from threads_celery.runtime.schedules import ScheduleRegistry
+from threads_celery.settings import Settings
+from threads_celery.store import Store
+from threads_celery.telemetry.metrics import METRICS_PORT_VARIABLE, serve
+from threads_celery.transitions.publishing import Publisher, celery_app, open_store, task_queue
+from threads_celery.transitions.runs import utcnow
+from threads_celery.worker.tasks import install_tasks
+
+
+class RuntimeHolder:
+    """Builds the worker's runtime lazily, once per process (prefork children get their own)."""
+
+    def __init__(self, app: Celery, settings: Settings, registry: AgentRegistry, store: Store | None = None) -> None:
+        self.app = app
+        self.settings = settings
+        self.registry = registry
+        self._store = store
+        self._runtime: Runtime | None = None
+        self.single_queue: str | None = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        #: When this process last started a reconcile tick (time.time()); see tick_is_covered.
+        self.last_tick_started_at: float | None = None
+        self.schedules = ScheduleRegistry()
+
+    def get(self) -> Runtime:
+        """This process's runtime, built on first use (and again after a fork)."""
+        with self._lock:
+            if self._runtime is None or self._pid != os.getpid():
+                if self._pid != os.getpid() and self._store is not None:
+                    self._store.engine.dispose(close=False)
+                self._pid = os.getpid()
+                if self._store is None:
+                    if not self.settings.database_url:
+                        raise StoreUnavailable("THREADS_DATABASE_URL is not set for this worker")
+                    self._store = open_store(self.settings.database_url, self.settings)
+                if self.settings.agents:
+                    self.registry.load(self.settings.agents)
+                    self.schedules.load(self.settings.agents)
+                self._runtime = Runtime(
+                    self._store,
+                    self.registry,
+                    publish=Publisher(self.app, single_queue=self.single_queue),
+                    settings=self.settings,
+                )
+            return self._runtime
+
+
+class ThreadsCelery(Celery):
+    """A Celery app that carries the runtime its tasks use, as ``app.threads_runtime``."""
+
+    threads_runtime: RuntimeHolder
+    #: Beat's start-up check (see threads_celery.worker.beat.Scheduler); None for apps that are not services.
+    threads_beat_preflight: Callable[[], None] | None = None
+
+
+def install_worker(
+    app: Celery, settings: Settings, registry: AgentRegistry, store: Store | None = None
+) -> RuntimeHolder:
+    """Make ``app`` a worker's app: install the tasks and the runtime they use (``app.threads_runtime``).
+
+    ``app`` is one :func:`threads_celery.transitions.publishing.celery_app` built: the client's,
+    when it starts an in-process worker, or :func:`create_app`'s. Installing twice returns the
+    runtime installed first.
+    """
+    installed = getattr(app, "threads_runtime", None)
+    if isinstance(installed, RuntimeHolder):
+        return installed
+    holder = RuntimeHolder(app, settings, registry, store)
+    if str(app.conf.broker_url or "").startswith("memory://"):
+        # The embedded worker consumes one work queue of its own (see celery_config).
+        holder.single_queue = app.conf.task_default_queue
+    # The client's app is a plain Celery app (it must not know the worker's class); whoever holds
+    # it (the in-process worker's ticker, Beat's scheduler, tests) reaches the runtime here.
+    app.threads_runtime = holder  # type: ignore[attr-defined]  # declared on ThreadsCelery only
+    install_tasks(app, holder)
+    return holder
+
+
+def create_app(
+    settings: Settings,
+    registry: AgentRegistry,
+    *,
+    broker_url: str | None = None,
+    store: Store | None = None,
+    main: str = "threads",
+) -> ThreadsCelery:
+    """A Celery app with the threads tasks installed, bound to ``registry`` and the store."""
+    app = celery_app(settings, broker_url=broker_url, main=main, app_class=ThreadsCelery)
+    install_worker(app, settings, registry, store)
+    return app
+
+
+def preflight(app: ThreadsCelery, *, service: str) -> Ready:
+    """Check that ``app`` can work before it accepts any: the database is set, answers and is at
+    head, the agents of ``THREADS_AGENTS`` import, and their model providers can be built.
+
+    Raises the ThreadsError whose message says what is wrong (see :mod:`threads_celery.runtime.preflight`).
+    """
+    holder = app.threads_runtime
+    if holder._store is None:
+        require_database_url(holder.settings.database_url, service=service)
+    runtime = holder.get()
+    revision = check_database(runtime.store)
+    check_models(runtime.registry)
+    return Ready(revision=revision, agents=tuple(agent.name for agent in runtime.registry))
+
+
+def consume_control_queue(app: Celery) -> None:
+    """Make a worker consume the control queue besides the queues it was given (``-Q``).
+
+    A worker started with ``-Q email`` for slow tools still takes reconcile ticks and finish
+    deliveries, so recovery never depends on one particular worker being alive.
+    """
+    control = control_queue_for(app.conf.task_default_queue or WORK_QUEUE)
+    if control not in app.amqp.queues.consume_from:
+        app.amqp.queues.select_add(task_queue(control))
+
+
+def serve_metrics(store: Store) -> None:
+    """Serve Prometheus metrics on THREADS_METRICS_PORT, when it is set (see threads_celery.telemetry.metrics)."""
+    raw = os.environ.get(METRICS_PORT_VARIABLE, "").strip()
+    if not raw:
+        return
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ConfigError(f"{METRICS_PORT_VARIABLE} must be a port number, not {raw!r}")
+    try:
+        serve(store, int(raw))
+    except ImportError:
+        raise ConfigError(
+            f"{METRICS_PORT_VARIABLE} needs prometheus-client: pip install 'threads-celery[metrics]'"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{METRICS_PORT_VARIABLE}={raw}: cannot listen: {exc}") from None
+
+
+def app_from_environment() -> ThreadsCelery:
+    """The app of ``celery -A threads_celery.worker`` (and ``-A tasks``): settings and agents from
+    ``THREADS_*`` variables.
+
+    A worker or Beat started from it runs :func:`preflight` first and refuses to start, with one
+    line on stderr and exit status 2, when it fails.
+    """
+    settings = Settings.from_env()
+    if not settings.broker_url:
+        raise ConfigError("THREADS_BROKER_URL is not set (e.g. redis://127.0.0.1:6379/0)")
+    registry = AgentRegistry()
+    app = create_app(settings, registry)
+
+    @celeryd_after_setup.connect(weak=False)
+    def _consume_control(sender: str, instance: Any, **_: Any) -> None:
+        consume_control_queue(instance.app)
+
+    @worker_init.connect(weak=False)
+    def _check_worker(sender: Any = None, **_: Any) -> None:
+        # Signals are process-wide: answer only for a worker of this app.
+        if getattr(sender, "app", None) is not app:
+            return
+        with exit_on_failure("worker"):
+            preflight(app, service="worker")
+            runtime = app.threads_runtime.get()
+            serve_metrics(runtime.store)
+            for agent in runtime.registry:
+                with runtime.store.transaction() as tx:
+                    tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), utcnow())
+
+    def _check_beat() -> None:
+        with exit_on_failure("beat"):
+            preflight(app, service="beat")
+
+    # Called by threads_celery.worker.beat.Scheduler before it reads the schedules (before Celery's
+    # logging takes stderr over), so a refusal is one line and not a logged traceback.
+    app.threads_beat_preflight = _check_beat
+    return app

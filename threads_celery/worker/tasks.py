@@ -1,0 +1,126 @@
+"""The Celery tasks: ``threads.step``, ``threads.tool``, ``threads.deliver``, ``threads.reconcile``
+and ``threads.scheduled_run``.
+
+Each body is thin: it loads this process's runtime and hands the message's ids to it; the runtime
+reads the ledger, decides and commits. What the broker carries is an id only (see
+:mod:`threads_celery.transitions.publishing`), so a duplicate or late delivery finds the ledger
+already moved on and does nothing. :func:`_run` maps what the runtime raises onto Celery: retry
+later, a lost fence (another worker owns the run now), an unreachable store, and a poison message
+(a step or tool that keeps failing unforeseen: bounded tries, then the run ends).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery, Task
+
+from threads_celery.decisions.backbone import (
+    DELIVER_TASK,
+    RECONCILE_TASK,
+    SCHEDULED_RUN_TASK,
+    message_priority,
+    tick_is_covered,
+)
+from threads_celery.decisions.retry import GiveUp
+from threads_celery.exceptions import FenceLost, StoreUnavailable
+from threads_celery.runtime.failures import apply_task_failure
+from threads_celery.runtime.machine import RetryLater
+from threads_celery.runtime.schedules import start_scheduled_run
+from threads_celery.telemetry.metrics import timed_tick
+from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
+
+if TYPE_CHECKING:
+    from threads_celery.worker.application import RuntimeHolder
+
+log = logging.getLogger("threads_celery.worker.tasks")
+
+
+def _run(task: Task[Any, Any], holder: RuntimeHolder, work: Callable[[], str], poison_key: str | None = None) -> str:
+    """Run ``work`` (one task's body) and turn what it raises into Celery's answer."""
+    try:
+        return work()
+    except RetryLater as exc:
+        raise task.retry(countdown=exc.countdown, max_retries=None, exc=None) from None
+    except FenceLost as exc:
+        log.info("%s: %s", task.name, exc)
+        return "fence lost"
+    except StoreUnavailable as exc:
+        countdown = min(2**task.request.retries, 30)
+        log.warning("%s: store unavailable, retrying in %ss: %s", task.name, countdown, exc)
+        raise task.retry(countdown=countdown, max_retries=None, exc=None) from None
+    except Exception as exc:
+        if poison_key is None:
+            raise
+        # A step or tool task that fails unforeseen: bounded tries, then the run ends.
+        failures = (task.request.retries or 0) + 1
+        decision = apply_task_failure(holder.get(), task.name, poison_key, failures, exc)
+        if isinstance(decision, GiveUp):
+            return f"gave up: {decision.reason}"
+        raise task.retry(countdown=decision.countdown, max_retries=None, exc=None) from None
+
+
+def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
+    """Register the five tasks on ``app``, each running on ``holder``'s runtime."""
+    # Control tasks go ahead of all work on Redis, however they are sent (Beat, a retry).
+    control_priority = message_priority(RECONCILE_TASK, recovered=False, broker_url=str(app.conf.broker_url or ""))
+
+    # Every task but the tick is acknowledged after it ran and given back to the broker when its
+    # worker dies. ``shared=False`` keeps each task on this app only: a process may hold several
+    # apps (two embedded runtimes, a test's). The bound tasks' ``self`` is the Task the decorator
+    # builds; its call signature is Any there.
+    @app.task(name=STEP_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
+    def step(self: Task[Any, Any], run_id: str, n: int) -> str:
+        """Run one model step of a run."""
+        runtime = holder.get()
+        return _run(self, holder, lambda: runtime.run_step(run_id, n, attempt=self.request.retries or 0), run_id)
+
+    @app.task(name=TOOL_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
+    def tool(self: Task[Any, Any], effect_key: str) -> str:
+        """Run one tool call, by effect key."""
+        runtime = holder.get()
+        return _run(self, holder, lambda: runtime.run_tool(effect_key), effect_key)
+
+    @app.task(
+        name=DELIVER_TASK,
+        bind=True,
+        shared=False,
+        priority=control_priority,
+        acks_late=True,
+        reject_on_worker_lost=True,
+    )
+    def deliver(self: Task[Any, Any], run_id: str, status: str) -> str:
+        """Deliver an agent-tool run's finish: the parent's tool result, on_finish or notify."""
+        runtime = holder.get()
+        return _run(self, holder, lambda: runtime.deliver(run_id, status))
+
+    # Acknowledged on receipt: a tick lost with its worker is replaced by Beat's next one.
+    @app.task(name=RECONCILE_TASK, bind=True, shared=False, priority=control_priority, acks_late=False)
+    def reconcile(self: Task[Any, Any], published_at: float | None = None) -> str:
+        """Beat's backbone tick: re-dispatch runs whose worker died, republish lost outbox rows.
+
+        ``published_at`` (Beat's clock) lets a tick that waited in the queue see that a later
+        tick already swept everything it would; it is then skipped, never discarded unseen.
+        """
+        if tick_is_covered(published_at, holder.last_tick_started_at):
+            return "covered by a later tick"
+        runtime = holder.get()
+        holder.last_tick_started_at = time.time()
+        with timed_tick():
+            return _run(self, holder, lambda: str(runtime.reconcile_tick()))
+
+    @app.task(
+        name=SCHEDULED_RUN_TASK,
+        bind=True,
+        shared=False,
+        priority=control_priority,
+        acks_late=True,
+        reject_on_worker_lost=True,
+    )
+    def scheduled_run(self: Task[Any, Any], schedule_name: str, slot_iso: str | None = None) -> str:
+        """Start the run of one slot of a schedule (Beat publishes it); idempotent by slot."""
+        runtime = holder.get()
+        return _run(self, holder, lambda: start_scheduled_run(runtime, holder.schedules, schedule_name, slot_iso))
