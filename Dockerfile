@@ -16,6 +16,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && r
 # The package first (its layer is reused while only the examples change).
 COPY pyproject.toml README.md ./
 COPY threads_celery ./threads_celery
+# `celery -A tasks worker|beat` (docker-compose.yml) imports these from /app (PYTHONPATH): the
+# package does not install them, since a top-level `tasks` in site-packages would shadow a user's
+# own. Installed, the same app is `celery -A threads_celery.worker`.
 COPY tasks ./tasks
 COPY beat ./beat
 # Extras: flower, plus the model providers your agents use (openai, anthropic): an agent whose
