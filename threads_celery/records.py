@@ -1,12 +1,14 @@
 """Frozen domain values: what the store hands out. Rows never leave the store package.
 
 Everything the ledger returns is one of these plain values (or a builtin): runs, threads, calls,
-messages, events, agent-tool runs, usage totals. They import nothing of the package but this
-module, so the store, the pure decisions and every face can share them without an import cycle.
+messages, events, agent-tool runs, usage totals; and the one rule for the text it can hold
+(:func:`storable_text`). They import nothing of the package but this module, so the store, the
+pure decisions, the definitions and every face can share them without an import cycle.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -395,3 +397,28 @@ class MetricsSnapshot:
     parked_calls: int
     outbox_depth: int
     reconcile_lag_s: float
+
+
+# -- what text the ledger holds (see threads_celery.store.storable) --------------------------------
+
+#: A character the ledger cannot hold: NUL, or any surrogate (Python strings hold only unpaired ones).
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+REPLACEMENT = "\ufffd"
+
+
+def storable_text(text: str) -> str:
+    """``text`` with every NUL and unpaired surrogate replaced by U+FFFD."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return UNSTORABLE.sub(REPLACEMENT, text)
+
+
+def storable(value: Any) -> Any:
+    """``value`` (a JSON-like structure) with :func:`storable_text` applied to every string, keys too."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable(v) for v in value]
+    return value

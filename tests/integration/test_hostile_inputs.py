@@ -23,7 +23,7 @@ from threads_celery import Agent, Permissions, Prompt, Settings, Threads, tool
 from threads_celery.records import Run
 from threads_celery.runtime.machine import Runtime
 from threads_celery.store import schema
-from threads_celery.store.storable import REPLACEMENT
+from threads_celery.records import REPLACEMENT
 from threads_celery.testing import ScriptedModel, call, say
 
 WAIT_S = 60.0

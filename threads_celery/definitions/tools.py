@@ -22,6 +22,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from threads_celery.decisions.backbone import check_queue_name
 from threads_celery.decisions.effects import EFFECTS, Effect, Reconcile
 from threads_celery.exceptions import ConfigError
+from threads_celery.records import storable
 from threads_celery.redaction import describe_exception
 
 if TYPE_CHECKING:
@@ -265,10 +266,8 @@ def render_result(value: Any) -> str:
         return value
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
-    from threads_celery.store.storable import storable
-
     # JSON text is UTF-8: a lone surrogate in a string cannot be encoded, so it is replaced
-    # first, by the ledger's own rule (see threads_celery.store.storable).
+    # first, by the ledger's own rule (see threads_celery.records.storable).
     return pydantic_core.to_json(storable(value)).decode()
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from threads_celery.records import DEFAULT_TENANT, CallRow, OutboxEntry, Run, Thread, ToolResult
+from threads_celery.records import DEFAULT_TENANT, CallRow, OutboxEntry, Run, Thread, ToolResult, storable_text
 from threads_celery.store import statements
 from threads_celery.store.agent_tool_queries import AgentToolQueries
 from threads_celery.store.availability import unreachable_as_store_unavailable
@@ -28,7 +28,7 @@ from threads_celery.store.message_queries import MessageQueries
 from threads_celery.store.metrics_queries import MetricsQueries
 from threads_celery.store.rows import run_from_row, thread_from_row
 from threads_celery.store.schema import agents, outbox, runs, threads, variables
-from threads_celery.store.storable import dumps, storable_text
+from threads_celery.store.storable import dumps
 from threads_celery.store.usage_queries import UsageQueries
 
 TOOL_TASK_NAME = "threads.tool"

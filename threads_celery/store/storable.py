@@ -8,8 +8,11 @@ leave the run with nothing to record, so the rule is the same on both stores:
     every NUL and every unpaired surrogate written to the ledger is replaced by U+FFFD
     (the Unicode replacement character), everything else is stored as it is.
 
-The rule is applied at one boundary, the engine: :func:`install` cleans every string parameter
-of every statement, and :func:`dumps` is the engine's JSON serializer, so a value nested in a
+The rule itself (:func:`~threads_celery.records.storable_text` and
+:func:`~threads_celery.records.storable`) is pure and lives with the records, so code above the
+store (what a model is shown of a tool's result) applies the same one without loading
+SQLAlchemy. The store applies it at one boundary, the engine: :func:`install` cleans every
+string parameter of every statement, and :func:`dumps` is the engine's JSON serializer, so a value nested in a
 JSON column is cleaned as well. Callers (the HTTP API, :meth:`Threads.start`) refuse such text
 outright with :func:`unstorable_reason`, since a person can fix what they send; a model cannot.
 """
@@ -17,33 +20,12 @@ outright with :func:`unstorable_reason`, since a person can fix what they send; 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-#: A character the ledger cannot hold: NUL, or any surrogate (Python strings hold only unpaired ones).
-UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-REPLACEMENT = "\ufffd"
-
-
-def storable_text(text: str) -> str:
-    """``text`` with every NUL and unpaired surrogate replaced by U+FFFD."""
-    if text.isascii() and "\x00" not in text:
-        return text
-    return UNSTORABLE.sub(REPLACEMENT, text)
-
-
-def storable(value: Any) -> Any:
-    """``value`` (a JSON-like structure) with :func:`storable_text` applied to every string, keys too."""
-    if isinstance(value, str):
-        return storable_text(value)
-    if isinstance(value, dict):
-        return {storable(k): storable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [storable(v) for v in value]
-    return value
+from threads_celery.records import UNSTORABLE, storable, storable_text
 
 
 def dumps(value: Any) -> str:
