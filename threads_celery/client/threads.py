@@ -1,24 +1,22 @@
 """The runtime handle a web app or script holds: start runs, wait, read, cancel.
 
-Importing this module pulls in neither users' tool code nor the model layer: a web app enqueues
-runs by agent name, and workers (which import the agents) do the work.
+Importing this module pulls in neither users' tool code, nor the model layer, nor worker code: a
+web app enqueues runs by agent name, and workers (which import the agents) do the work.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, date, datetime
 from pathlib import Path
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Self
-
-from celery import Celery
+from typing import Any, Self
 
 from threads_celery.client.agent_tools import AgentToolsMixin
-from threads_celery.decisions.backbone import control_queue_for
+from threads_celery.client.in_process import InProcessWorkerMixin
 from threads_celery.decisions.usage import ALLOWED_EVENT, LIMIT_REASON, day_bounds
 from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.variables import SecretBox
@@ -51,16 +49,12 @@ from threads_celery.transitions.interventions import Resolution
 from threads_celery.transitions.pending import PendingCall
 from threads_celery.transitions.publishing import EMBEDDED_BROKER, Publisher, celery_app, open_store
 
-if TYPE_CHECKING:
-    from threads_celery.worker.application import RuntimeHolder
-    from threads_celery.worker.embedded import EmbeddedWorker
-
 #: Statuses in which a run waits for a person, so :meth:`Threads.wait` returns.
 NEEDS_A_PERSON = ("parked", "awaiting_approval", "awaiting_variable")
 DEFAULT_EMBEDDED_PATH = Path(".threads-celery") / "embedded.db"
 
 
-class Threads(AgentToolsMixin):
+class Threads(AgentToolsMixin, InProcessWorkerMixin):
     """The runtime handle.
 
     ``Threads(database_url=..., broker_url=...)`` talks to a PostgreSQL ledger and a broker
@@ -97,12 +91,12 @@ class Threads(AgentToolsMixin):
         self.registry = registry or AgentRegistry()
         self.store: Store = open_store(database_url, self.settings)
         # The app publishes; the worker side (its tasks, the runtime) is installed on it only
-        # when this process starts a worker or ticks the backbone (see _worker_runtime).
-        self.app: Celery = celery_app(self.settings, broker_url=broker_url)
+        # when this process starts a worker or ticks the backbone (see client.in_process).
+        self.app = celery_app(self.settings, broker_url=broker_url)
         self.publisher = Publisher(
             self.app, single_queue=self.app.conf.task_default_queue if self.is_embedded else None
         )
-        self._worker: EmbeddedWorker | None = None
+        self._worker = None
         self._worker_concurrency = worker_concurrency
         # The embedded worker runs the reconcile backbone itself (Beat's job in a deployment).
         self._reconcile_interval = (
@@ -148,75 +142,6 @@ class Threads(AgentToolsMixin):
             # put a journal file back).
             threads.close(then=lambda: shutil.rmtree(tmp, ignore_errors=True))
             shutil.rmtree(tmp, ignore_errors=True)
-
-    def start_worker(
-        self,
-        *,
-        queues: Sequence[str] | None = None,
-        reconcile_interval: float | EllipsisType | None = ...,
-    ) -> None:
-        """Start an in-process worker (idempotent): Celery's real worker machinery with a thread
-        pool, on a thread of this process.
-
-        Embedded mode starts it on demand. With PostgreSQL and a broker it is for your own
-        integration tests (see :func:`threads_celery.testing.start_worker`): it consumes the work
-        and control queues, plus the queues that registered agents and their tools name, or
-        exactly ``queues`` when given (the control queue is always added). It ticks the reconcile
-        backbone every ``reconcile_interval`` seconds (this handle's interval by default; None: never).
-        """
-        if self._worker is None:
-            # Imported here, on request: a web app's process holds this handle only to publish,
-            # and must not load the worker code (and with it the runtime and the model layer).
-            from threads_celery.worker.embedded import EmbeddedWorker
-
-            self._worker = EmbeddedWorker(
-                self._worker_runtime(),
-                concurrency=self._worker_concurrency,
-                reconcile_interval=self._reconcile_interval if reconcile_interval is ... else reconcile_interval,
-                queues=None if self.is_embedded else self._queues_to_consume(queues),
-            )
-            self._worker.start()
-
-    def _worker_runtime(self) -> RuntimeHolder:
-        """The worker side of this process: the tasks installed on :attr:`app` and the runtime
-        they use (``app.threads_runtime``), on first use."""
-        # Imported here, on request: see start_worker.
-        from threads_celery.worker.application import install_worker
-
-        return install_worker(self.app, self.settings, self.registry, self.store)
-
-    def _queues_to_consume(self, queues: Sequence[str] | None) -> list[str]:
-        work = str(self.app.conf.task_default_queue)
-        if queues is None:
-            named = {agent.queue for agent in self.registry} | {
-                t.queue for agent in self.registry for t in agent.runtime_tools if t.queue
-            }
-            queues = [work, *sorted(q for q in named if q and q != work)]
-        return [*queues, *([] if control_queue_for(work) in queues else [control_queue_for(work)])]
-
-    def stop_worker(self, timeout: float = 10.0) -> None:
-        """Stop the in-process worker, if any, and wait until it has stopped."""
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.stop(timeout, wait=True)
-
-    def close(self, *, then: Callable[[], None] | None = None) -> None:
-        """Stop the in-process worker, if any, and release connections.
-
-        ``then`` runs once the in-process worker has stopped (in the background)."""
-        store = self.store
-
-        def after_stop() -> None:
-            store.dispose()
-            if then is not None:
-                then()
-
-        if self._worker is not None:
-            self._worker.stop(then=after_stop)
-            self._worker = None
-            store.dispose()  # connections this thread holds go now; the worker's go after it stops
-        else:
-            after_stop()
 
     def __enter__(self) -> Self:
         return self
@@ -611,10 +536,6 @@ class Threads(AgentToolsMixin):
             raise CallNotFound(effect_key)
         _, shown, whole, _ = found
         return whole if whole is not None else shown
-
-    def reconcile(self) -> dict[str, int]:
-        """Run one reconcile tick in this process (what Beat schedules)."""
-        return self._worker_runtime().get().reconcile_tick()
 
 
 def _raise_if_unreachable(store: Store, exc: Exception) -> None:
