@@ -528,24 +528,12 @@ class Runtime:
             return False  # cannot prove the claim is still ours: acting could repeat an effect
 
     def _claim_call(self, run: Run, call: CallRow, now: datetime) -> int | None:
-        """Commit the claim of a call (run lease and fence, call started, outbox row consumed).
-
-        One statement on PostgreSQL, one transaction elsewhere; the new fence, or None (nothing
-        written) if the run's fence moved.
-        """
+        """Commit the claim of a call (run lease and fence, call started, outbox row consumed):
+        the new fence, or None (nothing written) if the run's fence moved."""
         lease_until = now + timedelta(seconds=self.settings.tool_lease_s)
-        if self.store.dialect == "postgresql":
-            with self.store.autocommit() as tx:
-                return tx.claim_call_in_one(
-                    run.id, call.effect_key, fence=run.fence, owner=self.worker_id, lease_until=lease_until, now=now
-                )
-        with self.store.transaction() as tx:
-            claimed = tx.claim_run(run.id, fence=run.fence, owner=self.worker_id, lease_until=lease_until, now=now)
-            if claimed is None:
-                return None
-            tx.claim_call(call.effect_key, owner=self.worker_id, lease_until=lease_until, now=now)
-            tx.delete_outbox(call.effect_key)
-            return claimed
+        return self.store.claim_call_and_run(
+            run.id, call.effect_key, fence=run.fence, owner=self.worker_id, lease_until=lease_until, now=now
+        )
 
     def _commit_executed(
         self, run: Run, fence: int, call: CallRow, tool: Tool | None, content: str, *, is_error: bool, own_outbox: bool

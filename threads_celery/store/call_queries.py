@@ -81,23 +81,6 @@ class CallQueries:
             statements.CLAIM_CALL, {"b_key": effect_key, "b_owner": owner, "b_until": lease_until, "b_now": now}
         )
 
-    def claim_call_in_one(
-        self, run_id: str, effect_key: str, *, fence: int, owner: str, lease_until: datetime, now: datetime
-    ) -> int | None:
-        """PostgreSQL: claim the run and the call and consume its outbox row in one statement.
-
-        Returns the new fence, or None if the fence moved (then nothing was written).
-        """
-        params = {
-            "run_id": run_id,
-            "effect_key": effect_key,
-            "fence": fence,
-            "owner": owner,
-            "until": lease_until,
-            "now": now,
-        }
-        return self.conn.execute(statements.CLAIM_CALL_PG, params).scalar()
-
     def settle_call(self, effect_key: str, *, status: str, result: str, is_error: bool, now: datetime) -> None:
         self.conn.execute(
             statements.SETTLE_CALL,

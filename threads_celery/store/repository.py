@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -93,7 +93,7 @@ class Store:
         On PostgreSQL the commit is one statement, run in autocommit: one round trip, with no
         BEGIN or COMMIT. Elsewhere, one transaction.
         """
-        with self.autocommit() if self.dialect == "postgresql" else self.transaction() as tx:
+        with self._operation_of_its_own() as tx:
             return tx.commit_call_result(
                 run_id=run_id,
                 thread_id=thread_id,
@@ -105,6 +105,19 @@ class Store:
                 next_entry=next_entry,
                 now=now,
             )
+
+    def claim_call_and_run(
+        self, run_id: str, effect_key: str, *, fence: int, owner: str, lease_until: datetime, now: datetime
+    ) -> int | None:
+        """:meth:`Tx.claim_call_and_run` in a transaction of its own (one round trip on PostgreSQL)."""
+        with self._operation_of_its_own() as tx:
+            return tx.claim_call_and_run(run_id, effect_key, fence=fence, owner=owner, lease_until=lease_until, now=now)
+
+    def _operation_of_its_own(self) -> AbstractContextManager[Tx]:
+        """Where one of the hot path's operations runs alone: on PostgreSQL each is one statement,
+        atomic by itself, so autocommit spares the BEGIN and COMMIT round trips; elsewhere, a
+        transaction holds its several statements together."""
+        return self.autocommit() if self.dialect == "postgresql" else self.transaction()
 
     def ping(self) -> None:
         """Raise StoreUnavailable unless the database answers."""
@@ -308,7 +321,29 @@ class Tx(CallQueries, MessageQueries, AgentToolQueries, UsageQueries, GrantQueri
         )
         return [run_from_row(row) for row in self.conn.execute(query)]
 
-    # -- a tool call's result ----------------------------------------------------------------
+    # -- a tool call's claim and result -----------------------------------------------------
+
+    def claim_call_and_run(
+        self, run_id: str, effect_key: str, *, fence: int, owner: str, lease_until: datetime, now: datetime
+    ) -> int | None:
+        """Claim a call for ``owner``, fenced; the run's new fence, or None (nothing written).
+
+        Writes, all or nothing: the run's lease and next fence, the call started (the evidence
+        that its effect may have happened) and its outbox row consumed. On PostgreSQL that is
+        one statement (atomic even in :meth:`Store.autocommit`); elsewhere, three.
+        """
+        if self.dialect == "postgresql":
+            params = {
+                "run_id": run_id, "effect_key": effect_key, "fence": fence, "owner": owner, "until": lease_until,
+                "now": now,
+            }  # fmt: skip
+            return self.conn.execute(statements.CLAIM_CALL_PG, params).scalar()
+        claimed = self.claim_run(run_id, fence=fence, owner=owner, lease_until=lease_until, now=now)
+        if claimed is None:
+            return None
+        self.claim_call(effect_key, owner=owner, lease_until=lease_until, now=now)
+        self.delete_outbox(effect_key)
+        return claimed
 
     def commit_call_result(
         self,
