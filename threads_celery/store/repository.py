@@ -10,7 +10,7 @@ Writes that belong to a run's driver are conditional on the run's fence.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,12 +26,12 @@ from threads_celery.store.call_queries import CallQueries
 from threads_celery.store.grant_queries import GrantQueries
 from threads_celery.store.message_queries import MessageQueries
 from threads_celery.store.metrics_queries import MetricsQueries
+from threads_celery.store.outbox_queries import OutboxQueries
 from threads_celery.store.rows import run_from_row, thread_from_row
-from threads_celery.store.schema import agents, outbox, runs, threads, variables
+from threads_celery.store.schema import agents, runs, threads, variables
 from threads_celery.store.storable import dumps
 from threads_celery.store.usage_queries import UsageQueries
 
-TOOL_TASK_NAME = "threads.tool"
 #: What fills the one-statement result commit's next-task parameters when there is no next task
 #: (its ``has_next`` is false, so none of it is written).
 _NO_NEXT_ENTRY = OutboxEntry(key="", task="")
@@ -133,7 +133,7 @@ def args_digest(args: str) -> str:
     return hashlib.sha256(storable_text(args).encode()).hexdigest()
 
 
-class Tx(CallQueries, MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQueries):
+class Tx(CallQueries, OutboxQueries, MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQueries):
     """The named queries of one transaction."""
 
     def __init__(self, conn: Connection, store: Store) -> None:
@@ -476,73 +476,6 @@ class Tx(CallQueries, MessageQueries, AgentToolQueries, UsageQueries, GrantQueri
 
     def agent_description(self, name: str) -> dict[str, Any] | None:
         return self.conn.execute(select(agents.c.description).where(agents.c.name == name)).scalar()
-
-    # -- outbox ------------------------------------------------------------------------------
-
-    def _outbox_grace(self, task: str) -> timedelta:
-        return self.tool_grace if task == TOOL_TASK_NAME else self.step_grace
-
-    def insert_outbox(self, entry: OutboxEntry, now: datetime) -> None:
-        """Record the intent to publish ``entry`` (a no-op if that key is already pending)."""
-        values = {
-            "b_key": entry.key,
-            "b_task": entry.task,
-            "b_args": list(entry.args),
-            "b_queue": entry.queue,
-            "b_argsrepr": entry.argsrepr,
-            "b_created_at": now,
-            "b_due_at": now + self._outbox_grace(entry.task),
-            "b_publish_count": 0,
-        }
-        self.conn.execute(statements.insert_outbox(self.dialect), values)
-
-    def delete_outbox(self, key: str) -> None:
-        self.conn.execute(statements.DELETE_OUTBOX, {"b_key": key})
-
-    def due_outbox(
-        self, *, now: datetime, limit: int, republish_delay: Callable[[timedelta, int], timedelta]
-    ) -> list[OutboxEntry]:
-        """Rows nobody consumed in time (a publish was lost, or its worker died), moved forward.
-
-        Locked with SKIP LOCKED, so two reconcilers never take the same row. A read_only tool's
-        row lives until its result commits (it records no claim), so tool rows are due only
-        after a whole tool lease, or after the call's last heartbeat. Each row is next due
-        ``republish_delay(grace, times republished)`` from now: the backbone's pacing policy
-        (:func:`threads_celery.decisions.backbone.republish_delay`), passed in because the
-        ledger stores the schedule but does not decide it.
-        """
-        rows = list(
-            self.conn.execute(
-                select(outbox)
-                .where(outbox.c.due_at <= now)
-                .order_by(outbox.c.due_at)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            )
-        )
-        entries = [
-            OutboxEntry(key=r.key, task=r.task, args=tuple(r.args), queue=r.queue, argsrepr=r.argsrepr) for r in rows
-        ]
-        # Backing off keeps a message that only waits behind a backlog from being copied into
-        # the queue on every tick (see republish_delay).
-        for task, republished in {(r.task, r.publish_count) for r in rows}:
-            keys = [r.key for r in rows if r.task == task and r.publish_count == republished]
-            self.conn.execute(
-                update(outbox)
-                .where(outbox.c.key.in_(keys))
-                .values(
-                    due_at=now + republish_delay(self._outbox_grace(task), republished),
-                    publish_count=outbox.c.publish_count + 1,
-                )
-            )
-        return entries
-
-    def touch_outbox(self, key: str, now: datetime) -> None:
-        """A running read_only call is alive: push its row's due time forward."""
-        self.conn.execute(update(outbox).where(outbox.c.key == key).values(due_at=now + self.tool_grace))
-
-    def outbox_keys(self) -> list[str]:
-        return list(self.conn.execute(select(outbox.c.key).order_by(outbox.c.key)).scalars())
 
 
 __all__ = ["Store", "Tx", "args_digest"]
