@@ -6,6 +6,10 @@ does not inherit that name from its parent; what is provided in that thread stil
 its own subtree. A required variable with no value makes the run wait (``awaiting_variable``)
 until one is set. Secret values are Fernet-encrypted with ``THREADS_SECRET_KEY`` and never leave
 the store in clear except into the tool that declared them.
+
+Here are the declarations, the secret box and the pure rule that finds a value along a chain of
+threads (:func:`resolve`); reading that chain from the ledger for one tool call is the runtime's
+part (:class:`threads_celery.runtime.variables.ThreadEnv`).
 """
 
 from __future__ import annotations
@@ -14,16 +18,12 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from cryptography.fernet import Fernet, InvalidToken
 
 from threads_celery.exceptions import ConfigError, ThreadsError
 from threads_celery.redaction import redact_text
-
-if TYPE_CHECKING:
-    from threads_celery.definitions.agents import AgentRegistry
-    from threads_celery.store import Store, Tx
 
 VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 SECRET_KEY_ENV = "THREADS_SECRET_KEY"
@@ -128,57 +128,3 @@ def resolve(
         if is_scoped(name):
             return None
     return None
-
-
-class ThreadEnv:
-    """The variables one tool call can read: its declarations resolved against its thread."""
-
-    def __init__(
-        self,
-        store: Store,
-        registry: AgentRegistry,
-        thread_id: str,
-        declarations: Mapping[str, Variable],
-        *,
-        owner: str,
-        box: SecretBox | None = None,
-    ) -> None:
-        self.store = store
-        self.registry = registry
-        self.thread_id = thread_id
-        self.declarations = dict(declarations)
-        self.owner = owner
-        self.box = box or SecretBox()
-        self.revealed: list[str] = []
-
-    def _chain(self, tx: Tx) -> list[tuple[Mapping[str, tuple[str, str]], Callable[[str], bool]]]:
-        chain: list[tuple[Mapping[str, tuple[str, str]], Callable[[str], bool]]] = []
-        for thread_id, agent_name in tx.thread_chain(self.thread_id):
-            agent = self.registry.get(agent_name) if agent_name in self.registry else None
-            scoped = {v.name for v in agent.declared_variables().values() if v.scoped} if agent else set()
-            chain.append((tx.thread_variables(thread_id), scoped.__contains__))
-        return chain
-
-    def get(self, name: str) -> str | None:
-        """The value of a declared variable for this thread, or None when it has none."""
-        if name not in self.declarations:
-            raise VariableError(f"variable {name!r} is not declared by {self.owner}")
-        with self.store.read() as tx:
-            found = resolve(name, self._chain(tx))
-        if found is None:
-            return None
-        kind, stored = found
-        if kind == "secret":
-            value = self.box.open(stored)
-            self.revealed.append(value)
-            return value
-        return stored
-
-    def missing_required(self) -> list[str]:
-        """Required variables with no value anywhere this thread can see."""
-        required = [v.name for v in self.declarations.values() if v.required]
-        if not required:
-            return []
-        with self.store.read() as tx:
-            chain = self._chain(tx)
-        return [name for name in required if resolve(name, chain) is None]

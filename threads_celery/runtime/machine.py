@@ -42,7 +42,7 @@ from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.context import ToolContext
 from threads_celery.definitions.hooks import Stop
 from threads_celery.definitions.tools import Tool, ToolArgumentsError, ToolOutputError, render_result, shorten_for_model
-from threads_celery.definitions.variables import ThreadEnv, declared
+from threads_celery.definitions.variables import declared
 from threads_celery.exceptions import ConfigError, EffectUnknown, FenceLost, StoreUnavailable, UnknownAgent
 from threads_celery.records import CallRow, OutboxEntry, Run
 from threads_celery.redaction import (
@@ -60,6 +60,7 @@ from threads_celery.runtime.permission_checks import check_call
 from threads_celery.runtime.reconcile_lookup import run_lookup
 from threads_celery.runtime.streaming import ToolCallStarted, ToolCallStarts
 from threads_celery.runtime.usage_limits import totals_for_limits
+from threads_celery.runtime.variables import ThreadEnv
 from threads_celery.settings import Settings
 from threads_celery.store import Store
 from threads_celery.store.repository import Tx, args_digest

@@ -1,0 +1,71 @@
+"""A tool call's variables: its declarations resolved against its thread and the threads above it.
+
+What a variable is, how secrets are sealed, and the pure rule that picks a value along a chain of
+threads are in :mod:`threads_celery.definitions.variables`; here that chain is read from the
+ledger, each time a tool reads a variable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from threads_celery.definitions.variables import SecretBox, Variable, VariableError, resolve
+
+if TYPE_CHECKING:
+    from threads_celery.definitions.agents import AgentRegistry
+    from threads_celery.store import Store, Tx
+
+
+class ThreadEnv:
+    """The variables one tool call can read: its declarations resolved against its thread."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: AgentRegistry,
+        thread_id: str,
+        declarations: Mapping[str, Variable],
+        *,
+        owner: str,
+        box: SecretBox | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.thread_id = thread_id
+        self.declarations = dict(declarations)
+        self.owner = owner
+        self.box = box or SecretBox()
+        self.revealed: list[str] = []
+
+    def _chain(self, tx: Tx) -> list[tuple[Mapping[str, tuple[str, str]], Callable[[str], bool]]]:
+        chain: list[tuple[Mapping[str, tuple[str, str]], Callable[[str], bool]]] = []
+        for thread_id, agent_name in tx.thread_chain(self.thread_id):
+            agent = self.registry.get(agent_name) if agent_name in self.registry else None
+            scoped = {v.name for v in agent.declared_variables().values() if v.scoped} if agent else set()
+            chain.append((tx.thread_variables(thread_id), scoped.__contains__))
+        return chain
+
+    def get(self, name: str) -> str | None:
+        """The value of a declared variable for this thread, or None when it has none."""
+        if name not in self.declarations:
+            raise VariableError(f"variable {name!r} is not declared by {self.owner}")
+        with self.store.read() as tx:
+            found = resolve(name, self._chain(tx))
+        if found is None:
+            return None
+        kind, stored = found
+        if kind == "secret":
+            value = self.box.open(stored)
+            self.revealed.append(value)
+            return value
+        return stored
+
+    def missing_required(self) -> list[str]:
+        """Required variables with no value anywhere this thread can see."""
+        required = [v.name for v in self.declarations.values() if v.required]
+        if not required:
+            return []
+        with self.store.read() as tx:
+            chain = self._chain(tx)
+        return [name for name in required if resolve(name, chain) is None]
