@@ -8,27 +8,16 @@ the child's first user message and its attachments.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel
 
 from threads_celery.definitions.agent_tools import AgentToolInput, started_by_the_runtime
 from threads_celery.definitions.agents import Agent
-from threads_celery.definitions.tools import Tool, tool
+from threads_celery.definitions.tools import PromptToolOptions, Tool, tool
 from threads_celery.exceptions import ConfigError
 from threads_celery.records import Message
-
-
-@dataclass(frozen=True, slots=True)
-class PromptToolOptions:
-    """How a prompt tool's return is shaped and its input mapped (spec-tools.md section 4)."""
-
-    include_text_response: bool = True
-    include_tool_calls: bool = False
-    include_errors: bool = True
-    init_user_message_property: str | None = None
-    init_attachments_property: str | None = None
 
 
 class Prompt(Agent):

@@ -27,7 +27,6 @@ from threads_celery.redaction import describe_exception
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import Agent
-    from threads_celery.definitions.prompts import PromptToolOptions
     from threads_celery.definitions.variables import Variable
 
 TOOL_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -36,6 +35,17 @@ MAX_TOOL_NAME = 64
 RESERVED_TOOL_NAMES = frozenset({"subagents", "subagent_create", "subagent_message"})
 
 Runs = Literal["host"]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptToolOptions:
+    """How a prompt tool's return is shaped and its input mapped (spec-tools.md section 4)."""
+
+    include_text_response: bool = True
+    include_tool_calls: bool = False
+    include_errors: bool = True
+    init_user_message_property: str | None = None
+    init_attachments_property: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
