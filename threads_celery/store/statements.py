@@ -7,9 +7,8 @@ once per dialect. These are the statements every tool call and model step runs.
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import Boolean, bindparam, delete, func, insert, select, text, update
+from sqlalchemy.sql.dml import Insert, Update
 
 from threads_celery.store.schema import UTCDateTime, events, messages, outbox, runs, threads, tool_calls
 
@@ -105,10 +104,10 @@ GET_RUN_LOCKED = GET_RUN.with_for_update()
 INSERT_TOOL_CALLS = insert(tool_calls)
 
 _OUTBOX_COLUMNS = ("key", "task", "args", "queue", "argsrepr", "created_at", "due_at", "publish_count")
-_INSERT_OUTBOX: dict[str, Any] = {}
+_INSERT_OUTBOX: dict[str, Insert] = {}
 
 
-def insert_outbox(dialect: str) -> Any:
+def insert_outbox(dialect: str) -> Insert:
     """An outbox row, or nothing if its key is pending already (one statement per dialect)."""
     statement = _INSERT_OUTBOX.get(dialect)
     if statement is None:
@@ -152,10 +151,10 @@ CLAIM_CALL = (
     )
 )
 
-_ADVANCE: dict[tuple[str, ...], Any] = {}
+_ADVANCE: dict[tuple[str, ...], Update] = {}
 
 
-def advance_run(columns: tuple[str, ...]) -> Any:
+def advance_run(columns: tuple[str, ...]) -> Update:
     """The fenced transition that sets ``columns`` (one statement per set of columns)."""
     statement = _ADVANCE.get(columns)
     if statement is None:
