@@ -8,13 +8,14 @@ directory is not installed into site-packages, where a top-level ``beat`` would 
 
 from typing import Any
 
+import threads_celery.worker
+
 __all__ = ["app"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazily, like threads_celery.worker itself: importing ``beat`` needs no configured environment.
+    # Asked for, not imported: threads_celery.worker builds its app on first access, so importing
+    # ``beat`` needs no configured environment.
     if name == "app":
-        from threads_celery.worker import app
-
-        return app
+        return threads_celery.worker.app
     raise AttributeError(f"module 'beat' has no attribute {name!r}")

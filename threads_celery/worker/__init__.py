@@ -4,7 +4,8 @@
   the one configured from ``THREADS_*`` variables), the runtime its tasks use, start-up checks;
 - :mod:`threads_celery.worker.tasks`: the task bodies;
 - :mod:`threads_celery.worker.beat`: Beat's scheduler (the reconcile backbone and scheduled agents);
-- :mod:`threads_celery.worker.embedded`: the in-process worker of ``Threads.embedded()``.
+- :mod:`threads_celery.worker.embedded`: the in-process worker of ``Threads.embedded()``;
+- :mod:`threads_celery.worker.flower_gate`: ``threads-celery flower``, Flower behind credentials.
 
 ``app`` is built from the environment (``THREADS_DATABASE_URL``, ``THREADS_BROKER_URL``,
 ``THREADS_AGENTS``) when first asked for, so the package imports without a configured
