@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, create_engine, make_url
 from sqlalchemy.exc import ArgumentError
+from sqlalchemy.pool import StaticPool
 
 from threads_celery.exceptions import ConfigError
 from threads_celery.store import storable
@@ -117,8 +118,6 @@ def _sqlite_engine(url: URL, **overrides: Any) -> Engine:
     }
     if database in ("", ":memory:"):
         # One shared connection, or every thread would see its own empty database.
-        from sqlalchemy.pool import StaticPool
-
         options["poolclass"] = StaticPool
     options.update(overrides)
     engine = create_engine(url, **options)

@@ -8,6 +8,8 @@ once per dialect. These are the statements every tool call and model step runs.
 from __future__ import annotations
 
 from sqlalchemy import Boolean, bindparam, delete, func, insert, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.dml import Insert, Update
 
 from threads_celery.store.schema import UTCDateTime, events, messages, outbox, runs, threads, tool_calls
@@ -111,9 +113,6 @@ def insert_outbox(dialect: str) -> Insert:
     """An outbox row, or nothing if its key is pending already (one statement per dialect)."""
     statement = _INSERT_OUTBOX.get(dialect)
     if statement is None:
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
         values = {name: bindparam(f"b_{name}", type_=outbox.c[name].type) for name in _OUTBOX_COLUMNS}
         if dialect == "postgresql":
             statement = pg_insert(outbox).values(**values).on_conflict_do_nothing(index_elements=["key"])

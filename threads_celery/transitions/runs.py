@@ -218,8 +218,6 @@ def cancel(tx: Tx, run_id: str, *, now: datetime, reason: str = "cancelled") -> 
     """Abort a run that has not ended; a no-op for one that has."""
     run = tx.get_run(run_id, lock=True)
     if run is None:
-        from threads_celery.exceptions import RunNotFound
-
         raise RunNotFound(run_id)
     if run.is_terminal:
         return run, []
