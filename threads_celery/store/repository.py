@@ -334,9 +334,13 @@ class Tx(CallQueries, OutboxQueries, MessageQueries, AgentToolQueries, UsageQuer
         """
         if self.dialect == "postgresql":
             params = {
-                "run_id": run_id, "effect_key": effect_key, "fence": fence, "owner": owner, "until": lease_until,
+                "run_id": run_id,
+                "effect_key": effect_key,
+                "fence": fence,
+                "owner": owner,
+                "until": lease_until,
                 "now": now,
-            }  # fmt: skip
+            }
             return self.conn.execute(statements.CLAIM_CALL_PG, params).scalar()
         claimed = self.claim_run(run_id, fence=fence, owner=owner, lease_until=lease_until, now=now)
         if claimed is None:

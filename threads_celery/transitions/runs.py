@@ -311,9 +311,16 @@ def commit_call_result(
     if following is None or run.agent_tool_run_id is not None:
         with store.transaction() as tx:
             return record_call_result(
-                tx, run, call, fence=fence, content=content, is_error=is_error, ends_turn=ends_turn, now=now,
+                tx,
+                run,
+                call,
+                fence=fence,
+                content=content,
+                is_error=is_error,
+                ends_turn=ends_turn,
+                now=now,
                 own_outbox=own_outbox,
-            )  # fmt: skip
+            )
     moved = store.commit_call_result(
         run_id=run.id,
         thread_id=run.thread_id,
