@@ -21,6 +21,7 @@ from sqlalchemy import insert, select
 
 from threads_celery import Agent, Permissions, Prompt, Settings, Threads, tool
 from threads_celery.records import Run
+from threads_celery.runtime import step_commit
 from threads_celery.runtime.machine import Runtime
 from threads_celery.store import schema
 from threads_celery.records import REPLACEMENT
@@ -279,15 +280,15 @@ def test_a_step_whose_output_cannot_be_committed_ends_the_run_after_bounded_trie
     threads: Threads, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asked: list[int] = []
-    original = Runtime._commit_step
+    original = step_commit.commit_step
 
-    def refuse(self: Runtime, run: Run, fence: int, step: int, agent: Agent, turn: Any) -> str:
+    def refuse(runtime: Runtime, run: Run, fence: int, step: int, agent: Agent, turn: Any) -> str:
         if step == 0:
-            return original(self, run, fence, step, agent, turn)
+            return original(runtime, run, fence, step, agent, turn)
         asked.append(step)
         raise ValueError("the store refused the turn")
 
-    monkeypatch.setattr(Runtime, "_commit_step", refuse)
+    monkeypatch.setattr(step_commit, "commit_step", refuse)
     run = run_to_end(threads, hostile("poison_step", say("never stored")))
     assert run.status == "error"
     assert run.error is not None and "ValueError: the store refused the turn" in run.error

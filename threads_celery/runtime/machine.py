@@ -26,14 +26,11 @@ from threads_celery.decisions.backbone import republish_delay
 from threads_celery.decisions.effects import NeedsLookup, Park, RecordFound, RunAgain
 from threads_celery.decisions.next_step import (  # Busy, Proceed, Skip, decide_*: re-exported
     Busy,
-    NextCall,
     Proceed,
     Skip,
-    after_reply,
     decide_call,
     decide_step,
 )
-from threads_celery.decisions.permissions import Allow as PermissionAllow
 from threads_celery.decisions.permissions import Ask, Deny
 from threads_celery.decisions.provider_limits import provider_of
 from threads_celery.decisions.retry import STORE_RECONNECT_BACKOFF, GiveUp, decide_model_step_retry
@@ -53,7 +50,7 @@ from threads_celery.redaction import (
     redacting,
     secrets_active,
 )
-from threads_celery.runtime import batches, child_runs, hooks, models, provider_retry, subagents
+from threads_celery.runtime import batches, child_runs, hooks, models, provider_retry, step_commit, subagents
 from threads_celery.runtime.history import HistoryCache
 from threads_celery.runtime.leases import LeaseKeeper
 from threads_celery.runtime.permission_checks import check_call
@@ -63,7 +60,6 @@ from threads_celery.runtime.usage_limits import totals_for_limits
 from threads_celery.runtime.variables import ThreadEnv
 from threads_celery.settings import Settings
 from threads_celery.store import Store
-from threads_celery.store.repository import Tx, args_digest
 from threads_celery.telemetry import metrics, tracing
 from threads_celery.transitions import runs
 from threads_celery.transitions.pending import wait_for_a_person
@@ -200,7 +196,7 @@ class Runtime:
         used = int(turn.usage.get("input_tokens", 0)) + int(turn.usage.get("output_tokens", 0))
         self.rate_limiter.spend_tokens(provider, used, self.clock())
         try:
-            return self._commit_step(run, fence, step, agent, models.bounded_turn(turn))
+            return step_commit.commit_step(self, run, fence, step, agent, models.bounded_turn(turn))
         except (FenceLost, StoreUnavailable):
             raise
         except Exception as exc:  # noqa: BLE001 - what the model sent could not be stored: ask again, then end the run
@@ -223,115 +219,6 @@ class Runtime:
                 hook(run, started)
             except Exception as exc:  # noqa: BLE001 - an observing hook's failure is logged and ignored
                 log.warning("on_tool_call_started failed: %s: %s", type(exc).__name__, exc)
-
-    def _commit_step(self, run: Run, fence: int, step: int, agent: Agent, turn: models.ModelTurn) -> str:
-        now = self.clock()
-        calls = [
-            (
-                runs.effect_key_for(run.id, step, i),
-                requested,
-                agent.tool_named(requested.name),
-            )
-            for i, requested in enumerate(turn.calls)
-        ]
-        plan = batches.plan_groups([self._may_run_concurrently(run, agent, t) for _, _, t in calls])
-        entries: list[OutboxEntry] = []
-        with self.store.transaction() as tx:
-            moved = tx.advance_run(run.id, fence=fence, now=now, step=step + 1, lease_owner=None, lease_expires_at=None)
-            if moved is None:
-                raise FenceLost(run.id, fence)
-            self._record_usage(tx, run, step, agent, turn, now)
-            from threads_celery.records import ToolCall
-
-            tx.insert_message(
-                thread_id=run.thread_id,
-                run_id=run.id,
-                role="assistant",
-                text=turn.text,
-                now=now,
-                tool_calls=tuple(
-                    ToolCall(id=r.call_id, name=r.name, args=r.args, effect_key=key) for key, r, _ in calls
-                ),
-            )
-            if run.agent_tool_run_id is not None:
-                from threads_celery.transitions.agent_tools import child_signal
-
-                child_signal(
-                    tx,
-                    run.agent_tool_run_id,
-                    now,
-                    chunk={"role": "assistant", "text": turn.text, "tool_calls": [r.name for _, r, _ in calls]},
-                )
-            following = after_reply(len(calls))
-            if isinstance(following, NextCall):
-                tx.insert_tool_calls(
-                    [
-                        {
-                            "effect_key": key,
-                            "run_id": run.id,
-                            "thread_id": run.thread_id,
-                            "step": step,
-                            "idx": i,
-                            "calls_in_step": len(calls),
-                            "call_id": requested.call_id,
-                            "tool": requested.name,
-                            "args": requested.args,
-                            "args_hash": args_digest(requested.args),
-                            "effect": t.effect if t else "read_only",
-                            "dedup_window_ms": t.dedup_window_ms if t else None,
-                            "finality": t.reconcile.finality if t and t.reconcile else None,
-                            "queue": t.queue if t else None,
-                            "status": "pending",
-                            "attempt": 0,
-                            "is_error": False,
-                            "created_at": now,
-                            "batch": plan[i],
-                        }
-                        for i, (key, requested, t) in enumerate(calls)
-                    ]
-                )
-                # The first call, or the first wave of a concurrent group that opens the reply.
-                first = following.index
-                wave = (
-                    batches.first_wave(first, batches.group_end(plan, first), self.settings.max_parallel_tool_calls)
-                    if plan[first] is not None
-                    else range(first, first + 1)
-                )
-                for i in wave:
-                    key, requested, t = calls[i]
-                    entry = runs.tool_entry(key, requested.name, t.queue if t else None)
-                    tx.insert_outbox(entry, now)
-                    entries.append(entry)
-                outcome = f"called {', '.join(r.name for _, r, _ in calls)}"
-            else:
-                entries.extend(runs.finish(tx, run, fence=moved, status="completed", now=now, output=turn.text))
-                outcome = "completed"
-        self.publish(entries)
-        if outcome == "completed":
-            hooks.observe_stop(agent, run, step, Stop("completed", output=turn.text))
-        return outcome
-
-    def _record_usage(self, tx: Tx, run: Run, step: int, agent: Agent, turn: models.ModelTurn, now: datetime) -> None:
-        input_tokens = int(turn.usage.get("input_tokens", 0))
-        output_tokens = int(turn.usage.get("output_tokens", 0))
-        identity = agent.model_identity()
-        tx.record_usage(
-            run_id=run.id,
-            step=step,
-            thread_id=run.thread_id,
-            agent=agent.name,
-            model=turn.model_name or identity,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cost=self.settings.model_prices.cost((identity, turn.model_name), input_tokens, output_tokens),
-            now=now,
-        )
-
-    def _may_run_concurrently(self, run: Run, agent: Agent, tool: Tool | None) -> bool:
-        """A concurrent tool whose call the permissions allow outright (no person to wait for)."""
-        if tool is None or not tool.concurrent:
-            return False
-        return isinstance(check_call(self.store, self.registry, run, agent, tool), PermissionAllow)
 
     def _step_failed(self, run: Run, fence: int, step: int, attempt: int, exc: Exception) -> str:
         reason = describe_exception(exc, ())
