@@ -18,11 +18,9 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, assert_never
 
-from threads_celery.decisions.backbone import republish_delay
 from threads_celery.decisions.effects import NeedsLookup, Park, RecordFound, RunAgain
 from threads_celery.decisions.next_step import (  # Busy, Proceed, Skip, decide_*: re-exported
     Busy,
@@ -50,7 +48,17 @@ from threads_celery.redaction import (
     redacting,
     secrets_active,
 )
-from threads_celery.runtime import batches, child_runs, hooks, models, provider_retry, step_commit, subagents
+from threads_celery.runtime import (
+    batches,
+    child_runs,
+    delivery,
+    hooks,
+    models,
+    provider_retry,
+    recovery,
+    step_commit,
+    subagents,
+)
 from threads_celery.runtime.history import HistoryCache
 from threads_celery.runtime.leases import LeaseKeeper
 from threads_celery.runtime.permission_checks import check_call
@@ -560,44 +568,12 @@ class Runtime:
     # -- the backbone ----------------------------------------------------------------------
 
     def reconcile_tick(self, *, limit: int = 500) -> dict[str, int]:
-        """One pass of the backbone: re-dispatch runs whose driver died, republish lost rows.
-
-        A run whose lease expired is fenced off (its holder's late writes will be refused) and
-        its current task goes back into the outbox; that task then decides by the call's effect.
-        Safe from several processes at once: rows are taken with SKIP LOCKED, and the cost is
-        proportional to what is due (both queries walk an index on the due time).
-        """
-        now = self.clock()
-        redispatched: list[OutboxEntry] = []
-        with self.store.transaction() as tx:
-            for run in tx.expired_runs(now=now, limit=limit):
-                call = tx.started_call(run.id, run.step - 1) if run.step > 0 else None
-                entry = (
-                    runs.tool_entry(call.effect_key, call.tool, call.queue)
-                    if call is not None
-                    else runs.step_entry(run, run.step, run.agent, self._step_queue(run.agent))
-                )
-                tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None)
-                tx.insert_outbox(entry, now)
-                redispatched.append(entry)
-                log.warning("run %s: lease of %s expired; re-dispatching %s", run.id, run.lease_owner, entry.key)
-        self.publish([replace(e, recovered=True) for e in redispatched])
-        with self.store.transaction() as tx:
-            due = tx.due_outbox(now=now, limit=limit, republish_delay=republish_delay)
-        # Not urgent: behind a backlog most due rows are only waiting in the queue, and an urgent
-        # copy of each would flood the lane that a dead worker's runs recover through.
-        self.publish(due)
-        from threads_celery.runtime.delivery import reconcile_agent_tools
-
-        counts = {"expired_runs": len(redispatched), "republished": len(due)}
-        counts.update({k: v for k, v in reconcile_agent_tools(self, limit=limit).items() if v})
-        return counts
+        """One pass of the backbone (``threads.reconcile``, see :mod:`.recovery`)."""
+        return recovery.reconcile_tick(self, limit=limit)
 
     def deliver(self, run_id: str, status: str) -> str:
-        """Deliver an agent-tool run's finish (``threads.deliver``)."""
-        from threads_celery.runtime.delivery import deliver
-
-        return deliver(self, run_id, status)
+        """Deliver an agent-tool run's finish (``threads.deliver``, see :mod:`.delivery`)."""
+        return delivery.deliver(self, run_id, status)
 
 
 __all__ = ["Busy", "Proceed", "RetryLater", "Runtime", "Skip", "decide_call", "decide_step"]
