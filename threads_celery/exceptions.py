@@ -100,6 +100,18 @@ class FenceLost(ThreadsError):
         return (type(self), (self.run_id, self.fence))
 
 
+class RetryLater(Exception):
+    """Not now: another worker holds the run, or a transient failure. Try again in ``countdown``.
+
+    Raised by the step machine; the Celery task turns it into ``task.retry(countdown=...)``.
+    """
+
+    def __init__(self, countdown: float, reason: str) -> None:
+        super().__init__(reason)
+        self.countdown = max(0.05, countdown)
+        self.reason = reason
+
+
 class CallNotFound(RuntimeFailure, LookupError):
     """No tool call has that effect key."""
 

@@ -31,14 +31,21 @@ from threads_celery.decisions.next_step import (  # Busy, Proceed, Skip, decide_
 )
 from threads_celery.decisions.permissions import Ask, Deny
 from threads_celery.decisions.provider_limits import provider_of
-from threads_celery.decisions.retry import STORE_RECONNECT_BACKOFF, GiveUp, decide_model_step_retry
+from threads_celery.decisions.retry import STORE_RECONNECT_BACKOFF
 from threads_celery.decisions.usage import LIMIT_REASON, limit_reached
 from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.context import ToolContext
 from threads_celery.definitions.hooks import Stop
 from threads_celery.definitions.tools import Tool, ToolArgumentsError, ToolOutputError, render_result, shorten_for_model
 from threads_celery.definitions.variables import declared
-from threads_celery.exceptions import ConfigError, EffectUnknown, FenceLost, StoreUnavailable, UnknownAgent
+from threads_celery.exceptions import (
+    ConfigError,
+    EffectUnknown,
+    FenceLost,
+    RetryLater,  # re-exported: the worker's tasks catch it from here
+    StoreUnavailable,
+    UnknownAgent,
+)
 from threads_celery.records import CallRow, OutboxEntry, Run
 from threads_celery.redaction import (
     describe_exception,
@@ -81,15 +88,6 @@ Publish = Callable[[Sequence[OutboxEntry]], None]
 
 #: What the model is shown when the store refused a tool's result.
 UNSTORED_RESULT = "the tool ran, but its result could not be stored"
-
-
-class RetryLater(Exception):
-    """Not now: another worker holds the run, or a transient failure. Try again in ``countdown``."""
-
-    def __init__(self, countdown: float, reason: str) -> None:
-        super().__init__(reason)
-        self.countdown = max(0.05, countdown)
-        self.reason = reason
 
 
 # -- the machine -----------------------------------------------------------------------------
@@ -152,7 +150,7 @@ class Runtime:
         try:
             agent = self.registry.get(run.agent)
         except UnknownAgent as exc:
-            return self._step_failed(run, fence, step, attempt, exc)
+            return provider_retry.step_failed(self, run, fence, step, attempt, exc)
         try:
             agent.preflight()
         except ConfigError as exc:
@@ -200,7 +198,7 @@ class Runtime:
             starts.finish()
         except Exception as exc:  # noqa: BLE001 - the provider failed: retry with backoff, then fail the run
             ended = provider_retry.provider_failed(self, run, fence, step, exc)
-            return ended if ended is not None else self._step_failed(run, fence, step, attempt, exc)
+            return ended if ended is not None else provider_retry.step_failed(self, run, fence, step, attempt, exc)
         used = int(turn.usage.get("input_tokens", 0)) + int(turn.usage.get("output_tokens", 0))
         self.rate_limiter.spend_tokens(provider, used, self.clock())
         try:
@@ -208,7 +206,7 @@ class Runtime:
         except (FenceLost, StoreUnavailable):
             raise
         except Exception as exc:  # noqa: BLE001 - what the model sent could not be stored: ask again, then end the run
-            return self._step_failed(run, fence, step, attempt, exc)
+            return provider_retry.step_failed(self, run, fence, step, attempt, exc)
 
     def _tool_call_started(self, run: Run, step: int, agent: Agent, started: ToolCallStarted) -> None:
         """Record ``tool_call_started`` in the thread's log and call the agent's hook (best effort)."""
@@ -227,25 +225,6 @@ class Runtime:
                 hook(run, started)
             except Exception as exc:  # noqa: BLE001 - an observing hook's failure is logged and ignored
                 log.warning("on_tool_call_started failed: %s: %s", type(exc).__name__, exc)
-
-    def _step_failed(self, run: Run, fence: int, step: int, attempt: int, exc: Exception) -> str:
-        reason = describe_exception(exc, ())
-        decision = decide_model_step_retry(
-            attempt=attempt,
-            retries=self.settings.model_retries,
-            status=getattr(exc, "status_code", None),
-            step=step,
-            reason=reason,
-        )
-        if isinstance(decision, GiveUp):
-            self._finish(run, fence, "error", error=decision.reason)
-            return f"error: {reason}"
-        # Give the lease back so the retry (on any worker) can claim at once.
-        with self.store.transaction() as tx:
-            if tx.advance_run(run.id, fence=fence, now=self.clock(), lease_owner=None, lease_expires_at=None) is None:
-                raise FenceLost(run.id, fence)
-        log.warning("run %s step %d failed (attempt %d), retrying: %s", run.id, step, attempt + 1, reason)
-        raise RetryLater(decision.countdown, reason)
 
     def _finish(
         self, run: Run, fence: int, status: str, *, output: str | None = None, error: str | None = None

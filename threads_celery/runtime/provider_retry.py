@@ -9,8 +9,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from threads_celery.decisions.provider_limits import classify_provider_failure
-from threads_celery.decisions.retry import GiveUp, decide_provider_retry
-from threads_celery.exceptions import FenceLost
+from threads_celery.decisions.retry import GiveUp, decide_model_step_retry, decide_provider_retry
+from threads_celery.exceptions import FenceLost, RetryLater
 from threads_celery.redaction import describe_exception
 
 if TYPE_CHECKING:
@@ -32,8 +32,6 @@ def release_and_retry(
 ) -> None:
     """Give the run's lease back (so the retry, on any worker, claims at once), note the wait in
     the thread's log, and raise RetryLater: a Celery retry with a countdown holds no worker slot."""
-    from threads_celery.runtime.machine import RetryLater
-
     with runtime.store.transaction() as tx:
         if tx.advance_run(run.id, fence=fence, now=runtime.clock(), lease_owner=None, lease_expires_at=None) is None:
             raise FenceLost(run.id, fence)
@@ -58,7 +56,7 @@ def wait_for_window(runtime: Runtime, run: Run, fence: int, provider: str) -> No
 def provider_failed(runtime: Runtime, run: Run, fence: int, step: int, exc: Exception) -> str | None:
     """Wait out a transient provider failure (429, 5xx, timeout) for at most the configured time.
 
-    Returns None when the failure is not transient (the caller's attempt-based retry applies);
+    Returns None when the failure is not transient (the attempt-based :func:`step_failed` applies);
     raises RetryLater to try again; returns what happened when the run ended ``error``.
     """
     now: datetime = runtime.clock()
@@ -98,3 +96,25 @@ def provider_failed(runtime: Runtime, run: Run, fence: int, step: int, exc: Exce
         },
     )  # fmt: skip
     return None  # pragma: no cover - release_and_retry raised
+
+
+def step_failed(runtime: Runtime, run: Run, fence: int, step: int, attempt: int, exc: Exception) -> str:
+    """A model step failed (no transient HTTP answer, or its reply could not be stored): retry it
+    with backoff while it has retries (raising RetryLater), else end the run ``error``."""
+    reason = describe_exception(exc, ())
+    decision = decide_model_step_retry(
+        attempt=attempt,
+        retries=runtime.settings.model_retries,
+        status=getattr(exc, "status_code", None),
+        step=step,
+        reason=reason,
+    )
+    if isinstance(decision, GiveUp):
+        runtime._finish(run, fence, "error", error=decision.reason)
+        return f"error: {reason}"
+    # Give the lease back so the retry (on any worker) can claim at once.
+    with runtime.store.transaction() as tx:
+        if tx.advance_run(run.id, fence=fence, now=runtime.clock(), lease_owner=None, lease_expires_at=None) is None:
+            raise FenceLost(run.id, fence)
+    log.warning("run %s step %d failed (attempt %d), retrying: %s", run.id, step, attempt + 1, reason)
+    raise RetryLater(decision.countdown, reason)
