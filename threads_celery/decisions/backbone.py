@@ -18,6 +18,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Final
 
+from threads_celery.decisions.retry import REPUBLISH_BACKOFF
+
 WORK_QUEUE: Final = "threads"
 """The queue of model steps and tool calls that name no queue of their own."""
 
@@ -59,9 +61,6 @@ Kombu's Redis transport pops the lowest priority number first *across all the qu
 consumes*, so the control queue's messages must be at least as urgent as any work message, or a
 worker busy with a backlog would never get to them.
 """
-
-REPUBLISH_BACKOFF_CAP: Final = 16
-"""A row republished again and again waits at most this many graces between republishes."""
 
 
 def control_queue_for(work_queue: str) -> str:
@@ -110,14 +109,15 @@ def tick_is_covered(published_at: float | None, last_tick_started_at: float | No
 
 def republish_delay(grace: timedelta, republished: int) -> timedelta:
     """How long after a republish an outbox row is due again: ``grace`` doubled per republish
-    already made (2x, 4x, 8x), at most ``REPUBLISH_BACKOFF_CAP`` times ``grace``.
+    already made (2x, 4x, 8x), at most 16 times ``grace`` (the policy is
+    :data:`threads_celery.decisions.retry.REPUBLISH_BACKOFF`).
 
     A row is republished when nobody consumed its message within the grace. Behind a backlog the
     message is only waiting in the queue; republishing it every grace would add a copy per tick
     and grow the backlog it waits behind. A message that was really lost (a broker restart) still
     comes back after one grace.
     """
-    return grace * min(1 << (max(republished, 0) + 1), REPUBLISH_BACKOFF_CAP)
+    return grace * REPUBLISH_BACKOFF.delay_s(max(republished, 0) + 1)
 
 
 def message_priority(task: str, *, recovered: bool, broker_url: str) -> int | None:

@@ -19,8 +19,10 @@ a result commit while the      0.1, 0.2, ... <= 2      by the caller's deadline
 store is unreachable
 =============================  =====================  ====================================
 
-(The outbox's republish pacing is the store's business: it grows with each republish of a row
-whose message may only be waiting behind a backlog, not with failures.)
+The outbox's republish pacing is a backoff too, counted in graces rather than seconds
+(:data:`REPUBLISH_BACKOFF`: 2, 4, 8, then 16 graces): a row nobody consumed within its grace is
+published again, and behind a backlog its message is mostly only waiting, so each republish
+waits longer before the next.
 
 No clock reads and no I/O: the caller passes the failure count and, for time-bounded policies,
 how long it has been failing.
@@ -38,6 +40,7 @@ __all__ = [
     "DELIVERY_BACKOFF",
     "MODEL_STEP_BACKOFF",
     "PROVIDER_BACKOFF",
+    "REPUBLISH_BACKOFF",
     "STORE_RECONNECT_BACKOFF",
     "TASK_FAILURE_BACKOFF",
     "Backoff",
@@ -103,6 +106,10 @@ DELIVERY_BACKOFF: Final = Schedule((5.0, 15.0, 30.0, 120.0))
 
 STORE_RECONNECT_BACKOFF: Final = Backoff(first_s=0.1, cap_s=2.0)
 """Between two tries of committing an executed call's result while the store is unreachable."""
+
+REPUBLISH_BACKOFF: Final = Backoff(first_s=2.0, cap_s=16.0)
+"""In graces, not seconds: how long after a republish an unconsumed outbox row is due again
+(:func:`threads_celery.decisions.backbone.republish_delay`)."""
 
 
 def decide_task_failure(task: str, key: str, failures: int, limit: int, error: str) -> RetryDecision | GiveUp:
