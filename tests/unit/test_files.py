@@ -19,7 +19,7 @@ from threads_celery import Agent, Settings, Threads, tool
 from threads_celery.decisions.permissions import Permissions
 from threads_celery.definitions.context import ToolContext
 from threads_celery.exceptions import AttachmentPathError
-from threads_celery.runtime.files import (
+from threads_celery.workspace.files import (
     ThreadFiles,
     area_name,
     copy_back_to_parent,

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from threads_celery import Agent, ConfigError, Settings, Threads, tool
 from threads_celery.definitions.context import ToolContext
 from threads_celery.exceptions import AttachmentQuotaError
-from threads_celery.runtime.files import FilesQuota, ThreadFiles, quota_breach
+from threads_celery.workspace.files import FilesQuota, ThreadFiles, quota_breach
 from threads_celery.testing import ScriptedModel, call, say
 
 

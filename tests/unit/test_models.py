@@ -253,7 +253,7 @@ def test_a_failing_model_raises_out_of_request_turn() -> None:
 
 
 def test_openai_strings_use_chat_completions_against_a_compatible_base_url(monkeypatch) -> None:
-    from threads_celery.runtime import models
+    from threads_celery.definitions import model_strings as models
 
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     monkeypatch.setenv("OPENAI_API_KEY", "test")

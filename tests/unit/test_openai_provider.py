@@ -16,8 +16,8 @@ from pydantic import BaseModel
 
 from tests.support.fake_openai import FakeOpenAI
 from threads_celery import Agent, Threads, tool
+from threads_celery.definitions import model_strings
 from threads_celery.records import Message
-from threads_celery.runtime import models
 from threads_celery.runtime.models import StreamEvent, request_turn
 
 pytestmark = pytest.mark.usefixtures("allow_model_requests")
@@ -108,7 +108,7 @@ def test_openai_model_string_uses_openai_base_url(monkeypatch: pytest.MonkeyPatc
     # (POST /v1/responses), which OpenAI-compatible servers (and this fake) do not offer.
     # Model strings are resolved once per process and cached: start and end with a clean cache,
     # so this test builds its provider from the environment below and leaves no stale model.
-    monkeypatch.setattr(models, "_model_cache", {})
+    monkeypatch.setattr(model_strings, "_model_cache", {})
     seen: list[dict[str, Any]] = []
     with FakeOpenAI(_script(), arguments_chunk_size=3) as fake:
         monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
@@ -118,7 +118,7 @@ def test_openai_model_string_uses_openai_base_url(monkeypatch: pytest.MonkeyPatc
         )
         run, messages = _run_weather(agent)
         _assert_provider_conversation(fake, run, messages, seen)
-    assert "openai-chat:gpt-4o-mini" in models._model_cache
+    assert "openai-chat:gpt-4o-mini" in model_strings._model_cache
 
 
 def test_streamed_argument_fragments_concatenate_to_the_arguments() -> None:

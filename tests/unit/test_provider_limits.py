@@ -229,7 +229,7 @@ def test_a_provider_that_answers_429_forever_ends_the_run_error_after_the_bound(
 
 
 def test_model_strings_leave_the_waiting_to_the_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
-    from threads_celery.runtime import models
+    from threads_celery.definitions import model_strings as models
 
     monkeypatch.setattr(models, "_model_cache", {})
     monkeypatch.setenv("OPENAI_API_KEY", "test")
@@ -240,7 +240,7 @@ def test_model_strings_leave_the_waiting_to_the_runtime(monkeypatch: pytest.Monk
 
 @pytest.mark.usefixtures("allow_model_requests")
 def test_a_model_string_gets_429_then_the_answer_without_the_sdk_retrying(monkeypatch: pytest.MonkeyPatch) -> None:
-    from threads_celery.runtime import models
+    from threads_celery.definitions import model_strings as models
 
     monkeypatch.setattr(models, "_model_cache", {})
     script = [{"error": "slow down", "status": 429, "retry_after": "1"}, {"text": "answered"}]

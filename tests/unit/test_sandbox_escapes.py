@@ -22,8 +22,8 @@ import pytest
 
 from tests.support.processes import REPO_ROOT
 from tests.support.waiting import eventually
-from threads_celery.runtime import isolation, sandbox
-from threads_celery.runtime.sandbox import run_code
+from threads_celery.workspace import isolation, sandbox
+from threads_celery.workspace.sandbox import run_code
 
 if isolation.find_bwrap() is None:
     if os.environ.get("CI") == "true":

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from threads_celery.exceptions import ConfigError
 from threads_celery.settings import Settings
+from threads_celery.workspace import sandbox
+from threads_celery.workspace.files import FilesQuota, ThreadFiles
+from threads_celery.workspace.sandbox import CodeResult
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agent_tools import Detached, DetachedHandle
     from threads_celery.definitions.agents import Agent
-    from threads_celery.runtime.files import ThreadFiles
-    from threads_celery.runtime.sandbox import CodeResult
 
 log = logging.getLogger("threads_celery.definitions.tools")
 
@@ -117,10 +118,6 @@ class ToolContext:
         raise :class:`~threads_celery.exceptions.AttachmentQuotaError` and write nothing.
         """
         if self._files is None:
-            # A runtime service, loaded on a tool's first use: a web app importing the agents
-            # that declare this tool must not load the runtime.
-            from threads_celery.runtime.files import FilesQuota, ThreadFiles
-
             quota = FilesQuota(self._settings.files_max_bytes or None, self._settings.files_max_count or None)
             self._files = ThreadFiles(self._settings.files_root, self.thread_id, quota=quota)
         return self._files
@@ -136,19 +133,16 @@ class ToolContext:
         network: bool = False,
         unsandboxed: bool = False,
     ) -> CodeResult:
-        """Run code in a fresh, limited bubblewrap sandbox (see :mod:`threads_celery.runtime.sandbox`).
+        """Run code in a fresh, limited bubblewrap sandbox (see :mod:`threads_celery.workspace.sandbox`).
 
         Never raises for what the code does: failures, timeouts and memory caps come back in the
-        :class:`~threads_celery.runtime.sandbox.CodeResult`. Cancelling the run stops the code. Blocks:
+        :class:`~threads_celery.workspace.sandbox.CodeResult`. Cancelling the run stops the code. Blocks:
         from an async tool, ``await asyncio.to_thread(ctx.run_code, ...)``. ``network=True``
         gives the code the worker's network; ``unsandboxed=True`` runs it without the sandbox,
         as the worker's user (trusted code only; the only way to run code where ``bwrap`` is
         not installed).
         """
-        # A runtime service, loaded on first use, as ThreadFiles above.
-        from threads_celery.runtime.sandbox import run_code
-
-        return run_code(
+        return sandbox.run_code(
             code,
             language,
             timeout_s=timeout_s if timeout_s is not None else self._settings.code_timeout_s,

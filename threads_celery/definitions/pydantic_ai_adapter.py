@@ -55,6 +55,7 @@ from threads_celery.decisions.effects import Reconcile
 from threads_celery.decisions.permissions import Permissions
 from threads_celery.definitions.agents import Agent
 from threads_celery.definitions.mcp_servers import MCPServer
+from threads_celery.definitions.model_strings import resolve_model
 from threads_celery.definitions.schema_tools import EffectChoice, SchemaTool, ToolArguments, schema_tool, stated_effect
 from threads_celery.definitions.tools import ToolArgumentsError, describe_validation_error
 from threads_celery.exceptions import ConfigError
@@ -479,10 +480,6 @@ class DurableModel(WrapperModel):
         """The wrapped pydantic-ai model (resolved from a model string on first use)."""
         with self._lock:
             if self._inner is None:
-                # The runtime's model layer, loaded on the first request only: a web app
-                # importing this agent never resolves its model.
-                from threads_celery.runtime.models import resolve_model
-
                 self._inner = resolve_model(self._spec)
             return self._inner
 

@@ -19,9 +19,9 @@ from threads_celery.exceptions import AttachmentPathError, ConfigError, FenceLos
 from threads_celery.records import CallRow, Run
 from threads_celery.redaction import describe_exception
 from threads_celery.runtime.delivery import _settle_parent_call
-from threads_celery.runtime.files import ThreadFiles, copy_into_child
 from threads_celery.telemetry.observability import emit
 from threads_celery.transitions import agent_tool_dispatch, agent_tools
+from threads_celery.workspace.files import ThreadFiles, copy_into_child
 
 if TYPE_CHECKING:
     from threads_celery.runtime.machine import Runtime

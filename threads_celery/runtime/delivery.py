@@ -247,7 +247,7 @@ def default_completion_text(row: AgentToolRun, result: AgentToolResult | AgentTo
 def _with_returned_attachments(value: Any, files_root: str, row: AgentToolRun, parent_thread_id: str) -> Any:
     """Files the child left in its area (beyond the ones it was given) are copied back to the
     parent, and the returned references are the parent's."""
-    from threads_celery.runtime.files import ThreadFiles, copy_back_to_parent
+    from threads_celery.workspace.files import ThreadFiles, copy_back_to_parent
 
     child = ThreadFiles(files_root, row.child_thread_id or "")
     given = set(str(row.input or "").rpartition("Attachments: ")[2].split(", ")) if row.input else set()

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from threads_celery.definitions.model_strings import resolve_model
 from threads_celery.definitions.tools import Tool
 from threads_celery.records import Message
 
 _loops = threading.local()
-_model_cache: dict[str, Any] = {}
-_model_cache_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,40 +90,6 @@ def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
         loop = asyncio.new_event_loop()
         _loops.loop = loop
     return loop.run_until_complete(coro)
-
-
-def resolve_model(model: Any) -> Any:
-    """A pydantic-ai Model for a model object or a model string (cached per string)."""
-    if not isinstance(model, str):
-        return model
-    if model.startswith("openai:") and os.environ.get("OPENAI_BASE_URL"):
-        # An OpenAI-compatible server speaks chat completions; "openai:" means the Responses API.
-        model = "openai-chat:" + model.removeprefix("openai:")
-    with _model_cache_lock:
-        cached = _model_cache.get(model)
-        if cached is None:
-            from pydantic_ai.models import infer_model
-
-            cached = _model_cache[model] = infer_model(model, provider_factory=provider_without_sdk_retries)
-        return cached
-
-
-def provider_without_sdk_retries(name: str) -> Any:
-    """pydantic-ai's provider for ``name``, with the OpenAI SDK's own retries turned off.
-
-    The SDK would wait out a 429 or a 5xx itself, inside the worker slot; the runtime retries the
-    step instead, as a Celery countdown that holds no slot (see threads_celery.decisions.provider_limits).
-    """
-    from pydantic_ai.providers import infer_provider
-
-    provider = infer_provider(name)
-    try:
-        from pydantic_ai.providers.openai import OpenAIProvider
-    except ImportError:  # pragma: no cover - the openai extra is not installed
-        return provider
-    if type(provider) is OpenAIProvider:
-        return OpenAIProvider(openai_client=provider.client.with_options(max_retries=0))
-    return provider
 
 
 def to_model_messages(system_prompt: str, history: Sequence[Message]) -> list[Any]:

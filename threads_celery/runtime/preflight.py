@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
+from threads_celery.definitions.model_strings import resolve_model
 from threads_celery.exceptions import ConfigError, ThreadsError
 
 if TYPE_CHECKING:
@@ -75,8 +76,6 @@ def model_problem(model: object) -> str | None:
     model = getattr(model, "unresolved_spec", None) or model
     if not isinstance(model, str):
         return None
-    from threads_celery.runtime.models import resolve_model
-
     try:
         resolve_model(model)
     except ImportError as exc:

@@ -19,7 +19,7 @@
   :data:`SCRATCH` (the only place the code may write besides ``/tmp``). No home directory,
   project checkout, attachment folder or database socket is there.
 
-This module decides (pure functions over paths and ids); :mod:`threads_celery.runtime.sandbox` starts
+This module decides (pure functions over paths and ids); :mod:`threads_celery.workspace.sandbox` starts
 and supervises the process.
 """
 

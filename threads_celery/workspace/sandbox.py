@@ -2,7 +2,7 @@
 
 Each call gets a fresh interpreter (Python with ``-I -S``: no site-packages, no ``PYTHON*``
 variables, no user site; or Node.js for JavaScript) in a bubblewrap sandbox (see
-:mod:`threads_celery.runtime.isolation`): new user, PID, network, IPC and mount namespaces, uid 65534
+:mod:`threads_celery.workspace.isolation`): new user, PID, network, IPC and mount namespaces, uid 65534
 with no capabilities, a read-only system with a writable scratch directory of its own (deleted
 afterwards), no view of the worker's processes, environment, files or sockets, and no network
 unless the call asks for it (``network=True``). On top of that:
@@ -51,9 +51,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
-from threads_celery.runtime import isolation
+from threads_celery.workspace import isolation
 
-log = logging.getLogger("threads_celery.runtime.sandbox")
+log = logging.getLogger("threads_celery.workspace.sandbox")
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_MB = 256
