@@ -129,3 +129,4 @@ def test_ci_script_lints_the_package_before_the_tests_and_fails_on_findings() ->
     lint = code[code.index('phase "lint"') : code.index('phase "browser"')]
     assert "die " in lint, "a lint finding must fail the run"
     assert '-m ruff format --check "${LINT_PATHS[@]}"' in code, "formatting is checked too"
+    assert "lint-imports ||" in lint, "the import contracts are checked too"
