@@ -10,6 +10,7 @@ from threads_celery.decisions.retry import (
     PROVIDER_BACKOFF,
     REPUBLISH_BACKOFF,
     STORE_RECONNECT_BACKOFF,
+    STORE_UNAVAILABLE_BACKOFF,
     TASK_FAILURE_BACKOFF,
     Backoff,
     GiveUp,
@@ -40,6 +41,7 @@ def test_a_schedule_repeats_its_last_wait() -> None:
         (PROVIDER_BACKOFF, [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0]),
         (DELIVERY_BACKOFF, [5.0, 15.0, 30.0, 120.0, 120.0, 120.0, 120.0]),
         (STORE_RECONNECT_BACKOFF, [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]),
+        (STORE_UNAVAILABLE_BACKOFF, [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]),
         (REPUBLISH_BACKOFF, [2.0, 4.0, 8.0, 16.0, 16.0, 16.0, 16.0]),  # in graces
     ],
 )

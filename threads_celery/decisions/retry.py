@@ -15,6 +15,8 @@ or a refused request)                                  at once when the provider
 a transient provider answer    ``Retry-After``, else   ``provider_retry_for_s`` after the
 (429, 408/409/425, 5xx)        1, 2, 4, ... <= 60      step's first such failure
 an agent-tool finish delivery  5, 15, 30, 120, 120...  never (its hooks must be fixed)
+a task while the store is      1, 2, 4, ... <= 30      never (nothing was written)
+unreachable
 a result commit while the      0.1, 0.2, ... <= 2      by the caller's deadline
 store is unreachable
 =============================  =====================  ====================================
@@ -42,6 +44,7 @@ __all__ = [
     "PROVIDER_BACKOFF",
     "REPUBLISH_BACKOFF",
     "STORE_RECONNECT_BACKOFF",
+    "STORE_UNAVAILABLE_BACKOFF",
     "TASK_FAILURE_BACKOFF",
     "Backoff",
     "GiveUp",
@@ -103,6 +106,10 @@ PROVIDER_BACKOFF: Final = Backoff(first_s=1.0, cap_s=60.0)
 
 DELIVERY_BACKOFF: Final = Schedule((5.0, 15.0, 30.0, 120.0))
 """Before an agent-tool finish whose delivery (its hooks) failed is delivered again."""
+
+STORE_UNAVAILABLE_BACKOFF: Final = Backoff(first_s=1.0, cap_s=30.0)
+"""Between two deliveries of a task that found the store unreachable (a Celery retry: the task
+holds no worker slot while it waits, and nothing was written, so it is retried without bound)."""
 
 STORE_RECONNECT_BACKOFF: Final = Backoff(first_s=0.1, cap_s=2.0)
 """Between two tries of committing an executed call's result while the store is unreachable."""

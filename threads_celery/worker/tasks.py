@@ -25,7 +25,7 @@ from threads_celery.decisions.backbone import (
     message_priority,
     tick_is_covered,
 )
-from threads_celery.decisions.retry import GiveUp
+from threads_celery.decisions.retry import STORE_UNAVAILABLE_BACKOFF, GiveUp
 from threads_celery.exceptions import FenceLost, StoreUnavailable
 from threads_celery.runtime.failures import apply_task_failure
 from threads_celery.runtime.machine import RetryLater
@@ -49,8 +49,8 @@ def _run(task: Task[Any, Any], holder: RuntimeHolder, work: Callable[[], str], p
         log.info("%s: %s", task.name, exc)
         return "fence lost"
     except StoreUnavailable as exc:
-        countdown = min(2**task.request.retries, 30)
-        log.warning("%s: store unavailable, retrying in %ss: %s", task.name, countdown, exc)
+        countdown = STORE_UNAVAILABLE_BACKOFF.delay_s((task.request.retries or 0) + 1)
+        log.warning("%s: store unavailable, retrying in %gs: %s", task.name, countdown, exc)
         raise task.retry(countdown=countdown, max_retries=None, exc=None) from None
     except Exception as exc:
         if poison_key is None:
