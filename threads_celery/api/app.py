@@ -40,7 +40,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -83,11 +83,11 @@ from threads_celery.api.events import (
 )
 from threads_celery.api.tenancy import Caller, callers_from_tokens, only_theirs, owned_call, owned_run, owned_thread
 from threads_celery.api.usage import add_usage_routes
+from threads_celery.client.threads import Threads
 from threads_celery.exceptions import CallNotFound, ConfigError
 from threads_celery.records import RunStatus
-
-if TYPE_CHECKING:
-    from threads_celery.client.threads import Threads
+from threads_celery.runtime.preflight import check_database, check_models
+from threads_celery.settings import Settings
 
 log = logging.getLogger("threads_celery.api.app")
 
@@ -364,10 +364,6 @@ def app_from_environment() -> FastAPI:
     when neither is set), and the agents of ``THREADS_AGENTS`` are loaded so that approvals with
     edited arguments can be validated against the tool's schema.
     """
-    from threads_celery.client.threads import Threads
-    from threads_celery.runtime.preflight import check_database, check_models
-    from threads_celery.settings import Settings
-
     env = os.environ
     # Refuse a misconfigured API before opening any connection.
     check_auth_config(auth_from_env(env), set(callers_from_env(env)))

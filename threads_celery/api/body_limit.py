@@ -23,8 +23,7 @@ def max_body_from_env(env: Mapping[str, str]) -> int:
     return int(raw)
 
 
-# -- the body limit ----------------------------------------------------------------------------
-
+# The ASGI interface's types, as BodyLimit sees them.
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from threads_celery.api.bodies import ID_PATTERN, ErrorOut, RunOut, _Request
 from threads_celery.api.tenancy import Caller, owned_run, owned_thread
+from threads_celery.telemetry.metrics import render
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
@@ -99,8 +100,6 @@ def add_usage_routes(router: APIRouter, threads: Threads, *, caller_of: Callable
     def metrics() -> Response:
         """Prometheus metrics: runs by status, waiting calls and runs, outbox depth, reconcile lag
         (from the ledger), and the latencies this process observed (see threads_celery.telemetry.metrics)."""
-        from threads_celery.telemetry.metrics import render
-
         try:
             body, content_type = render(threads.store)
         except ImportError:

@@ -7,6 +7,11 @@ The other commands live beside this module, one noun each: :mod:`~threads_celery
 share is in :mod:`~threads_celery.cli.common`. This module only assembles them on :data:`app`, so
 no command module imports it.
 
+The commands import the client, the worker, the store and the agent definitions inside the
+functions that use them, not at the top of their modules: importing them costs about two seconds
+(Celery, SQLAlchemy, Alembic, pydantic-ai), which ``threads-celery --help``, a mistyped option
+and every command that fails its checks would otherwise pay before saying anything (0.3 s).
+
 With no ``THREADS_DATABASE_URL`` and no ``THREADS_BROKER_URL``, ``threads-celery run`` uses the
 embedded default (SQLite in ``.threads-celery/embedded.db`` and an in-process Celery worker), so
 an agent runs with nothing else installed. With both set, it enqueues to the broker and watches

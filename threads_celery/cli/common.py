@@ -24,13 +24,12 @@ from rich.console import Console
 from rich.text import Text
 
 from threads_celery.exceptions import ConfigError, ThreadsError
-from threads_celery.records import Message, Run
+from threads_celery.records import AgentToolRun, Message, Run
+from threads_celery.settings import Settings
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
     from threads_celery.definitions.agents import Agent
-    from threads_celery.records import AgentToolRun
-    from threads_celery.settings import Settings
 
 EXIT_OK = 0
 EXIT_RUN_FAILED = 1
@@ -146,8 +145,6 @@ def _where(exc: BaseException) -> str:
 
 
 def settings_from_env() -> Settings:
-    from threads_celery.settings import Settings
-
     return Settings.from_env()
 
 

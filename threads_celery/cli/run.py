@@ -37,12 +37,11 @@ from threads_celery.cli.common import (
 )
 from threads_celery.cli.live import NEEDS_A_PERSON, RunView, format_args, is_narration
 from threads_celery.cli.watch import follow_run
-from threads_celery.records import TERMINAL_STATUSES, Run
+from threads_celery.records import TERMINAL_STATUSES, AgentToolRun, Run
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
     from threads_celery.definitions.agents import Agent
-    from threads_celery.records import AgentToolRun
 
 
 def exit_code_for(status: str) -> int:

@@ -23,6 +23,7 @@ from threads_celery.cli.common import (
     settings_from_env,
 )
 from threads_celery.exceptions import ConfigError
+from threads_celery.worker.flower_gate import flower_credentials, start_flower
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -163,8 +164,6 @@ def flower(
       FLOWER_USER=admin FLOWER_PASSWORD=change-me threads-celery flower
       threads-celery flower --address 0.0.0.0 --port 5555
     """
-    from threads_celery.worker.flower_gate import flower_credentials, start_flower
-
     flower_credentials(os.environ)  # before touching the broker: a missing password is one red line
     require_services(database=False)
     from threads_celery.worker.application import app_from_environment
