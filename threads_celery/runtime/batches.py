@@ -30,6 +30,7 @@ from threads_celery.exceptions import FenceLost
 from threads_celery.records import CallRow, OutboxEntry, Run, ToolResult
 from threads_celery.store import Tx
 from threads_celery.transitions import runs
+from threads_celery.transitions.agent_tools import child_signal
 
 if TYPE_CHECKING:
     from threads_celery.runtime.machine import Runtime
@@ -179,8 +180,6 @@ def _record(tx: Tx, run: Run, call: CallRow, group: list[CallRow], now: datetime
             tool_result=ToolResult(call_id=shown.call_id, name=shown.tool, content=content, is_error=shown.is_error),
         )
         if run.agent_tool_run_id is not None:
-            from threads_celery.transitions.agent_tools import child_signal
-
             chunk = {
                 "role": "tool",
                 "name": shown.tool,

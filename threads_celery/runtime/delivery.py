@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from threads_celery.decisions.budgets import (
 )
 from threads_celery.decisions.retry import DELIVERY_BACKOFF
 from threads_celery.definitions.agent_tools import check_child_output
+from threads_celery.definitions.prompts import shape_result
 from threads_celery.definitions.tools import Tool, render_result
 from threads_celery.records import (
     AGENT_TOOL_HARD_TERMINAL,
@@ -39,6 +41,7 @@ from threads_celery.records import (
 from threads_celery.runtime.hooks import observe
 from threads_celery.telemetry.observability import emit
 from threads_celery.transitions import agent_tools, runs
+from threads_celery.workspace.files import ThreadFiles, copy_back_to_parent
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import Agent, AgentRegistry
@@ -170,8 +173,6 @@ def result_json(result: AgentToolResult | AgentToolFailure) -> Any:
 
 
 def _with_result(row: AgentToolRun, result: AgentToolResult | AgentToolFailure) -> AgentToolRun:
-    from dataclasses import replace
-
     if isinstance(result, AgentToolResult):
         return replace(row, summary=result.summary, output=result.output)
     return row
@@ -247,8 +248,6 @@ def default_completion_text(row: AgentToolRun, result: AgentToolResult | AgentTo
 def _with_returned_attachments(value: Any, files_root: str, row: AgentToolRun, parent_thread_id: str) -> Any:
     """Files the child left in its area (beyond the ones it was given) are copied back to the
     parent, and the returned references are the parent's."""
-    from threads_celery.workspace.files import ThreadFiles, copy_back_to_parent
-
     child = ThreadFiles(files_root, row.child_thread_id or "")
     given = set(str(row.input or "").rpartition("Attachments: ")[2].split(", ")) if row.input else set()
     produced = [name for name in child.list() if name not in given]
@@ -283,8 +282,6 @@ def _settle_parent_call(
     parent = registry.get(parent_run.agent) if registry is not None and parent_run.agent in registry else None
     definition = parent.tool_named(call.tool) if parent is not None else None
     if definition is not None and definition.prompt_options is not None and row.child_thread_id is not None:
-        from threads_celery.definitions.prompts import shape_result
-
         error = None if isinstance(result, AgentToolResult) else result.error
         summary = result.summary if isinstance(result, AgentToolResult) else ""
         value = shape_result(definition.prompt_options, summary, tx.list_messages(row.child_thread_id), error)

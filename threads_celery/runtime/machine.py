@@ -69,6 +69,8 @@ from threads_celery.runtime import (
 from threads_celery.runtime.history import HistoryCache
 from threads_celery.runtime.leases import LeaseKeeper
 from threads_celery.runtime.permission_checks import check_call
+from threads_celery.runtime.progress import ProgressReporter
+from threads_celery.runtime.rate_limiter import rate_limiter_for
 from threads_celery.runtime.reconcile_lookup import run_lookup
 from threads_celery.runtime.streaming import ToolCallStarted, ToolCallStarts
 from threads_celery.runtime.usage_limits import totals_for_limits
@@ -77,6 +79,7 @@ from threads_celery.settings import Settings
 from threads_celery.store import Store
 from threads_celery.telemetry import metrics, tracing
 from threads_celery.transitions import runs
+from threads_celery.transitions.agent_tools import child_signal
 from threads_celery.transitions.pending import wait_for_a_person
 
 if TYPE_CHECKING:
@@ -114,11 +117,7 @@ class Runtime:
         self.clock = clock
         self.keeper = LeaseKeeper()
         self.history = HistoryCache()
-        from threads_celery.runtime.rate_limiter import rate_limiter_for
-
         self.rate_limiter = rate_limiter_for(self.settings.rate_limits, self.settings.broker_url)
-        from threads_celery.runtime.progress import ProgressReporter
-
         self.progress = ProgressReporter(self)
 
     # -- model steps -----------------------------------------------------------------------
@@ -530,8 +529,6 @@ class Runtime:
             if agent_tool_run_id is not None:
                 # A child agent-tool run whose tool is alive is not silent: every renewal (and a
                 # tool's own heartbeat) resets its no-progress window.
-                from threads_celery.transitions.agent_tools import child_signal
-
                 child_signal(tx, agent_tool_run_id, now)
             return True
 
