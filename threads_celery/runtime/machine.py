@@ -42,7 +42,7 @@ from threads_celery.exceptions import (
     ConfigError,
     EffectUnknown,
     FenceLost,
-    RetryLater,  # re-exported: the worker's tasks catch it from here
+    RetryLater,
     StoreUnavailable,
     UnknownAgent,
 )
@@ -552,4 +552,4 @@ class Runtime:
         return delivery.deliver(self, run_id, status)
 
 
-__all__ = ["Busy", "Proceed", "RetryLater", "Runtime", "Skip", "decide_call", "decide_step"]
+__all__ = ["Busy", "Proceed", "Runtime", "Skip", "decide_call", "decide_step"]

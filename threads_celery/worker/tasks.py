@@ -26,9 +26,8 @@ from threads_celery.decisions.backbone import (
     tick_is_covered,
 )
 from threads_celery.decisions.retry import STORE_UNAVAILABLE_BACKOFF, GiveUp
-from threads_celery.exceptions import FenceLost, StoreUnavailable
+from threads_celery.exceptions import FenceLost, RetryLater, StoreUnavailable
 from threads_celery.runtime.failures import apply_task_failure
-from threads_celery.runtime.machine import RetryLater
 from threads_celery.runtime.schedules import start_scheduled_run
 from threads_celery.telemetry.metrics import timed_tick
 from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
