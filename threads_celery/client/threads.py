@@ -7,6 +7,8 @@ web app enqueues runs by agent name, and workers (which import the agents) do th
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,11 +17,13 @@ from pathlib import Path
 from types import EllipsisType
 from typing import Any, Self
 
+from sqlalchemy.exc import OperationalError
+
 from threads_celery.client.agent_tools import AgentToolsMixin
 from threads_celery.client.in_process import InProcessWorkerMixin
 from threads_celery.decisions.usage import ALLOWED_EVENT, LIMIT_REASON, day_bounds
 from threads_celery.definitions.agents import Agent, AgentRegistry
-from threads_celery.definitions.variables import SecretBox
+from threads_celery.definitions.variables import SecretBox, VariableError
 from threads_celery.exceptions import (
     CallNotFound,
     ConfigError,
@@ -46,7 +50,7 @@ from threads_celery.store.engine import safe_url
 from threads_celery.store.storable import unstorable_reason
 from threads_celery.transitions import interventions, runs
 from threads_celery.transitions.interventions import Resolution
-from threads_celery.transitions.pending import PendingCall
+from threads_celery.transitions.pending import PendingCall, pending_under
 from threads_celery.transitions.publishing import EMBEDDED_BROKER, Publisher, celery_app, open_store
 
 #: Statuses in which a run waits for a person, so :meth:`Threads.wait` returns.
@@ -121,9 +125,6 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin):
         """SQLite, an in-process Celery worker and a reconcile ticker (every
         ``reconcile_interval`` seconds; the settings' interval by default, None for none).
         A fresh temporary database when ``path`` is None."""
-        import shutil
-        import tempfile
-
         tmp = tempfile.mkdtemp(prefix="threads-celery-")
         db = Path(path) if path is not None else Path(tmp) / "threads.db"
         base = settings or Settings.from_env(env={})
@@ -151,6 +152,8 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin):
 
     def migrate(self) -> None:
         """Bring the ledger's schema up to date."""
+        # Alembic is loaded by a client that checks or migrates its own ledger only: a web app
+        # that publishes to a deployed fleet never does.
         from threads_celery.store.migrate import upgrade
 
         try:
@@ -163,6 +166,7 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin):
     def _check_schema(self) -> None:
         if self._schema_checked:
             return
+        # Alembic on first use only, as in migrate().
         from threads_celery.store.migrate import current_revision, head_revision
 
         try:
@@ -297,8 +301,6 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin):
 
         A secret cannot be read here: only a tool that declares it sees it (VariableError).
         """
-        from threads_celery.definitions.variables import VariableError
-
         with self.store.read() as tx:
             found = tx.thread_variables(thread_id).get(name)
         if found is None:
@@ -504,8 +506,6 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin):
         A child's entry is answered here like any other, by its effect key (``approve``,
         ``deny``, ``resolve``). Raises RunNotFound for an unknown run.
         """
-        from threads_celery.transitions.pending import pending_under
-
         with self.store.read() as tx:
             if tx.get_run(run_id) is None:
                 raise RunNotFound(run_id)
@@ -539,8 +539,6 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin):
 
 
 def _raise_if_unreachable(store: Store, exc: Exception) -> None:
-    from sqlalchemy.exc import OperationalError
-
     if isinstance(exc, OperationalError):
         raise store_unavailable(store.engine.url, exc) from exc
 

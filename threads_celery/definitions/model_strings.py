@@ -25,6 +25,7 @@ def resolve_model(model: Any) -> Any:
     with _model_cache_lock:
         cached = _model_cache.get(model)
         if cached is None:
+            # On the first resolution, not at import (see the module docstring).
             from pydantic_ai.models import infer_model
 
             cached = _model_cache[model] = infer_model(model, provider_factory=provider_without_sdk_retries)
@@ -37,11 +38,12 @@ def provider_without_sdk_retries(name: str) -> Any:
     The SDK would wait out a 429 or a 5xx itself, inside the worker slot; the runtime retries the
     step instead, as a Celery countdown that holds no slot (see threads_celery.decisions.provider_limits).
     """
+    # On the first resolution, not at import (see the module docstring).
     from pydantic_ai.providers import infer_provider
 
     provider = infer_provider(name)
     try:
-        from pydantic_ai.providers.openai import OpenAIProvider
+        from pydantic_ai.providers.openai import OpenAIProvider  # the optional openai extra
     except ImportError:  # pragma: no cover - the openai extra is not installed
         return provider
     if type(provider) is OpenAIProvider:

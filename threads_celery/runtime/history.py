@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from threads_celery.records import Message
+from threads_celery.runtime.models import ModelHistory
 
 if TYPE_CHECKING:
     from threads_celery.runtime.models import ModelHistory
@@ -63,8 +64,6 @@ class ThreadHistory:
     def model_history(self) -> ModelHistory:
         """The pydantic-ai conversion of these messages, carried over from step to step."""
         if self.converted is None:
-            from threads_celery.runtime.models import ModelHistory
-
             self.converted = ModelHistory()
         return self.converted
 

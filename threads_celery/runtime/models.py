@@ -2,7 +2,8 @@
 
 Stored messages are turned into pydantic-ai messages here and nowhere else; the runtime sees only
 :class:`ModelTurn` (text plus the calls the model asked for, with their raw argument JSON).
-The web-app side never imports this module, so pydantic-ai is imported lazily.
+pydantic-ai is imported inside the functions that use it: it takes most of a second to load,
+and Beat and the command line load the runtime without ever running a model turn.
 """
 
 from __future__ import annotations

@@ -16,8 +16,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from threads_celery.definitions.model_strings import resolve_model
 from threads_celery.exceptions import ConfigError, ThreadsError
+from threads_celery.store.availability import store_unavailable
+from threads_celery.store.engine import safe_url
+from threads_celery.store.migrate import current_revision, head_revision
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import Agent
@@ -47,12 +52,6 @@ def require_database_url(database_url: str | None, *, service: str) -> str:
 
 def check_database(store: Store) -> str:
     """The database's revision, once it answers and is at head; StoreUnavailable or ConfigError."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from threads_celery.store.availability import store_unavailable
-    from threads_celery.store.engine import safe_url
-    from threads_celery.store.migrate import current_revision, head_revision
-
     where = safe_url(store.engine.url)
     try:
         current = current_revision(store.engine)

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
+import redis
+
 from threads_celery.decisions.provider_limits import WINDOW_S, RateLimit, window_is_full, window_of
 
 log = logging.getLogger("threads_celery.runtime.rate_limiter")
@@ -81,8 +83,6 @@ class RedisWindows:
     def _redis(self) -> Any:
         with self._lock:
             if self._client is None:
-                import redis
-
                 self._client = redis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=5)
             return self._client
 

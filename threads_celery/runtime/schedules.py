@@ -61,9 +61,11 @@ from typing import TYPE_CHECKING, Literal, Protocol, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celery.schedules import crontab
+from sqlalchemy.exc import IntegrityError
 
 from threads_celery.definitions.agents import Agent
 from threads_celery.exceptions import ConfigError
+from threads_celery.transitions import runs
 
 if TYPE_CHECKING:
     from threads_celery.runtime.machine import Runtime
@@ -387,10 +389,6 @@ def start_scheduled_run(runtime: Runtime, schedules: ScheduleRegistry, name: str
     registry, publisher and clock). The slot is floored to the schedule, so a slot published by
     a Beat whose clock or definition differs slightly still maps to a slot of this schedule.
     """
-    from sqlalchemy.exc import IntegrityError
-
-    from threads_celery.transitions import runs
-
     schedule = schedules.get(name)
     if schedule is None:
         log.error("scheduled run for unknown schedule %r: is its module in THREADS_AGENTS?", name)

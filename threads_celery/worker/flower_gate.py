@@ -64,6 +64,8 @@ def require_auth_on_metrics() -> None:
     Flower's application reads its route table (``flower.urls.handlers``) when it is built, so
     replacing the entry in that list before Flower starts is enough. Idempotent.
     """
+    # Flower (and tornado, which it brings) is the optional flower extra: imported when the gate
+    # is installed by `threads-celery flower`, never by a worker.
     import tornado.web
     from flower import urls
     from flower.views.monitor import Metrics
