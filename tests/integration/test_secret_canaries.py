@@ -68,18 +68,38 @@ def threads(worker: WorkerProcess, migrated_pg_url: str, integration_redis_url: 
             client.close()
 
 
+def _idle_queue_messages(redis_url: str) -> list[bytes]:
+    """The task messages waiting in the idle queue (kombu keeps one list per priority)."""
+    import redis
+
+    from tests.integration.secret_agents import IDLE_QUEUE
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return [raw for key in client.keys(f"{IDLE_QUEUE}*") for raw in client.lrange(key, 0, -1)]
+    finally:
+        client.close()
+
+
 @pytest.fixture(scope="module")
-def leaked_run(threads: Any, flower: Flower) -> Iterator[Any]:
+def leaked_run(threads: Any, flower: Flower, integration_redis_url: str) -> Iterator[Any]:
     """The run, once its careless calls are done and its last call's message waits in Redis."""
     from tests.integration.secret_agents import leaker
 
     handle = threads.start(leaker, "go", env={"PRIVATE_KEY": SECRET})
 
-    def idle_call_queued() -> bool:
+    def careless_calls_committed() -> bool:
         results = [m.tool_result for m in threads.messages(handle.thread_id) if m.role == "tool"]
         return len(results) == 2
 
-    eventually(idle_call_queued, timeout=DEADLINE_S, what="the two careless calls committed")
+    eventually(careless_calls_committed, timeout=DEADLINE_S, what="the two careless calls committed")
+    # The last call's message is published right after the commit of the call before it, by the
+    # worker: wait for it to reach the idle queue (no worker consumes that queue).
+    eventually(
+        lambda: bool(_idle_queue_messages(integration_redis_url)),
+        timeout=DEADLINE_S,
+        what="the last call's task message in its idle queue",
+    )
     yield threads.get_run(handle.run_id)
     threads.cancel(handle.run_id)
 
@@ -101,11 +121,9 @@ def test_the_ledger_holds_no_form_of_the_secret(leaked_run: Any, threads: Any, m
 def test_no_queued_task_message_holds_the_secret(leaked_run: Any, integration_redis_url: str) -> None:
     import redis
 
-    from tests.integration.secret_agents import IDLE_QUEUE
-
+    queued = _idle_queue_messages(integration_redis_url)
     client = redis.Redis.from_url(integration_redis_url)
     try:
-        queued = [raw for key in client.keys(f"{IDLE_QUEUE}*") for raw in client.lrange(key, 0, -1)]
         blobs: list[str] = []
         for key in client.keys("*"):
             kind = client.type(key).decode()
