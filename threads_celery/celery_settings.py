@@ -47,7 +47,7 @@ MERGED = ("beat_schedule", "broker_transport_options")
 def known_settings() -> dict[str, str]:
     """Every Celery setting name, with its type (``int``, ``dict``, ``any``...)."""
     # Celery is loaded when settings are checked, not when Settings is imported: the definitions
-    # import Settings and load no Celery (tests/unit/test_definitions_imports.py).
+    # import Settings and load no Celery (tests/unit/definitions/test_definitions_imports.py).
     from celery.app.defaults import NAMESPACES, flatten
 
     # celery-types types flatten() loosely; it yields (name, Option) pairs.

@@ -2,7 +2,7 @@
 
 Two halves:
 
-* Helpers for the embedded tests (``tests/unit/test_agent_tool*.py``, ``test_progress.py``):
+* Helpers for the embedded tests (``tests/unit/runtime/test_agent_tool*.py``, ``test_progress.py``):
   :func:`eventually` (re-exported from :mod:`tests.support.waiting`), :class:`Gate` (a tool that blocks on a
   ``threading.Event`` until the test opens it) and :class:`CountingScript` (a scripted model
   entry that counts the turns it answers).
