@@ -292,6 +292,7 @@ def test_the_run_page_shows_progress_moving_and_the_final_answer(webapp: WebApp,
 
 
 def test_a_child_runs_approval_is_shown_and_approved_on_the_parents_page(webapp: WebApp, browser: Any) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
     browser.get(webapp.url + "/")
@@ -302,12 +303,22 @@ def test_a_child_runs_approval_is_shown_and_approved_on_the_parents_page(webapp:
     browser.find_element(By.ID, "start").click()
     eventually(lambda: "/runs/run_" in browser.current_url, what="the redirect to the run's page")
 
-    def child_entry() -> Any:
-        items = browser.find_elements(By.CSS_SELECTOR, "#approvals .pending")
-        return next((i for i in items if i.is_displayed() and "in child run of child_approval_child" in i.text), None)
+    def approve_child_entry() -> str | None:
+        # Found and pressed in one go: if the list is redrawn between the two (a status change
+        # came in), the entry is looked up again rather than pressed through a stale reference.
+        try:
+            items = browser.find_elements(By.CSS_SELECTOR, "#approvals .pending")
+            item = next((i for i in items if i.is_displayed() and "in child run of child_approval_child" in i.text), None)
+            buttons = item.find_elements(By.CSS_SELECTOR, "button.button-approve") if item is not None else []
+            if item is None or not buttons:
+                return None
+            text = str(item.text)
+            buttons[0].click()
+            return text
+        except StaleElementReferenceException:
+            return None
 
-    item = eventually(child_entry, what="the child's call listed on the parent's page")
-    assert "send_note" in item.text
-    item.find_element(By.CSS_SELECTOR, "button.button-approve").click()
+    text = eventually(approve_child_entry, what="the child's call listed on the parent's page, and approved")
+    assert "send_note" in text
     answer = eventually(lambda: browser.find_element(By.ID, "final-answer").text, what="the parent's final answer")
     assert answer == "parent done"

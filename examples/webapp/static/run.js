@@ -66,6 +66,7 @@
         const item = callItem(call.id, call.name);
         item.querySelector(".call-args").textContent = argsText(call.args);
         item.dataset.effectKey = call.effect_key;
+    item.dataset.status = call.status;
       }
     } else if (p.role === "tool" && p.tool_result) {
       const r = p.tool_result;
@@ -204,14 +205,23 @@
     const response = await fetch("/runs/" + encodeURIComponent(runId) + "/pending", { headers: { Accept: "application/json" } });
     if (!response.ok) return;
     const pending = await response.json();
-    approvalList.replaceChildren();
-    for (const call of pending) approvalList.appendChild(pendingItem(call));
+    // Keyed by call: an entry whose call and status are unchanged is kept as it is, so a reload
+    // never swaps a button out from under a person about to press it.
+    const kept = new Map();
+    for (const item of approvalList.children) kept.set(item.dataset.effectKey + " " + item.dataset.status, item);
+    const items = pending.map((call) => kept.get(call.effect_key + " " + call.status) || pendingItem(call));
+    const wanted = new Set(items);
+    for (const item of [...approvalList.children]) if (!wanted.has(item)) item.remove();
+    items.forEach((item, index) => {
+      if (approvalList.children[index] !== item) approvalList.insertBefore(item, approvalList.children[index] || null);
+    });
     approvals.hidden = pending.length === 0;
   }
 
   function pendingItem(call) {
     const item = el("div", "pending");
     item.dataset.effectKey = call.effect_key;
+    item.dataset.status = call.status;
     item.appendChild(el("code", "call-name", call.tool));
     item.appendChild(el("code", "call-args", " " + call.args));
     if (call.kind === "child") item.appendChild(el("div", "muted", "in child run of " + (call.agent || "a child agent")));
