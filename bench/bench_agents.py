@@ -196,6 +196,20 @@ def install_sql_counters() -> None:
 
         do_ping._bench_counted = True  # type: ignore[attr-defined]
         _PGDialect_common_psycopg.do_ping = do_ping  # type: ignore[method-assign]
+    # A tool call's own statements run on the driver's cursor (store/direct.py), unseen by
+    # the engine's events: count them where they run (each one statement, in autocommit).
+    from threads_celery.store.direct import DirectStatements
+
+    if not getattr(DirectStatements.first, "_bench_counted", False):
+        first = DirectStatements.first
+
+        def counted_first(self: Any, statement: Any, params: Any) -> Any:
+            counters.statements += 1
+            counters.note(" ".join(str(statement).split()) + " (direct)")
+            return first(self, statement, params)
+
+        counted_first._bench_counted = True  # type: ignore[attr-defined]
+        DirectStatements.first = counted_first  # type: ignore[method-assign]
     event.listen(Engine, "before_cursor_execute", _statement)
     event.listen(Engine, "begin", _begin)
     event.listen(Engine, "commit", _commit)

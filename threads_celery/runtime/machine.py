@@ -216,8 +216,7 @@ class Runtime:
             "name": started.name,
             "progress": started.progress,
         }
-        with self.store.transaction() as tx:
-            tx.append_event(run.thread_id, run.id, "tool_call_started", payload, self.clock())
+        self.store.append_event(run.thread_id, run.id, "tool_call_started", payload, self.clock())
         hook = getattr(agent, "on_tool_call_started", None)
         if callable(hook):
             try:
@@ -243,8 +242,7 @@ class Runtime:
     def run_tool(self, effect_key: str) -> str:
         """Carry out one tool call. Returns what happened, for logs and tests."""
         now = self.clock()
-        with self.store.read() as tx:
-            loaded = tx.get_call_and_run(effect_key)
+        loaded = self.store.call_and_run(effect_key)
         if loaded is None:
             return "skipped: no such call"
         call, run = loaded

@@ -27,10 +27,15 @@ def is_connection_error(exc: DBAPIError) -> bool:
     """Whether ``exc`` means the store is unreachable (try again), not that a query is wrong."""
     if exc.connection_invalidated:
         return True
-    sqlstate = getattr(exc.orig, "sqlstate", None)
+    return exc.orig is not None and is_unreachable(exc.orig)
+
+
+def is_unreachable(orig: BaseException) -> bool:
+    """Whether the driver's own error ``orig`` means the server is not there (for now)."""
+    sqlstate = getattr(orig, "sqlstate", None)
     if isinstance(sqlstate, str) and sqlstate[:2] in UNAVAILABLE_SQLSTATE_CLASSES:
         return True
-    text = str(exc.orig).lower() if exc.orig is not None else ""
+    text = str(orig).lower()
     return any(
         marker in text for marker in ("connection", "could not connect", "server closed", "terminating", "timeout")
     )

@@ -8,18 +8,28 @@ spans the run, the call, the thread's messages and the outbox, and lives on the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, RowMapping
 
 from threads_celery.records import CallRow, Run
 from threads_celery.store import statements
 from threads_celery.store.rows import call_from_mapping, run_from_mapping
 from threads_celery.store.schema import runs, tool_calls
+
+
+def call_and_run_from_mapping(mapping: RowMapping | Mapping[str, Any]) -> tuple[CallRow, Run]:
+    """The call and its run from a row of ``select(tool_calls, r__<run column>...)``, with the
+    call after it in the same reply when the row carries ``n__`` columns (CALL_RUN_AND_NEXT)."""
+    run_values = {c.name: mapping[f"r__{c.name}"] for c in runs.c}
+    call = call_from_mapping(mapping)
+    if mapping.get("n__effect_key") is not None:
+        call = replace(call, next_call=(mapping["n__effect_key"], mapping["n__tool"], mapping["n__queue"]))
+    return call, run_from_mapping(run_values)
 
 
 class CallQueries:
@@ -43,14 +53,7 @@ class CallQueries:
             row = self.conn.execute(query).first()
         else:
             row = self.conn.execute(statements.CALL_RUN_AND_NEXT, {"b_key": effect_key}).first()
-        if row is None:
-            return None
-        mapping = row._mapping
-        run_values = {c.name: mapping[f"r__{c.name}"] for c in runs.c}
-        call = call_from_mapping(mapping)
-        if not lock and mapping["n__effect_key"] is not None:
-            call = replace(call, next_call=(mapping["n__effect_key"], mapping["n__tool"], mapping["n__queue"]))
-        return call, run_from_mapping(run_values)
+        return None if row is None else call_and_run_from_mapping(row._mapping)
 
     def calls_in_step(self, run_id: str, step: int) -> list[CallRow]:
         rows = self.conn.execute(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,11 +22,12 @@ from threads_celery.records import DEFAULT_TENANT, CallRow, OutboxEntry, Run, Th
 from threads_celery.store import statements
 from threads_celery.store.agent_tool_queries import AgentToolQueries
 from threads_celery.store.availability import unreachable_as_store_unavailable
-from threads_celery.store.call_queries import CallQueries
+from threads_celery.store.call_queries import CallQueries, call_and_run_from_mapping
+from threads_celery.store.direct import DirectStatements
 from threads_celery.store.grant_queries import GrantQueries
 from threads_celery.store.message_queries import MessageQueries
 from threads_celery.store.metrics_queries import MetricsQueries
-from threads_celery.store.outbox_queries import OutboxQueries
+from threads_celery.store.outbox_queries import TOOL_TASK_NAME, OutboxQueries
 from threads_celery.store.rows import run_from_row, thread_from_row
 from threads_celery.store.schema import agents, runs, threads, variables
 from threads_celery.store.storable import dumps
@@ -37,6 +38,59 @@ from threads_celery.store.usage_queries import UsageQueries
 _NO_NEXT_ENTRY = OutboxEntry(key="", task="")
 
 
+def claim_params(
+    run_id: str, effect_key: str, *, fence: int, owner: str, lease_until: datetime, now: datetime
+) -> dict[str, Any]:
+    """The parameters of CLAIM_CALL_PG."""
+    return {
+        "run_id": run_id,
+        "effect_key": effect_key,
+        "fence": fence,
+        "owner": owner,
+        "until": lease_until,
+        "now": now,
+    }
+
+
+def commit_result_params(
+    *,
+    run_id: str,
+    thread_id: str,
+    fence: int,
+    call: CallRow,
+    content: str,
+    is_error: bool,
+    own_outbox: bool,
+    next_entry: OutboxEntry | None,
+    now: datetime,
+    next_due: datetime,
+) -> dict[str, Any]:
+    """The parameters of COMMIT_CALL_RESULT_PG (``next_due``: when the next task counts as lost)."""
+    tool_result = ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error)
+    parts = {"tool_result": tool_result.to_json()}
+    following = next_entry or _NO_NEXT_ENTRY
+    return {
+        "now": now,
+        "run_id": run_id,
+        "fence": fence,
+        "status": "error" if is_error else "completed",
+        "content": content,
+        "is_error": is_error,
+        "effect_key": call.effect_key,
+        "thread_id": thread_id,
+        "parts": dumps(parts),
+        "payload": dumps({"role": "tool", "text": content, **parts}),
+        "own_outbox": own_outbox,
+        "has_next": next_entry is not None,
+        "next_key": following.key,
+        "next_task": following.task,
+        "next_args": dumps(list(following.args)),
+        "next_queue": following.queue,
+        "next_argsrepr": following.argsrepr,
+        "next_due": next_due,
+    }
+
+
 class Store:
     """The ledger: a narrow interface over one database."""
 
@@ -45,6 +99,8 @@ class Store:
         self.dialect = engine.dialect.name
         self.step_grace = timedelta(seconds=step_grace_s)
         self.tool_grace = timedelta(seconds=tool_grace_s)
+        # A tool call's own one-statement operations skip SQLAlchemy's Connection on PostgreSQL.
+        self._direct = DirectStatements(engine) if self.dialect == "postgresql" else None
 
     @contextmanager
     def transaction(self) -> Iterator[Tx]:
@@ -90,10 +146,25 @@ class Store:
     ) -> int | None:
         """:meth:`Tx.commit_call_result` in a transaction of its own: a worker's hot path.
 
-        On PostgreSQL the commit is one statement, run in autocommit: one round trip, with no
-        BEGIN or COMMIT. Elsewhere, one transaction.
+        On PostgreSQL the commit is one statement, run in autocommit on the driver's cursor
+        (:mod:`.direct`): one round trip, with no BEGIN or COMMIT. Elsewhere, one transaction.
         """
-        with self._operation_of_its_own() as tx:
+        if self._direct is not None:
+            params = commit_result_params(
+                run_id=run_id,
+                thread_id=thread_id,
+                fence=fence,
+                call=call,
+                content=content,
+                is_error=is_error,
+                own_outbox=own_outbox,
+                next_entry=next_entry,
+                now=now,
+                next_due=now + (self.tool_grace if next_entry.task == TOOL_TASK_NAME else self.step_grace),
+            )
+            fenced: int | None = self._direct.scalar(statements.COMMIT_CALL_RESULT_PG, params)
+            return fenced
+        with self.transaction() as tx:
             return tx.commit_call_result(
                 run_id=run_id,
                 thread_id=thread_id,
@@ -109,15 +180,33 @@ class Store:
     def claim_call_and_run(
         self, run_id: str, effect_key: str, *, fence: int, owner: str, lease_until: datetime, now: datetime
     ) -> int | None:
-        """:meth:`Tx.claim_call_and_run` in a transaction of its own (one round trip on PostgreSQL)."""
-        with self._operation_of_its_own() as tx:
+        """:meth:`Tx.claim_call_and_run` in a transaction of its own (one statement in autocommit on
+        PostgreSQL, on the driver's cursor)."""
+        if self._direct is not None:
+            params = claim_params(run_id, effect_key, fence=fence, owner=owner, lease_until=lease_until, now=now)
+            claimed: int | None = self._direct.scalar(statements.CLAIM_CALL_PG, params)
+            return claimed
+        with self.transaction() as tx:
             return tx.claim_call_and_run(run_id, effect_key, fence=fence, owner=owner, lease_until=lease_until, now=now)
 
-    def _operation_of_its_own(self) -> AbstractContextManager[Tx]:
-        """Where one of the hot path's operations runs alone: on PostgreSQL each is one statement,
-        atomic by itself, so autocommit spares the BEGIN and COMMIT round trips; elsewhere, a
-        transaction holds its several statements together."""
-        return self.autocommit() if self.dialect == "postgresql" else self.transaction()
+    def append_event(
+        self, thread_id: str, run_id: str | None, type: str, payload: dict[str, Any], now: datetime
+    ) -> int:
+        """:meth:`Tx.append_event` on its own (one statement in autocommit on PostgreSQL, on the
+        driver's cursor): an event no other write depends on, such as ``tool_call_started``."""
+        if self._direct is not None:
+            params = {"b_thread": thread_id, "b_run": run_id, "b_type": type, "b_payload": payload, "b_now": now}
+            return int(self._direct.scalar(statements.APPEND_EVENT_PG, params))
+        with self.transaction() as tx:
+            return tx.append_event(thread_id, run_id, type, payload, now)
+
+    def call_and_run(self, effect_key: str) -> tuple[CallRow, Run] | None:
+        """:meth:`Tx.get_call_and_run` (unlocked) as a read of its own: a worker's hot path."""
+        if self._direct is not None:
+            row = self._direct.first(statements.CALL_RUN_AND_NEXT, {"b_key": effect_key})
+            return None if row is None else call_and_run_from_mapping(row)
+        with self.read() as tx:
+            return tx.get_call_and_run(effect_key)
 
     def ping(self) -> None:
         """Raise StoreUnavailable unless the database answers."""
@@ -125,6 +214,8 @@ class Store:
             tx.conn.execute(select(1))
 
     def dispose(self) -> None:
+        if self._direct is not None:
+            self._direct.dispose()
         self.engine.dispose()
 
 
@@ -333,14 +424,7 @@ class Tx(CallQueries, OutboxQueries, MessageQueries, AgentToolQueries, UsageQuer
         one statement (atomic even in :meth:`Store.autocommit`); elsewhere, three.
         """
         if self.dialect == "postgresql":
-            params = {
-                "run_id": run_id,
-                "effect_key": effect_key,
-                "fence": fence,
-                "owner": owner,
-                "until": lease_until,
-                "now": now,
-            }
+            params = claim_params(run_id, effect_key, fence=fence, owner=owner, lease_until=lease_until, now=now)
             return self.conn.execute(statements.CLAIM_CALL_PG, params).scalar()
         claimed = self.claim_run(run_id, fence=fence, owner=owner, lease_until=lease_until, now=now)
         if claimed is None:
@@ -419,29 +503,18 @@ class Tx(CallQueries, OutboxQueries, MessageQueries, AgentToolQueries, UsageQuer
         now: datetime,
     ) -> int | None:
         """PostgreSQL: :meth:`commit_call_result` as the one statement COMMIT_CALL_RESULT_PG."""
-        tool_result = ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error)
-        parts = {"tool_result": tool_result.to_json()}
-        following = next_entry or _NO_NEXT_ENTRY
-        params = {
-            "now": now,
-            "run_id": run_id,
-            "fence": fence,
-            "status": "error" if is_error else "completed",
-            "content": content,
-            "is_error": is_error,
-            "effect_key": call.effect_key,
-            "thread_id": thread_id,
-            "parts": dumps(parts),
-            "payload": dumps({"role": "tool", "text": content, **parts}),
-            "own_outbox": own_outbox,
-            "has_next": next_entry is not None,
-            "next_key": following.key,
-            "next_task": following.task,
-            "next_args": dumps(list(following.args)),
-            "next_queue": following.queue,
-            "next_argsrepr": following.argsrepr,
-            "next_due": now + self._outbox_grace(following.task),
-        }
+        params = commit_result_params(
+            run_id=run_id,
+            thread_id=thread_id,
+            fence=fence,
+            call=call,
+            content=content,
+            is_error=is_error,
+            own_outbox=own_outbox,
+            next_entry=next_entry,
+            now=now,
+            next_due=now + self._outbox_grace(next_entry.task if next_entry is not None else ""),
+        )
         return self.conn.execute(statements.COMMIT_CALL_RESULT_PG, params).scalar()
 
     # -- variables ---------------------------------------------------------------------------

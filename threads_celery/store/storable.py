@@ -29,8 +29,17 @@ from threads_celery.records import UNSTORABLE, storable, storable_text
 
 
 def dumps(value: Any) -> str:
-    """The engine's JSON serializer: :func:`storable` first, then :func:`json.dumps`."""
-    return json.dumps(storable(value))
+    """The engine's JSON serializer: :func:`json.dumps` of ``value`` made :func:`storable`.
+
+    ``json.dumps`` writes ASCII only, escaping NUL as ``\\u0000`` and every code point of a
+    surrogate as ``\\udXXX``; JSON with neither escape came from storable text as it is. The
+    value is walked and cleaned only when one appears (a character beyond the BMP, written as
+    a surrogate pair, takes that walk too, and is kept).
+    """
+    text = json.dumps(value)
+    if "\\u0000" in text or "\\ud" in text:
+        return json.dumps(storable(value))
+    return text
 
 
 def unstorable_reason(text: str) -> str | None:
@@ -43,15 +52,16 @@ def unstorable_reason(text: str) -> str | None:
     return f"must not contain an unpaired surrogate (U+{ord(found.group()):04X}); send valid Unicode"
 
 
-def _clean_parameters(parameters: Any) -> Any:
+def clean_parameters(parameters: Any) -> Any:
+    """``parameters`` (a value, or a dict, tuple or list of them) with every string made storable."""
     if isinstance(parameters, str):
         return storable_text(parameters)
     if isinstance(parameters, dict):
-        return {k: _clean_parameters(v) for k, v in parameters.items()}
+        return {k: clean_parameters(v) for k, v in parameters.items()}
     if isinstance(parameters, tuple):
-        return tuple(_clean_parameters(v) for v in parameters)
+        return tuple(clean_parameters(v) for v in parameters)
     if isinstance(parameters, list):
-        return [_clean_parameters(v) for v in parameters]
+        return [clean_parameters(v) for v in parameters]
     return parameters
 
 
@@ -62,4 +72,4 @@ def install(engine: Engine) -> None:
     def _storable_parameters(
         conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
     ) -> tuple[str, Any]:
-        return statement, _clean_parameters(parameters)
+        return statement, clean_parameters(parameters)

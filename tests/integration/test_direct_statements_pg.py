@@ -1,0 +1,203 @@
+"""A tool call's own statements on the driver's cursor (``store/direct.py``), on PostgreSQL.
+
+They must mean exactly what they mean through the engine: the same rows read, the same fenced
+writes, the same storable text, the same errors. Their connections must survive what the
+engine's pool survives: a server that drops them, threads, a fork.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from pydantic import BaseModel
+from sqlalchemy import select, text
+from sqlalchemy.exc import DataError
+
+from threads_celery import Agent, Permissions, tool
+from threads_celery.exceptions import StoreUnavailable
+from threads_celery.records import OutboxEntry
+from threads_celery.store import Store, create_store_engine, parse_database_url
+from threads_celery.store.migrate import upgrade
+from threads_celery.store.schema import events, messages, outbox, runs, tool_calls
+from threads_celery.testing import ScriptedModel, calls, say
+from threads_celery.transitions import runs as run_ledger
+
+BACKEND_PID = text("SELECT pg_backend_pid()")
+
+
+class In(BaseModel):
+    n: int
+
+
+@pytest.fixture
+def store(pg_url: str) -> Iterator[Store]:
+    store = Store(create_store_engine(parse_database_url(pg_url)))
+    upgrade(store.engine)
+    yield store
+    store.dispose()
+
+
+def _reply_of_three(store: Store) -> tuple[str, list[str]]:
+    """A run whose model reply asked for three calls: (run id, their effect keys in order)."""
+    noop = tool(name="noop", description="x", input=In, effect="idempotent", dedup_window_ms=60_000,
+                execute=lambda inp, ctx: "ok")
+    agent = Agent(name="direct", instructions="x", tools=[noop], permissions=Permissions.allow_all(),
+                  model=ScriptedModel([calls(*[("noop", {"n": n}) for n in range(3)]), say("done")]))  # fmt: skip
+    from threads_celery.definitions.agents import AgentRegistry
+    from threads_celery.runtime.machine import Runtime
+
+    registry = AgentRegistry()
+    registry.add(agent)
+    queue: list[OutboxEntry] = []
+    runtime = Runtime(store, registry, publish=queue.extend)
+    now = run_ledger.utcnow()
+    with store.transaction() as tx:
+        tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), now)
+        run, entries = run_ledger.submit_run(tx, agent=agent.name, config_hash=agent.config_hash(), message="go", now=now)
+    run_id, step = entries[0].args
+    runtime.run_step(run_id, step)
+    with store.read() as tx:
+        keys = [c.effect_key for c in tx.calls_in_step(run.id, step)]
+    assert len(keys) == 3
+    return run.id, keys
+
+
+def test_the_call_and_its_run_read_directly_equal_the_engines_read(store: Store) -> None:
+    _run_id, keys = _reply_of_three(store)
+    for key in keys:
+        direct = store.call_and_run(key)
+        with store.read() as tx:
+            engine = tx.get_call_and_run(key)
+        assert direct == engine
+        assert direct is not None and direct[1].created_at is not None
+        assert direct[1].created_at.tzinfo is UTC  # UTCDateTime's conversion applied
+    first, _run = store.call_and_run(keys[0])  # type: ignore[misc]
+    last, _run = store.call_and_run(keys[2])  # type: ignore[misc]
+    assert first.next_call is not None and first.next_call[0] == keys[1]
+    assert last.next_call is None
+    assert store.call_and_run("no-such-call") is None
+
+
+def test_a_claim_and_a_commit_are_fenced_and_write_storable_text(store: Store) -> None:
+    run_id, keys = _reply_of_three(store)
+    call, run = store.call_and_run(keys[0])  # type: ignore[misc]
+    now = datetime.now(UTC)
+    until = now + timedelta(seconds=30)
+    assert store.claim_call_and_run(run_id, call.effect_key, fence=run.fence + 7, owner="w", lease_until=until, now=now) is None
+    claimed = store.claim_call_and_run(run_id, call.effect_key, fence=run.fence, owner="w", lease_until=until, now=now)
+    assert claimed == run.fence + 1
+    with store.read() as tx:
+        row = tx.conn.execute(select(tool_calls.c.status, tool_calls.c.attempt, tool_calls.c.lease_owner)
+                              .where(tool_calls.c.effect_key == call.effect_key)).one()  # fmt: skip
+        lease = tx.conn.execute(select(runs.c.lease_expires_at).where(runs.c.id == run_id)).scalar_one()
+    assert tuple(row) == ("started", 1, "w")
+    assert lease == until
+
+    following = OutboxEntry(key=keys[1], task="threads.tool", args=(keys[1],))
+    common = {"run_id": run_id, "thread_id": run.thread_id, "call": call, "is_error": False,
+              "own_outbox": False, "next_entry": following, "now": now}  # fmt: skip
+    assert store.commit_call_result(fence=claimed - 1, content="stale", **common) is None
+    moved = store.commit_call_result(fence=claimed, content="a\x00b\ud800c", **common)
+    assert moved == claimed + 1
+    with store.read() as tx:
+        result = tx.conn.execute(select(tool_calls.c.result).where(tool_calls.c.effect_key == call.effect_key)).scalar_one()
+        texts = tx.conn.execute(select(messages.c.text).where(messages.c.role == "tool")).scalars().all()
+        payloads = [p for p in tx.conn.execute(select(events.c.payload)).scalars() if p.get("role") == "tool"]
+        queued = tx.conn.execute(select(outbox.c.key, outbox.c.task)).all()
+    assert result == "a\ufffdb\ufffdc"
+    assert texts == ["a\ufffdb\ufffdc"]
+    assert [p["text"] for p in payloads] == ["a\ufffdb\ufffdc"]
+    assert (keys[1], "threads.tool") in [tuple(q) for q in queued]
+
+
+def test_a_dropped_connection_is_unavailable_once_then_replaced(store: Store) -> None:
+    direct = store._direct
+    assert direct is not None
+    pid = direct.scalar(BACKEND_PID, {})
+    with store.transaction() as tx:
+        tx.conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    with pytest.raises(StoreUnavailable) as raised:
+        direct.scalar(BACKEND_PID, {})
+    assert "cannot reach the database" in str(raised.value)
+    assert direct.scalar(BACKEND_PID, {}) != pid  # a new connection, no restart needed
+
+
+def test_a_refused_statement_raises_the_engines_error_and_keeps_the_connection(store: Store) -> None:
+    direct = store._direct
+    assert direct is not None
+    pid = direct.scalar(BACKEND_PID, {})
+    with pytest.raises(DataError) as raised:
+        direct.scalar(text("SELECT CAST(:v AS integer)"), {"v": "not a number"})
+    assert "not a number" not in str(raised.value).split("[SQL:")[1]  # parameters hidden, as on the engine
+    assert direct.scalar(BACKEND_PID, {}) == pid
+
+
+def test_threads_each_take_a_connection_of_their_own(store: Store) -> None:
+    direct = store._direct
+    assert direct is not None
+    inside = threading.Barrier(4)
+    pids: list[int] = []
+
+    def work() -> None:
+        # Two statements per thread, one of them while all four threads hold a connection.
+        pids.append(direct.scalar(text("SELECT pg_backend_pid() FROM pg_sleep(0) WHERE :go"), {"go": bool(inside.wait() + 1)}))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(pids) == 4
+    assert len(direct._idle) <= 4  # given back, none leaked
+
+
+def _in_child(url: str, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    store = _CHILD_STORE
+    try:
+        queue.put(store._direct.scalar(BACKEND_PID, {}))  # type: ignore[union-attr]
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        queue.put(repr(exc))
+
+
+_CHILD_STORE: Store
+
+
+def test_a_forked_child_opens_its_own_and_leaves_the_parents_alone(store: Store) -> None:
+    global _CHILD_STORE
+    direct = store._direct
+    assert direct is not None
+    parent_pid = direct.scalar(BACKEND_PID, {})  # one idle connection now, inherited by the child
+    _CHILD_STORE = store
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_in_child, args=("", queue))
+    child.start()
+    child_pid = queue.get(timeout=30)
+    child.join(timeout=30)
+    assert isinstance(child_pid, int) and child_pid != parent_pid
+    assert direct.scalar(BACKEND_PID, {}) == parent_pid  # the parent's session is still whole
+
+
+def test_an_event_appended_on_its_own_takes_the_threads_next_sequence_number(store: Store) -> None:
+    run_id, _keys = _reply_of_three(store)
+    with store.read() as tx:
+        thread_id = tx.get_run(run_id).thread_id  # type: ignore[union-attr]
+        before = [e.seq for e in tx.list_events(thread_id)]
+    now = datetime.now(UTC)
+    first = store.append_event(thread_id, run_id, "tool_call_started", {"name": "x\x00"}, now)
+    with store.transaction() as tx:
+        second = tx.append_event(thread_id, run_id, "run", {"status": "running"}, now)
+    third = store.append_event(thread_id, run_id, "tool_call_started", {"name": "y"}, now)
+    assert (first, second, third) == (before[-1] + 1, before[-1] + 2, before[-1] + 3)
+    with store.read() as tx:
+        appended = tx.list_events(thread_id, after=before[-1])
+    assert [(e.seq, e.type, e.payload) for e in appended] == [
+        (first, "tool_call_started", {"name": "x\ufffd"}),
+        (second, "run", {"status": "running"}),
+        (third, "tool_call_started", {"name": "y"}),
+    ]
+    assert all(e.created_at == now for e in appended)
