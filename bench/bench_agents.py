@@ -205,7 +205,8 @@ def install_sql_counters() -> None:
 
         def counted_first(self: Any, statement: Any, params: Any) -> Any:
             counters.statements += 1
-            counters.note(" ".join(str(statement).split()) + " (direct)")
+            if counters.log is not None:  # compiling the statement to text costs a millisecond
+                counters.note(" ".join(str(statement).split()) + " (direct)")
             return first(self, statement, params)
 
         counted_first._bench_counted = True  # type: ignore[attr-defined]
