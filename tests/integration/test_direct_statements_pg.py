@@ -201,3 +201,74 @@ def test_an_event_appended_on_its_own_takes_the_threads_next_sequence_number(sto
         (third, "tool_call_started", {"name": "y"}),
     ]
     assert all(e.created_at == now for e in appended)
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def either_store(request: pytest.FixtureRequest, tmp_path) -> Iterator[Store]:
+    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else f"sqlite:///{tmp_path / 'ledger.db'}"
+    store = Store(create_store_engine(parse_database_url(url)))
+    upgrade(store.engine)
+    yield store
+    store.dispose()
+
+
+def _queued_run(store: Store) -> tuple[str, str]:
+    """A queued run and its first step's outbox key, nothing claimed yet."""
+    now = run_ledger.utcnow()
+    with store.transaction() as tx:
+        tx.upsert_agent("claims", "h", {}, now)
+        run, entries = run_ledger.submit_run(tx, agent="claims", config_hash="h", message="go", now=now)
+    return run.id, entries[0].key
+
+
+def _outbox_and_run_events(store: Store, run_id: str) -> tuple[list[str], list[dict]]:
+    with store.read() as tx:
+        keys = tx.outbox_keys()
+        thread_id = tx.get_run(run_id).thread_id  # type: ignore[union-attr]
+        statuses = [e.payload for e in tx.list_events(thread_id) if e.type == "run"]
+    return keys, statuses
+
+
+def test_a_step_claim_takes_the_lease_consumes_the_step_and_says_running_once(either_store: Store) -> None:
+    store = either_store
+    run_id, step_key = _queued_run(store)
+    run = store.run(run_id)
+    assert run is not None and run.status == "queued"
+    now = datetime.now(UTC)
+    fence = store.claim_step(run, step_key, owner="w1", lease_until=now + timedelta(seconds=30), now=now)
+    assert fence == run.fence + 1
+    claimed = store.run(run_id)
+    assert claimed is not None
+    assert (claimed.status, claimed.fence, claimed.lease_owner) == ("running", fence, "w1")
+    keys, statuses = _outbox_and_run_events(store, run_id)
+    assert step_key not in keys
+    assert statuses.count({"run_id": run_id, "status": "running"}) == 1
+    # The next step's claim, by the same worker after its lease was released: no second event.
+    with store.transaction() as tx:
+        released = tx.advance_run(run_id, fence=fence, now=now, lease_owner=None, lease_expires_at=None)
+    again = store.run(run_id)
+    assert again is not None and again.fence == released
+    assert store.claim_step(again, "step:other", owner="w1", lease_until=now + timedelta(seconds=30), now=now) == released + 1  # type: ignore[operator]
+    assert _outbox_and_run_events(store, run_id)[1].count({"run_id": run_id, "status": "running"}) == 1
+
+
+def test_a_step_claim_on_a_moved_fence_or_a_live_lease_writes_nothing(either_store: Store) -> None:
+    store = either_store
+    run_id, step_key = _queued_run(store)
+    read = store.run(run_id)
+    assert read is not None
+    now = datetime.now(UTC)
+    lease = now + timedelta(seconds=30)
+    # Another worker claims first: the fence this worker read has moved.
+    assert store.claim_step(read, step_key, owner="w1", lease_until=lease, now=now) is not None
+    assert store.claim_step(read, step_key, owner="w2", lease_until=lease, now=now) is None
+    # Read again, the fence is current but w1's lease is live.
+    current = store.run(run_id)
+    assert current is not None
+    assert store.claim_step(current, step_key, owner="w2", lease_until=lease, now=now) is None
+    after = store.run(run_id)
+    assert after == current  # nothing written
+    # Once w1's lease has expired, w2 takes the run over.
+    later = lease + timedelta(seconds=1)
+    assert store.claim_step(current, step_key, owner="w2", lease_until=later + timedelta(seconds=30), now=later) == current.fence + 1
+    assert _outbox_and_run_events(store, run_id)[1].count({"run_id": run_id, "status": "running"}) == 1

@@ -4,15 +4,15 @@ A model step needs the whole history of its thread. Read in full, it costs a sta
 rows, JSON and conversion grow with the thread, so every turn of a long thread gets slower. A
 thread's messages are append-only (each takes the thread's next ``seq``; no code path updates
 or deletes one; a deleted thread takes its messages with it), so a worker keeps the histories it
-read and, in the step's own transaction, reads the rows from its last cached message on, plus
-its first one:
+read and, once the step is claimed, reads in one statement the rows from its last cached
+message on, plus its first one:
 
 * both cached ends come back unchanged: the cache is the thread's prefix, and the rows after the
   last one are appended (their ``seq`` must follow on without a gap);
 * anything else (a first or last message gone or different, a gap): the history is read in
   full, as without the cache.
 
-So a step sees exactly the rows a full read in its transaction would see, and another worker
+So a step sees exactly the rows a full read at that moment would see, and another worker
 appending to the thread in between is picked up by the same statement. The cache is bounded by
 an estimate of its size in bytes and by a number of threads (least recently used threads go
 first) and lives in one process; pool processes do not share it.

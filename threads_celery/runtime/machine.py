@@ -126,21 +126,23 @@ class Runtime:
         """Carry out model step ``step`` of a run. Returns what happened, for logs and tests."""
         now = self.clock()
         lease = timedelta(seconds=self.settings.step_lease_s)
-        with self.store.transaction() as tx:
-            run = tx.get_run(run_id, lock=True)
-            decision = decide_step(run, step, now)
-            if isinstance(decision, Skip):
-                tx.delete_outbox(runs.step_key(run_id, step))
-                return f"skipped: {decision.reason}"
-            if isinstance(decision, Busy):
-                raise RetryLater((decision.until - now).total_seconds(), "run is held by another worker")
-            assert run is not None
-            fence = tx.claim_run(run_id, fence=run.fence, owner=self.worker_id, lease_until=now + lease, now=now)
-            if fence is None:
-                raise RetryLater(0.1, "run was claimed concurrently")
-            tx.delete_outbox(runs.step_key(run_id, step))
-            if run.status == "queued":
-                tx.append_event(run.thread_id, run_id, "run", {"run_id": run_id, "status": "running"}, now)
+        # Read unlocked, decided, then claimed on the fence as read (the claim also checks that
+        # no other worker's lease is live): whatever moved in between makes the claim write
+        # nothing, and the step is tried again.
+        run = self.store.run(run_id)
+        decision = decide_step(run, step, now)
+        if isinstance(decision, Skip):
+            self.store.delete_outbox(runs.step_key(run_id, step))
+            return f"skipped: {decision.reason}"
+        if isinstance(decision, Busy):
+            raise RetryLater((decision.until - now).total_seconds(), "run is held by another worker")
+        assert run is not None
+        fence = self.store.claim_step(
+            run, runs.step_key(run_id, step), owner=self.worker_id, lease_until=now + lease, now=now
+        )
+        if fence is None:
+            raise RetryLater(0.1, "run was claimed concurrently")
+        with self.store.read() as tx:
             history = self.history.load(tx, run.thread_id)
         if (run.input_meta or {}).get("narrate"):
             # A narrated status line: its message is in the thread already; no model turn.

@@ -28,7 +28,7 @@ from threads_celery.store.grant_queries import GrantQueries
 from threads_celery.store.message_queries import MessageQueries
 from threads_celery.store.metrics_queries import MetricsQueries
 from threads_celery.store.outbox_queries import TOOL_TASK_NAME, OutboxQueries
-from threads_celery.store.rows import run_from_row, thread_from_row
+from threads_celery.store.rows import run_from_mapping, run_from_row, thread_from_row
 from threads_celery.store.schema import agents, runs, threads, variables
 from threads_celery.store.storable import dumps
 from threads_celery.store.usage_queries import UsageQueries
@@ -36,6 +36,11 @@ from threads_celery.store.usage_queries import UsageQueries
 #: What fills the one-statement result commit's next-task parameters when there is no next task
 #: (its ``has_next`` is false, so none of it is written).
 _NO_NEXT_ENTRY = OutboxEntry(key="", task="")
+
+
+def _lease_live(run: Run, now: datetime) -> bool:
+    """CLAIM_STEP_PG's lease condition, negated: another worker's lease has not expired."""
+    return run.lease_owner is not None and run.lease_expires_at is not None and run.lease_expires_at > now
 
 
 def claim_params(
@@ -199,6 +204,55 @@ class Store:
             return int(self._direct.scalar(statements.APPEND_EVENT_PG, params))
         with self.transaction() as tx:
             return tx.append_event(thread_id, run_id, type, payload, now)
+
+    def run(self, run_id: str) -> Run | None:
+        """The run's row, read on its own (unlocked): a worker's hot path."""
+        if self._direct is not None:
+            row = self._direct.first(statements.GET_RUN, {"b_id": run_id})
+            return None if row is None else run_from_mapping(row)
+        with self.read() as tx:
+            return tx.get_run(run_id)
+
+    def claim_step(self, run: Run, step_key: str, *, owner: str, lease_until: datetime, now: datetime) -> int | None:
+        """Take ``run``'s lease for a model step, fenced on the run as read; the new fence, or None.
+
+        Writes, all or nothing: the run's lease and next fence (it is ``running`` from now on),
+        the step's outbox row consumed and, for a run that was queued, its ``running`` event.
+        Nothing is written if the run's fence moved since ``run`` was read or another worker's
+        lease is live. On PostgreSQL that is one statement in autocommit (on the driver's
+        cursor); elsewhere, one transaction.
+        """
+        was_queued = run.status == "queued"
+        payload = {"run_id": run.id, "status": "running"}
+        if self._direct is not None:
+            params = {
+                "run_id": run.id,
+                "thread_id": run.thread_id,
+                "step_key": step_key,
+                "fence": run.fence,
+                "owner": owner,
+                "until": lease_until,
+                "now": now,
+                "was_queued": was_queued,
+                "payload": payload,
+            }
+            claimed: int | None = self._direct.scalar(statements.CLAIM_STEP_PG, params)
+            return claimed
+        with self.transaction() as tx:
+            current = tx.get_run(run.id, lock=True)
+            if current is None or current.fence != run.fence or _lease_live(current, now):
+                return None
+            fence = tx.claim_run(run.id, fence=run.fence, owner=owner, lease_until=lease_until, now=now)
+            if fence is not None:
+                tx.delete_outbox(step_key)
+                if was_queued:
+                    tx.append_event(run.thread_id, run.id, "run", payload, now)
+            return fence
+
+    def delete_outbox(self, key: str) -> None:
+        """Consume an outbox row on its own (a delivery that found nothing to do)."""
+        with self.transaction() as tx:
+            tx.delete_outbox(key)
 
     def call_and_run(self, effect_key: str) -> tuple[CallRow, Run] | None:
         """:meth:`Tx.get_call_and_run` (unlocked) as a read of its own: a worker's hot path."""

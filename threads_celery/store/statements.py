@@ -100,7 +100,7 @@ SETTLE_CALL = (
 DELETE_OUTBOX = delete(outbox).where(outbox.c.key == bindparam("b_key"))
 
 GET_RUN = select(runs).where(runs.c.id == bindparam("b_id"))
-#: The run's row, locked: the first statement of every model step.
+#: The run's row, locked (interventions, deliveries, the SQLite step claim).
 GET_RUN_LOCKED = GET_RUN.with_for_update()
 
 INSERT_TOOL_CALLS = insert(tool_calls)
@@ -244,3 +244,34 @@ WITH r AS (
 SELECT fence FROM r
 """
 ).bindparams(bindparam("now", type_=UTCDateTime()), bindparam("until", type_=UTCDateTime()))
+
+#: PostgreSQL: a model step's claim (the run's lease and fence, the step's outbox row consumed,
+#: and for a run that was queued its "running" event) as one statement, in autocommit. The run
+#: changes only if its fence still holds and no other worker's lease is live (``lease_held``);
+#: the rest only if it did. The new fence comes back, or no row.
+CLAIM_STEP_PG = text(
+    """
+WITH r AS (
+    UPDATE runs SET fence = fence + 1, status = 'running', lease_owner = CAST(:owner AS varchar),
+        lease_expires_at = :until, started_at = coalesce(started_at, :now), updated_at = :now
+    WHERE id = CAST(:run_id AS varchar) AND fence = :fence
+        AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= :now)
+    RETURNING fence
+), d AS (
+    DELETE FROM outbox WHERE key = CAST(:step_key AS varchar) AND EXISTS (SELECT 1 FROM r)
+), s AS (
+    UPDATE threads SET event_seq = event_seq + 1
+    WHERE id = CAST(:thread_id AS varchar) AND :was_queued AND EXISTS (SELECT 1 FROM r)
+    RETURNING event_seq
+), e AS (
+    INSERT INTO events (thread_id, seq, run_id, type, payload, created_at)
+    SELECT CAST(:thread_id AS varchar), s.event_seq, CAST(:run_id AS varchar), 'run', :payload, :now FROM s
+)
+SELECT fence FROM r
+"""
+).bindparams(
+    bindparam("now", type_=UTCDateTime()),
+    bindparam("until", type_=UTCDateTime()),
+    bindparam("payload", type_=events.c.payload.type),
+    bindparam("was_queued", type_=Boolean()),
+)
