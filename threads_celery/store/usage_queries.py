@@ -10,6 +10,9 @@ from sqlalchemy.engine import Connection
 from threads_celery.records import UsageTotals
 from threads_celery.store.schema import model_usage, threads
 
+#: Built once: a statement built per call costs its construction and cache key every step.
+_INSERT_USAGE = insert(model_usage)
+
 
 class UsageQueries:
     """Queries over ``model_usage``; mixed into the transaction."""
@@ -31,18 +34,19 @@ class UsageQueries:
     ) -> None:
         """Record one committed model call (the step's transaction holds it: once per step)."""
         self.conn.execute(
-            insert(model_usage).values(
-                run_id=run_id,
-                step=step,
-                thread_id=thread_id,
-                agent=agent,
-                model=model[:255],
-                requests=1,
-                input_tokens=input_tokens,
-                output_tokens=output_tokens,
-                cost=cost,
-                created_at=now,
-            )
+            _INSERT_USAGE,
+            {
+                "run_id": run_id,
+                "step": step,
+                "thread_id": thread_id,
+                "agent": agent,
+                "model": model[:255],
+                "requests": 1,
+                "input_tokens": input_tokens,
+                "output_tokens": output_tokens,
+                "cost": cost,
+                "created_at": now,
+            },
         )
 
     def usage_totals(
