@@ -4,7 +4,9 @@ Nothing outside the store package builds SQL. :class:`Tx` holds the queries of a
 runs, variables and the outbox, and the result commit of a tool call, which spans several of
 them; the queries of one subject each live in a ``*_queries`` module mixed into it. Rows become
 the frozen values of :mod:`threads_celery.records` (:mod:`.rows`) and never leave as rows.
-Writes that belong to a run's driver are conditional on the run's fence.
+Writes that belong to a run's driver are conditional on the run's fence. The operations a
+worker's hot path runs on their own (one statement each on PostgreSQL) are :class:`Store`'s,
+from :mod:`.operations`.
 """
 
 from __future__ import annotations
@@ -22,81 +24,19 @@ from threads_celery.records import DEFAULT_TENANT, CallRow, OutboxEntry, Run, Th
 from threads_celery.store import statements
 from threads_celery.store.agent_tool_queries import AgentToolQueries
 from threads_celery.store.availability import unreachable_as_store_unavailable
-from threads_celery.store.call_queries import CallQueries, call_and_run_from_mapping
+from threads_celery.store.call_queries import CallQueries
 from threads_celery.store.direct import DirectStatements
 from threads_celery.store.grant_queries import GrantQueries
 from threads_celery.store.message_queries import MessageQueries
 from threads_celery.store.metrics_queries import MetricsQueries
-from threads_celery.store.outbox_queries import TOOL_TASK_NAME, OutboxQueries
-from threads_celery.store.rows import run_from_mapping, run_from_row, thread_from_row
+from threads_celery.store.operations import OwnOperations, claim_params, commit_result_params
+from threads_celery.store.outbox_queries import OutboxQueries
+from threads_celery.store.rows import run_from_row, thread_from_row
 from threads_celery.store.schema import agents, runs, threads, variables
-from threads_celery.store.storable import dumps
 from threads_celery.store.usage_queries import UsageQueries
 
-#: What fills the one-statement result commit's next-task parameters when there is no next task
-#: (its ``has_next`` is false, so none of it is written).
-_NO_NEXT_ENTRY = OutboxEntry(key="", task="")
 
-
-def _lease_live(run: Run, now: datetime) -> bool:
-    """CLAIM_STEP_PG's lease condition, negated: another worker's lease has not expired."""
-    return run.lease_owner is not None and run.lease_expires_at is not None and run.lease_expires_at > now
-
-
-def claim_params(
-    run_id: str, effect_key: str, *, fence: int, owner: str, lease_until: datetime, now: datetime
-) -> dict[str, Any]:
-    """The parameters of CLAIM_CALL_PG."""
-    return {
-        "run_id": run_id,
-        "effect_key": effect_key,
-        "fence": fence,
-        "owner": owner,
-        "until": lease_until,
-        "now": now,
-    }
-
-
-def commit_result_params(
-    *,
-    run_id: str,
-    thread_id: str,
-    fence: int,
-    call: CallRow,
-    content: str,
-    is_error: bool,
-    own_outbox: bool,
-    next_entry: OutboxEntry | None,
-    now: datetime,
-    next_due: datetime,
-) -> dict[str, Any]:
-    """The parameters of COMMIT_CALL_RESULT_PG (``next_due``: when the next task counts as lost)."""
-    tool_result = ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error)
-    parts = {"tool_result": tool_result.to_json()}
-    following = next_entry or _NO_NEXT_ENTRY
-    return {
-        "now": now,
-        "run_id": run_id,
-        "fence": fence,
-        "status": "error" if is_error else "completed",
-        "content": content,
-        "is_error": is_error,
-        "effect_key": call.effect_key,
-        "thread_id": thread_id,
-        "parts": dumps(parts),
-        "payload": dumps({"role": "tool", "text": content, **parts}),
-        "own_outbox": own_outbox,
-        "has_next": next_entry is not None,
-        "next_key": following.key,
-        "next_task": following.task,
-        "next_args": dumps(list(following.args)),
-        "next_queue": following.queue,
-        "next_argsrepr": following.argsrepr,
-        "next_due": next_due,
-    }
-
-
-class Store:
+class Store(OwnOperations):
     """The ledger: a narrow interface over one database."""
 
     def __init__(self, engine: Engine, *, step_grace_s: float = 10.0, tool_grace_s: float = 300.0) -> None:
@@ -128,139 +68,6 @@ class Store:
             else:
                 conn.execution_options(threads_readonly=True)
             yield Tx(conn, self)
-
-    @contextmanager
-    def autocommit(self) -> Iterator[Tx]:
-        """A connection whose every statement commits on its own (PostgreSQL's one-statement paths)."""
-        with unreachable_as_store_unavailable(self.engine.url), self.engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT")
-            yield Tx(conn, self)
-
-    def commit_call_result(
-        self,
-        *,
-        run_id: str,
-        thread_id: str,
-        fence: int,
-        call: CallRow,
-        content: str,
-        is_error: bool,
-        own_outbox: bool,
-        next_entry: OutboxEntry,
-        now: datetime,
-    ) -> int | None:
-        """:meth:`Tx.commit_call_result` in a transaction of its own: a worker's hot path.
-
-        On PostgreSQL the commit is one statement, run in autocommit on the driver's cursor
-        (:mod:`.direct`): one round trip, with no BEGIN or COMMIT. Elsewhere, one transaction.
-        """
-        if self._direct is not None:
-            params = commit_result_params(
-                run_id=run_id,
-                thread_id=thread_id,
-                fence=fence,
-                call=call,
-                content=content,
-                is_error=is_error,
-                own_outbox=own_outbox,
-                next_entry=next_entry,
-                now=now,
-                next_due=now + (self.tool_grace if next_entry.task == TOOL_TASK_NAME else self.step_grace),
-            )
-            fenced: int | None = self._direct.scalar(statements.COMMIT_CALL_RESULT_PG, params)
-            return fenced
-        with self.transaction() as tx:
-            return tx.commit_call_result(
-                run_id=run_id,
-                thread_id=thread_id,
-                fence=fence,
-                call=call,
-                content=content,
-                is_error=is_error,
-                own_outbox=own_outbox,
-                next_entry=next_entry,
-                now=now,
-            )
-
-    def claim_call_and_run(
-        self, run_id: str, effect_key: str, *, fence: int, owner: str, lease_until: datetime, now: datetime
-    ) -> int | None:
-        """:meth:`Tx.claim_call_and_run` in a transaction of its own (one statement in autocommit on
-        PostgreSQL, on the driver's cursor)."""
-        if self._direct is not None:
-            params = claim_params(run_id, effect_key, fence=fence, owner=owner, lease_until=lease_until, now=now)
-            claimed: int | None = self._direct.scalar(statements.CLAIM_CALL_PG, params)
-            return claimed
-        with self.transaction() as tx:
-            return tx.claim_call_and_run(run_id, effect_key, fence=fence, owner=owner, lease_until=lease_until, now=now)
-
-    def append_event(
-        self, thread_id: str, run_id: str | None, type: str, payload: dict[str, Any], now: datetime
-    ) -> int:
-        """:meth:`Tx.append_event` on its own (one statement in autocommit on PostgreSQL, on the
-        driver's cursor): an event no other write depends on, such as ``tool_call_started``."""
-        if self._direct is not None:
-            params = {"b_thread": thread_id, "b_run": run_id, "b_type": type, "b_payload": payload, "b_now": now}
-            return int(self._direct.scalar(statements.APPEND_EVENT_PG, params))
-        with self.transaction() as tx:
-            return tx.append_event(thread_id, run_id, type, payload, now)
-
-    def run(self, run_id: str) -> Run | None:
-        """The run's row, read on its own (unlocked): a worker's hot path."""
-        if self._direct is not None:
-            row = self._direct.first(statements.GET_RUN, {"b_id": run_id})
-            return None if row is None else run_from_mapping(row)
-        with self.read() as tx:
-            return tx.get_run(run_id)
-
-    def claim_step(self, run: Run, step_key: str, *, owner: str, lease_until: datetime, now: datetime) -> int | None:
-        """Take ``run``'s lease for a model step, fenced on the run as read; the new fence, or None.
-
-        Writes, all or nothing: the run's lease and next fence (it is ``running`` from now on),
-        the step's outbox row consumed and, for a run that was queued, its ``running`` event.
-        Nothing is written if the run's fence moved since ``run`` was read or another worker's
-        lease is live. On PostgreSQL that is one statement in autocommit (on the driver's
-        cursor); elsewhere, one transaction.
-        """
-        was_queued = run.status == "queued"
-        payload = {"run_id": run.id, "status": "running"}
-        if self._direct is not None:
-            params = {
-                "run_id": run.id,
-                "thread_id": run.thread_id,
-                "step_key": step_key,
-                "fence": run.fence,
-                "owner": owner,
-                "until": lease_until,
-                "now": now,
-                "was_queued": was_queued,
-                "payload": payload,
-            }
-            claimed: int | None = self._direct.scalar(statements.CLAIM_STEP_PG, params)
-            return claimed
-        with self.transaction() as tx:
-            current = tx.get_run(run.id, lock=True)
-            if current is None or current.fence != run.fence or _lease_live(current, now):
-                return None
-            fence = tx.claim_run(run.id, fence=run.fence, owner=owner, lease_until=lease_until, now=now)
-            if fence is not None:
-                tx.delete_outbox(step_key)
-                if was_queued:
-                    tx.append_event(run.thread_id, run.id, "run", payload, now)
-            return fence
-
-    def delete_outbox(self, key: str) -> None:
-        """Consume an outbox row on its own (a delivery that found nothing to do)."""
-        with self.transaction() as tx:
-            tx.delete_outbox(key)
-
-    def call_and_run(self, effect_key: str) -> tuple[CallRow, Run] | None:
-        """:meth:`Tx.get_call_and_run` (unlocked) as a read of its own: a worker's hot path."""
-        if self._direct is not None:
-            row = self._direct.first(statements.CALL_RUN_AND_NEXT, {"b_key": effect_key})
-            return None if row is None else call_and_run_from_mapping(row)
-        with self.read() as tx:
-            return tx.get_call_and_run(effect_key)
 
     def ping(self) -> None:
         """Raise StoreUnavailable unless the database answers."""
