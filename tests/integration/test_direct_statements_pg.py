@@ -272,3 +272,81 @@ def test_a_step_claim_on_a_moved_fence_or_a_live_lease_writes_nothing(either_sto
     later = lease + timedelta(seconds=1)
     assert store.claim_step(current, step_key, owner="w2", lease_until=later + timedelta(seconds=30), now=later) == current.fence + 1
     assert _outbox_and_run_events(store, run_id)[1].count({"run_id": run_id, "status": "running"}) == 1
+
+
+def _drive(store: Store, message: str) -> str:
+    """One run of a three-reply script to completion, in-process: its run id."""
+    from threads_celery.definitions.agents import AgentRegistry
+    from threads_celery.runtime.machine import Runtime
+
+    def work(inp: In, ctx) -> str:
+        if inp.n == 2:
+            raise ValueError("two is not allowed")
+        return f"n={inp.n}\x00"
+
+    ro = tool(name="ro", description="x", input=In, effect="read_only", execute=work)
+    same = tool(name="same", description="x", input=In, effect="idempotent", dedup_window_ms=60_000, execute=work)
+    wide = tool(name="wide", description="x", input=In, effect="read_only", concurrent=True, execute=work)
+    agent = Agent(
+        name="parity", instructions="x", tools=[ro, same, wide], permissions=Permissions.allow_all(),
+        model=ScriptedModel([calls(("ro", {"n": 1}), ("same", {"n": 2}), ("same", {"n": 3})),
+                             calls(("wide", {"n": 4}), ("wide", {"n": 5}), ("wide", {"n": 6})),
+                             say("done\x00")]),
+    )  # fmt: skip
+    registry = AgentRegistry()
+    registry.add(agent)
+    queue: list[OutboxEntry] = []
+    runtime = Runtime(store, registry, publish=queue.extend)
+    now = run_ledger.utcnow()
+    with store.transaction() as tx:
+        tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), now)
+        run, entries = run_ledger.submit_run(tx, agent=agent.name, config_hash=agent.config_hash(), message=message, now=now)
+    queue.extend(entries)
+    while queue:
+        entry = queue.pop(0)
+        (runtime.run_step if entry.task == "threads.step" else runtime.run_tool)(*entry.args)
+    return run.id
+
+
+def _ledger(store: Store, run_id: str) -> str:
+    """What the run left in the ledger, without ids, times and leases, its own ids made generic."""
+    from sqlalchemy import func
+
+    from threads_celery.store.schema import model_usage
+
+    with store.read() as tx:
+        run = tx.get_run(run_id)
+        assert run is not None
+        c = tool_calls.c
+        rows = {
+            "run": [run.status, run.step, run.fence, run.output, run.error, run.lease_owner],
+            "messages": [list(r) for r in tx.conn.execute(
+                select(messages.c.seq, messages.c.role, messages.c.text, messages.c.parts)
+                .where(messages.c.thread_id == run.thread_id).order_by(messages.c.seq))],
+            "events": [[e.seq, e.type, e.payload] for e in tx.list_events(run.thread_id)],
+            "calls": [list(r) for r in tx.conn.execute(
+                select(c.effect_key, c.step, c.idx, c.calls_in_step, c.call_id, c.tool, c.args, c.args_hash, c.effect,
+                       c.dedup_window_ms, c.finality, c.queue, c.status, c.attempt, c.result, c.is_error, c.batch)
+                .where(c.run_id == run_id).order_by(c.step, c.idx))],
+            "usage": [list(r) for r in tx.conn.execute(
+                select(model_usage.c.step, model_usage.c.agent, model_usage.c.model, model_usage.c.requests,
+                       model_usage.c.input_tokens, model_usage.c.output_tokens, model_usage.c.cost)
+                .where(model_usage.c.run_id == run_id).order_by(model_usage.c.step))],
+            "outbox": tx.conn.execute(select(func.count()).select_from(outbox)).scalar_one(),
+        }  # fmt: skip
+    import json
+
+    text = json.dumps(rows, sort_keys=True, default=str, ensure_ascii=False)
+    return text.replace(run_id, "RUN").replace(run.thread_id, "THREAD")
+
+
+def test_the_direct_path_leaves_the_ledger_the_engine_path_leaves(pg_url: str) -> None:
+    stores = [Store(create_store_engine(parse_database_url(pg_url)), direct=d) for d in (True, False)]
+    upgrade(stores[0].engine)
+    try:
+        direct, engine = (_ledger(s, _drive(s, "go")) for s in stores)
+    finally:
+        for s in stores:
+            s.dispose()
+    assert "n=1\ufffd" in direct and "done\ufffd" in direct and "two is not allowed" in direct
+    assert direct == engine

@@ -11,7 +11,7 @@ outbox rows are published right after the commit.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from threads_celery.decisions.next_step import NextCall, after_reply
 from threads_celery.decisions.permissions import Allow as PermissionAllow
@@ -22,6 +22,7 @@ from threads_celery.exceptions import FenceLost
 from threads_celery.records import OutboxEntry, Run, ToolCall
 from threads_celery.runtime import batches, hooks, models
 from threads_celery.runtime.permission_checks import check_call
+from threads_celery.store.operations import Reply, StepUsage, commit_reply_in
 from threads_celery.store.repository import Tx, args_digest
 from threads_celery.transitions import runs
 from threads_celery.transitions.agent_tools import child_signal
@@ -42,92 +43,133 @@ def commit_step(runtime: Runtime, run: Run, fence: int, step: int, agent: Agent,
         for i, requested in enumerate(turn.calls)
     ]
     plan = batches.plan_groups([_may_run_concurrently(runtime, run, agent, t) for _, _, t in calls])
+    usage = _usage(runtime, agent, turn)
+    asked = tuple(ToolCall(id=r.call_id, name=r.name, args=r.args, effect_key=key) for key, r, _ in calls)
+    following = after_reply(len(calls))
     entries: list[OutboxEntry] = []
-    with runtime.store.transaction() as tx:
-        moved = tx.advance_run(run.id, fence=fence, now=now, step=step + 1, lease_owner=None, lease_expires_at=None)
+    if isinstance(following, NextCall):
+        # The first call, or the first wave of a concurrent group that opens the reply.
+        first = following.index
+        wave = (
+            batches.first_wave(first, batches.group_end(plan, first), runtime.settings.max_parallel_tool_calls)
+            if plan[first] is not None
+            else range(first, first + 1)
+        )
+        for i in wave:
+            key, requested, t = calls[i]
+            entries.append(runs.tool_entry(key, requested.name, t.queue if t else None))
+        reply = Reply(
+            run_id=run.id,
+            thread_id=run.thread_id,
+            fence=fence,
+            step=step,
+            now=now,
+            usage=usage,
+            text=turn.text,
+            tool_calls=asked,
+            call_rows=tuple(
+                _call_row(run, step, i, key, requested, t, plan[i], len(calls), now)
+                for i, (key, requested, t) in enumerate(calls)
+            ),
+            entries=tuple(entries),
+        )
+        if run.agent_tool_run_id is None:
+            moved = runtime.store.commit_reply(reply)
+        else:
+            with runtime.store.transaction() as tx:
+                moved = commit_reply_in(tx, reply)
+                if moved is not None:
+                    _signal_parent(tx, run, turn, now, [r.name for _, r, _ in calls])
         if moved is None:
             raise FenceLost(run.id, fence)
-        _record_usage(runtime, tx, run, step, agent, turn, now)
-        tx.insert_message(
-            thread_id=run.thread_id,
-            run_id=run.id,
-            role="assistant",
-            text=turn.text,
-            now=now,
-            tool_calls=tuple(ToolCall(id=r.call_id, name=r.name, args=r.args, effect_key=key) for key, r, _ in calls),
-        )
-        if run.agent_tool_run_id is not None:
-            child_signal(
-                tx,
-                run.agent_tool_run_id,
-                now,
-                chunk={"role": "assistant", "text": turn.text, "tool_calls": [r.name for _, r, _ in calls]},
-            )
-        following = after_reply(len(calls))
-        if isinstance(following, NextCall):
-            tx.insert_tool_calls(
-                [
-                    {
-                        "effect_key": key,
-                        "run_id": run.id,
-                        "thread_id": run.thread_id,
-                        "step": step,
-                        "idx": i,
-                        "calls_in_step": len(calls),
-                        "call_id": requested.call_id,
-                        "tool": requested.name,
-                        "args": requested.args,
-                        "args_hash": args_digest(requested.args),
-                        "effect": t.effect if t else "read_only",
-                        "dedup_window_ms": t.dedup_window_ms if t else None,
-                        "finality": t.reconcile.finality if t and t.reconcile else None,
-                        "queue": t.queue if t else None,
-                        "status": "pending",
-                        "attempt": 0,
-                        "is_error": False,
-                        "created_at": now,
-                        "batch": plan[i],
-                    }
-                    for i, (key, requested, t) in enumerate(calls)
-                ]
-            )
-            # The first call, or the first wave of a concurrent group that opens the reply.
-            first = following.index
-            wave = (
-                batches.first_wave(first, batches.group_end(plan, first), runtime.settings.max_parallel_tool_calls)
-                if plan[first] is not None
-                else range(first, first + 1)
-            )
-            for i in wave:
-                key, requested, t = calls[i]
-                entry = runs.tool_entry(key, requested.name, t.queue if t else None)
-                tx.insert_outbox(entry, now)
-                entries.append(entry)
-            outcome = f"called {', '.join(r.name for _, r, _ in calls)}"
-        else:
+        outcome = f"called {', '.join(r.name for _, r, _ in calls)}"
+    else:
+        with runtime.store.transaction() as tx:
+            moved = tx.advance_run(run.id, fence=fence, now=now, step=step + 1, lease_owner=None, lease_expires_at=None)
+            if moved is None:
+                raise FenceLost(run.id, fence)
+            _record_usage(tx, run, step, usage, now)
+            tx.insert_message(thread_id=run.thread_id, run_id=run.id, role="assistant", text=turn.text, now=now)
+            if run.agent_tool_run_id is not None:
+                _signal_parent(tx, run, turn, now, [])
             entries.extend(runs.finish(tx, run, fence=moved, status="completed", now=now, output=turn.text))
-            outcome = "completed"
+        outcome = "completed"
     runtime.publish(entries)
     if outcome == "completed":
         hooks.observe_stop(agent, run, step, Stop("completed", output=turn.text))
     return outcome
 
 
-def _record_usage(
-    runtime: Runtime, tx: Tx, run: Run, step: int, agent: Agent, turn: models.ModelTurn, now: datetime
-) -> None:
+def _call_row(
+    run: Run,
+    step: int,
+    i: int,
+    key: str,
+    requested: models.RequestedCall,
+    t: Tool | None,
+    batch: int | None,
+    count: int,
+    now: datetime,
+) -> dict[str, Any]:
+    """The ledger row of the reply's call ``i``, its effect, dedup window, finality and queue
+    pinned from the tool as defined now."""
+    return {
+        "effect_key": key,
+        "run_id": run.id,
+        "thread_id": run.thread_id,
+        "step": step,
+        "idx": i,
+        "calls_in_step": count,
+        "call_id": requested.call_id,
+        "tool": requested.name,
+        "args": requested.args,
+        "args_hash": args_digest(requested.args),
+        "effect": t.effect if t else "read_only",
+        "dedup_window_ms": t.dedup_window_ms if t else None,
+        "finality": t.reconcile.finality if t and t.reconcile else None,
+        "queue": t.queue if t else None,
+        "status": "pending",
+        "attempt": 0,
+        "is_error": False,
+        "created_at": now,
+        "batch": batch,
+    }
+
+
+def _signal_parent(tx: Tx, run: Run, turn: models.ModelTurn, now: datetime, called: list[str]) -> None:
+    """An agent-tool child's step: it showed life, and its message goes to the parent's log."""
+    assert run.agent_tool_run_id is not None
+    child_signal(
+        tx,
+        run.agent_tool_run_id,
+        now,
+        chunk={"role": "assistant", "text": turn.text, "tool_calls": called},
+    )
+
+
+def _usage(runtime: Runtime, agent: Agent, turn: models.ModelTurn) -> StepUsage:
     input_tokens = int(turn.usage.get("input_tokens", 0))
     output_tokens = int(turn.usage.get("output_tokens", 0))
     identity = agent.model_identity()
-    tx.record_usage(
-        run_id=run.id,
-        step=step,
-        thread_id=run.thread_id,
+    return StepUsage(
         agent=agent.name,
         model=turn.model_name or identity,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         cost=runtime.settings.model_prices.cost((identity, turn.model_name), input_tokens, output_tokens),
+    )
+
+
+def _record_usage(tx: Tx, run: Run, step: int, usage: StepUsage, now: datetime) -> None:
+    tx.record_usage(
+        run_id=run.id,
+        step=step,
+        thread_id=run.thread_id,
+        agent=usage.agent,
+        model=usage.model,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cost=usage.cost,
         now=now,
     )
 

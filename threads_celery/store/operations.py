@@ -9,10 +9,11 @@ statements that make it up. Each writes nothing once the run's fence has moved.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from threads_celery.records import CallRow, OutboxEntry, Run, ToolResult
+from threads_celery.records import CallRow, OutboxEntry, Run, ToolCall, ToolResult
 from threads_celery.store import statements
 from threads_celery.store.call_queries import call_and_run_from_mapping
 from threads_celery.store.direct import DirectStatements
@@ -224,3 +225,114 @@ class OwnOperations:
             return None if row is None else call_and_run_from_mapping(row)
         with self.read() as tx:
             return tx.get_call_and_run(effect_key)
+
+    def commit_reply(self, reply: Reply) -> int | None:
+        """Commit a model step's reply that asks for tool calls, fenced; the new fence, or None.
+
+        Writes, all or nothing: the run moved to its next step (its lease released), the step's
+        usage, the assistant message and its event, the calls' ledger rows and the outbox rows
+        of what runs first. On PostgreSQL that is one statement in autocommit, on the driver's
+        cursor; elsewhere, one transaction (:func:`commit_reply_in`).
+        """
+        if self._direct is None:
+            with self.transaction() as tx:
+                return commit_reply_in(tx, reply)
+        if any(entry.task != TOOL_TASK_NAME for entry in reply.entries):
+            raise ValueError("a reply's first tasks are tool calls (their outbox rows share one due time)")
+        parts = {"tool_calls": [c.to_json() for c in reply.tool_calls]}
+        params = {
+            "run_id": reply.run_id,
+            "thread_id": reply.thread_id,
+            "fence": reply.fence,
+            "step": reply.step,
+            "next_step": reply.step + 1,
+            "now": reply.now,
+            "agent": reply.usage.agent,
+            "model": reply.usage.model[:255],
+            "input_tokens": reply.usage.input_tokens,
+            "output_tokens": reply.usage.output_tokens,
+            "cost": reply.usage.cost,
+            "text": reply.text,
+            "parts": dumps(parts),
+            "payload": dumps({"role": "assistant", "text": reply.text, **parts}),
+            "calls_in_step": len(reply.call_rows),
+            "calls": dumps([{k: row[k] for k in _CALL_ROW_FIELDS} for row in reply.call_rows]),
+            "entries": dumps([_entry_json(entry) for entry in reply.entries]),
+            "due": reply.now + self.tool_grace,
+        }
+        fenced: int | None = self._direct.scalar(statements.COMMIT_REPLY_PG, params)
+        return fenced
+
+
+#: The per-call fields of a reply's call rows that COMMIT_REPLY_PG reads from ``:calls``.
+_CALL_ROW_FIELDS = (
+    "effect_key", "idx", "call_id", "tool", "args", "args_hash", "effect", "dedup_window_ms", "finality", "queue",
+    "batch",
+)  # fmt: skip
+
+
+def _entry_json(entry: OutboxEntry) -> dict[str, Any]:
+    return {"key": entry.key, "task": entry.task, "args": list(entry.args), "queue": entry.queue,
+            "argsrepr": entry.argsrepr}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepUsage:
+    """One model call's usage, as the step records it."""
+
+    agent: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cost: float | None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A model step's reply that asks for tool calls, ready to commit."""
+
+    run_id: str
+    thread_id: str
+    fence: int
+    step: int
+    now: datetime
+    usage: StepUsage
+    text: str
+    tool_calls: tuple[ToolCall, ...]
+    #: One ledger row per call (the columns of ``tool_calls`` a new call has).
+    call_rows: tuple[dict[str, Any], ...]
+    #: What runs first: the first call, or the first wave of a concurrent group.
+    entries: tuple[OutboxEntry, ...]
+
+
+def commit_reply_in(tx: Tx, reply: Reply) -> int | None:
+    """:meth:`OwnOperations.commit_reply` as statements of ``tx`` (nothing written on a moved fence)."""
+    moved = tx.advance_run(
+        reply.run_id, fence=reply.fence, now=reply.now, step=reply.step + 1, lease_owner=None, lease_expires_at=None
+    )
+    if moved is None:
+        return None
+    usage = reply.usage
+    tx.record_usage(
+        run_id=reply.run_id,
+        step=reply.step,
+        thread_id=reply.thread_id,
+        agent=usage.agent,
+        model=usage.model,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cost=usage.cost,
+        now=reply.now,
+    )
+    tx.insert_message(
+        thread_id=reply.thread_id,
+        run_id=reply.run_id,
+        role="assistant",
+        text=reply.text,
+        now=reply.now,
+        tool_calls=reply.tool_calls,
+    )
+    tx.insert_tool_calls(list(reply.call_rows))
+    for entry in reply.entries:
+        tx.insert_outbox(entry, reply.now)
+    return moved

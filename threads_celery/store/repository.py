@@ -39,13 +39,18 @@ from threads_celery.store.usage_queries import UsageQueries
 class Store(OwnOperations):
     """The ledger: a narrow interface over one database."""
 
-    def __init__(self, engine: Engine, *, step_grace_s: float = 10.0, tool_grace_s: float = 300.0) -> None:
+    def __init__(
+        self, engine: Engine, *, step_grace_s: float = 10.0, tool_grace_s: float = 300.0, direct: bool = True
+    ) -> None:
+        """``direct=False`` runs the hot path's operations through SQLAlchemy too (on PostgreSQL,
+        each then takes a transaction of several statements): slower, and what engine event
+        listeners see whole."""
         self.engine = engine
         self.dialect = engine.dialect.name
         self.step_grace = timedelta(seconds=step_grace_s)
         self.tool_grace = timedelta(seconds=tool_grace_s)
         # A tool call's own one-statement operations skip SQLAlchemy's Connection on PostgreSQL.
-        self._direct = DirectStatements(engine) if self.dialect == "postgresql" else None
+        self._direct = DirectStatements(engine) if direct and self.dialect == "postgresql" else None
 
     @contextmanager
     def transaction(self) -> Iterator[Tx]:

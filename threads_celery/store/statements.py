@@ -275,3 +275,60 @@ SELECT fence FROM r
     bindparam("payload", type_=events.c.payload.type),
     bindparam("was_queued", type_=Boolean()),
 )
+
+#: PostgreSQL: a model step's reply that asks for tool calls, committed as one statement in
+#: autocommit: the run moved to its next step (fenced, its lease released), the step's usage,
+#: the assistant message and its event, one ledger row per call (``:calls``, a JSON array) and
+#: the outbox rows of what runs first (``:entries``, a JSON array of tool tasks). Each part
+#: runs only if the fenced run update matched; the new fence comes back, or no row.
+COMMIT_REPLY_PG = text(
+    """
+WITH r AS (
+    UPDATE runs SET fence = fence + 1, updated_at = :now, step = :next_step,
+        lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = CAST(:run_id AS varchar) AND fence = :fence
+    RETURNING fence
+), u AS (
+    INSERT INTO model_usage (run_id, step, thread_id, agent, model, requests, input_tokens, output_tokens,
+        cost, created_at)
+    SELECT CAST(:run_id AS varchar), :step, CAST(:thread_id AS varchar), CAST(:agent AS varchar),
+        CAST(:model AS varchar), 1, :input_tokens, :output_tokens, CAST(:cost AS double precision), :now
+    FROM r
+), m AS (
+    INSERT INTO messages (thread_id, seq, run_id, role, text, parts, created_at)
+    SELECT CAST(:thread_id AS varchar),
+        (SELECT coalesce(max(seq), -1) + 1 FROM messages WHERE thread_id = CAST(:thread_id AS varchar)),
+        CAST(:run_id AS varchar), 'assistant', CAST(:text AS text), CAST(:parts AS json), :now
+    FROM r
+    RETURNING seq
+), t AS (
+    UPDATE threads SET event_seq = event_seq + 1
+    WHERE id = CAST(:thread_id AS varchar) AND EXISTS (SELECT 1 FROM r)
+    RETURNING event_seq
+), e AS (
+    INSERT INTO events (thread_id, seq, run_id, type, payload, created_at)
+    SELECT CAST(:thread_id AS varchar), t.event_seq, CAST(:run_id AS varchar), 'message',
+        CAST(CAST(:payload AS jsonb) || jsonb_build_object('seq', m.seq) AS json), :now
+    FROM t, m
+), c AS (
+    INSERT INTO tool_calls (effect_key, run_id, thread_id, step, idx, calls_in_step, call_id, tool, args,
+        args_hash, effect, dedup_window_ms, finality, queue, status, attempt, is_error, created_at, batch)
+    SELECT x.effect_key, CAST(:run_id AS varchar), CAST(:thread_id AS varchar), :step, x.idx, :calls_in_step,
+        x.call_id, x.tool, x.args, x.args_hash, x.effect, x.dedup_window_ms, x.finality, x.queue,
+        'pending', 0, false, :now, x.batch
+    FROM r, json_to_recordset(CAST(:calls AS json)) AS x(effect_key varchar, idx integer, call_id varchar,
+        tool varchar, args text, args_hash varchar, effect varchar, dedup_window_ms bigint, finality varchar,
+        queue varchar, batch integer)
+), o AS (
+    INSERT INTO outbox (key, task, args, queue, argsrepr, created_at, due_at, publish_count)
+    SELECT y.key, y.task, y.args, y.queue, y.argsrepr, :now, :due, 0
+    FROM r, json_to_recordset(CAST(:entries AS json)) AS y(key varchar, task varchar, args json, queue varchar,
+        argsrepr varchar)
+    ON CONFLICT (key) DO NOTHING
+)
+SELECT fence FROM r
+"""
+).bindparams(
+    bindparam("now", type_=UTCDateTime()),
+    bindparam("due", type_=UTCDateTime()),
+)
