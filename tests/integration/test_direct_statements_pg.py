@@ -18,8 +18,10 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import DataError
 
 from threads_celery import Agent, Permissions, tool
+from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.exceptions import StoreUnavailable
-from threads_celery.records import OutboxEntry
+from threads_celery.records import OutboxEntry, Run
+from threads_celery.runtime.machine import Runtime
 from threads_celery.store import Store, create_store_engine, parse_database_url
 from threads_celery.store.migrate import upgrade
 from threads_celery.store.schema import events, messages, outbox, runs, tool_calls
@@ -41,15 +43,8 @@ def store(pg_url: str) -> Iterator[Store]:
     store.dispose()
 
 
-def _reply_of_three(store: Store) -> tuple[str, list[str]]:
-    """A run whose model reply asked for three calls: (run id, their effect keys in order)."""
-    noop = tool(name="noop", description="x", input=In, effect="idempotent", dedup_window_ms=60_000,
-                execute=lambda inp, ctx: "ok")
-    agent = Agent(name="direct", instructions="x", tools=[noop], permissions=Permissions.allow_all(),
-                  model=ScriptedModel([calls(*[("noop", {"n": n}) for n in range(3)]), say("done")]))  # fmt: skip
-    from threads_celery.definitions.agents import AgentRegistry
-    from threads_celery.runtime.machine import Runtime
-
+def _start(store: Store, agent: Agent, message: str) -> tuple[Runtime, Run, list[OutboxEntry]]:
+    """A runtime for ``agent`` publishing into a list, and a run submitted: (runtime, run, queue)."""
     registry = AgentRegistry()
     registry.add(agent)
     queue: list[OutboxEntry] = []
@@ -57,7 +52,18 @@ def _reply_of_three(store: Store) -> tuple[str, list[str]]:
     now = run_ledger.utcnow()
     with store.transaction() as tx:
         tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), now)
-        run, entries = run_ledger.submit_run(tx, agent=agent.name, config_hash=agent.config_hash(), message="go", now=now)
+        run, entries = run_ledger.submit_run(tx, agent=agent.name, config_hash=agent.config_hash(), message=message, now=now)
+    queue.extend(entries)
+    return runtime, run, queue
+
+
+def _reply_of_three(store: Store) -> tuple[str, list[str]]:
+    """A run whose model reply asked for three calls: (run id, their effect keys in order)."""
+    noop = tool(name="noop", description="x", input=In, effect="idempotent", dedup_window_ms=60_000,
+                execute=lambda inp, ctx: "ok")
+    agent = Agent(name="direct", instructions="x", tools=[noop], permissions=Permissions.allow_all(),
+                  model=ScriptedModel([calls(*[("noop", {"n": n}) for n in range(3)]), say("done")]))  # fmt: skip
+    runtime, run, entries = _start(store, agent, "go")
     run_id, step = entries[0].args
     runtime.run_step(run_id, step)
     with store.read() as tx:
@@ -276,8 +282,6 @@ def test_a_step_claim_on_a_moved_fence_or_a_live_lease_writes_nothing(either_sto
 
 def _drive(store: Store, message: str) -> str:
     """One run of a three-reply script to completion, in-process: its run id."""
-    from threads_celery.definitions.agents import AgentRegistry
-    from threads_celery.runtime.machine import Runtime
 
     def work(inp: In, ctx) -> str:
         if inp.n == 2:
@@ -293,15 +297,7 @@ def _drive(store: Store, message: str) -> str:
                              calls(("wide", {"n": 4}), ("wide", {"n": 5}), ("wide", {"n": 6})),
                              say("done\x00")]),
     )  # fmt: skip
-    registry = AgentRegistry()
-    registry.add(agent)
-    queue: list[OutboxEntry] = []
-    runtime = Runtime(store, registry, publish=queue.extend)
-    now = run_ledger.utcnow()
-    with store.transaction() as tx:
-        tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), now)
-        run, entries = run_ledger.submit_run(tx, agent=agent.name, config_hash=agent.config_hash(), message=message, now=now)
-    queue.extend(entries)
+    runtime, run, queue = _start(store, agent, message)
     while queue:
         entry = queue.pop(0)
         (runtime.run_step if entry.task == "threads.step" else runtime.run_tool)(*entry.args)

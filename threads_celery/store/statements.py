@@ -170,6 +170,30 @@ def advance_run(columns: tuple[str, ...]) -> Update:
     return statement
 
 
+def _message_and_its_event(role: str, text_param: str) -> str:
+    """The CTEs ``m``, ``t`` and ``e`` of a one-statement commit: a message of ``role`` (its text
+    the parameter ``text_param``, its parts ``:parts``) at the thread's next number, and its
+    ``message`` event (``:payload`` with the message's number) at the thread's next event number;
+    each only if the fenced run update ``r`` matched."""
+    return f"""m AS (
+    INSERT INTO messages (thread_id, seq, run_id, role, text, parts, created_at)
+    SELECT CAST(:thread_id AS varchar),
+        (SELECT coalesce(max(seq), -1) + 1 FROM messages WHERE thread_id = CAST(:thread_id AS varchar)),
+        CAST(:run_id AS varchar), '{role}', CAST(:{text_param} AS text), CAST(:parts AS json), :now
+    FROM r
+    RETURNING seq
+), t AS (
+    UPDATE threads SET event_seq = event_seq + 1
+    WHERE id = CAST(:thread_id AS varchar) AND EXISTS (SELECT 1 FROM r)
+    RETURNING event_seq
+), e AS (
+    INSERT INTO events (thread_id, seq, run_id, type, payload, created_at)
+    SELECT CAST(:thread_id AS varchar), t.event_seq, CAST(:run_id AS varchar), 'message',
+        CAST(CAST(:payload AS jsonb) || jsonb_build_object('seq', m.seq) AS json), :now
+    FROM t, m
+)"""
+
+
 #: PostgreSQL: a tool call's whole result commit in one statement (so one round trip, in
 #: autocommit). Each data-modifying part runs only if the fenced run update matched, so a stale
 #: fence writes nothing; the message takes the thread's next number and its event the next
@@ -185,23 +209,9 @@ WITH r AS (
     UPDATE tool_calls SET status = :status, result = CAST(:content AS text), is_error = :is_error,
         lease_owner = NULL, lease_expires_at = NULL, finished_at = :now
     WHERE effect_key = CAST(:effect_key AS varchar) AND EXISTS (SELECT 1 FROM r)
-), m AS (
-    INSERT INTO messages (thread_id, seq, run_id, role, text, parts, created_at)
-    SELECT CAST(:thread_id AS varchar),
-        (SELECT coalesce(max(seq), -1) + 1 FROM messages WHERE thread_id = CAST(:thread_id AS varchar)),
-        CAST(:run_id AS varchar), 'tool', CAST(:content AS text), CAST(:parts AS json), :now
-    FROM r
-    RETURNING seq
-), t AS (
-    UPDATE threads SET event_seq = event_seq + 1
-    WHERE id = CAST(:thread_id AS varchar) AND EXISTS (SELECT 1 FROM r)
-    RETURNING event_seq
-), e AS (
-    INSERT INTO events (thread_id, seq, run_id, type, payload, created_at)
-    SELECT CAST(:thread_id AS varchar), t.event_seq, CAST(:run_id AS varchar), 'message',
-        CAST(CAST(:payload AS jsonb) || jsonb_build_object('seq', m.seq) AS json), :now
-    FROM t, m
-), d AS (
+), """
+    + _message_and_its_event("tool", "content")
+    + """, d AS (
     DELETE FROM outbox WHERE key = CAST(:effect_key AS varchar) AND :own_outbox AND EXISTS (SELECT 1 FROM r)
 ), o AS (
     INSERT INTO outbox (key, task, args, queue, argsrepr, created_at, due_at, publish_count)
@@ -294,23 +304,9 @@ WITH r AS (
     SELECT CAST(:run_id AS varchar), :step, CAST(:thread_id AS varchar), CAST(:agent AS varchar),
         CAST(:model AS varchar), 1, :input_tokens, :output_tokens, CAST(:cost AS double precision), :now
     FROM r
-), m AS (
-    INSERT INTO messages (thread_id, seq, run_id, role, text, parts, created_at)
-    SELECT CAST(:thread_id AS varchar),
-        (SELECT coalesce(max(seq), -1) + 1 FROM messages WHERE thread_id = CAST(:thread_id AS varchar)),
-        CAST(:run_id AS varchar), 'assistant', CAST(:text AS text), CAST(:parts AS json), :now
-    FROM r
-    RETURNING seq
-), t AS (
-    UPDATE threads SET event_seq = event_seq + 1
-    WHERE id = CAST(:thread_id AS varchar) AND EXISTS (SELECT 1 FROM r)
-    RETURNING event_seq
-), e AS (
-    INSERT INTO events (thread_id, seq, run_id, type, payload, created_at)
-    SELECT CAST(:thread_id AS varchar), t.event_seq, CAST(:run_id AS varchar), 'message',
-        CAST(CAST(:payload AS jsonb) || jsonb_build_object('seq', m.seq) AS json), :now
-    FROM t, m
-), c AS (
+), """
+    + _message_and_its_event("assistant", "text")
+    + """, c AS (
     INSERT INTO tool_calls (effect_key, run_id, thread_id, step, idx, calls_in_step, call_id, tool, args,
         args_hash, effect, dedup_window_ms, finality, queue, status, attempt, is_error, created_at, batch)
     SELECT x.effect_key, CAST(:run_id AS varchar), CAST(:thread_id AS varchar), :step, x.idx, :calls_in_step,
