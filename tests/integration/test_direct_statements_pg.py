@@ -280,8 +280,8 @@ def test_a_step_claim_on_a_moved_fence_or_a_live_lease_writes_nothing(either_sto
     assert _outbox_and_run_events(store, run_id)[1].count({"run_id": run_id, "status": "running"}) == 1
 
 
-def _drive(store: Store, message: str) -> str:
-    """One run of a three-reply script to completion, in-process: its run id."""
+def _drive(store: Store, message: str, *, tasks: int | None = None) -> str:
+    """One run of a three-reply script, in-process, to completion or for ``tasks`` tasks: its run id."""
 
     def work(inp: In, ctx) -> str:
         if inp.n == 2:
@@ -298,7 +298,8 @@ def _drive(store: Store, message: str) -> str:
                              say("done\x00")]),
     )  # fmt: skip
     runtime, run, queue = _start(store, agent, message)
-    while queue:
+    while queue and (tasks is None or tasks > 0):
+        tasks = None if tasks is None else tasks - 1
         entry = queue.pop(0)
         (runtime.run_step if entry.task == "threads.step" else runtime.run_tool)(*entry.args)
     return run.id
@@ -306,8 +307,6 @@ def _drive(store: Store, message: str) -> str:
 
 def _ledger(store: Store, run_id: str) -> str:
     """What the run left in the ledger, without ids, times and leases, its own ids made generic."""
-    from sqlalchemy import func
-
     from threads_celery.store.schema import model_usage
 
     with store.read() as tx:
@@ -328,7 +327,9 @@ def _ledger(store: Store, run_id: str) -> str:
                 select(model_usage.c.step, model_usage.c.agent, model_usage.c.model, model_usage.c.requests,
                        model_usage.c.input_tokens, model_usage.c.output_tokens, model_usage.c.cost)
                 .where(model_usage.c.run_id == run_id).order_by(model_usage.c.step))],
-            "outbox": tx.conn.execute(select(func.count()).select_from(outbox)).scalar_one(),
+            "outbox": [[r.key, r.task, r.args, r.queue, r.argsrepr, r.publish_count,
+                        (r.due_at - r.created_at).total_seconds()] for r in tx.conn.execute(
+                select(outbox).where(outbox.c.key.contains(run_id)).order_by(outbox.c.key))],
         }  # fmt: skip
     import json
 
@@ -345,4 +346,19 @@ def test_the_direct_path_leaves_the_ledger_the_engine_path_leaves(pg_url: str) -
         for s in stores:
             s.dispose()
     assert "n=1\ufffd" in direct and "done\ufffd" in direct and "two is not allowed" in direct
+    assert direct == engine
+
+
+@pytest.mark.parametrize("tasks", [1, 4, 5])
+def test_after_a_reply_the_outbox_holds_what_the_engine_path_holds(pg_url: str, tasks: int) -> None:
+    # After the first reply (one call queued), after the second (a wave of concurrent calls
+    # queued) and midway through that wave: what the backbone would publish again is the same.
+    stores = [Store(create_store_engine(parse_database_url(pg_url)), direct=d) for d in (True, False)]
+    upgrade(stores[0].engine)
+    try:
+        direct, engine = (_ledger(s, _drive(s, "go", tasks=tasks)) for s in stores)
+    finally:
+        for s in stores:
+            s.dispose()
+    assert '"outbox": [["' in direct  # something is queued at this point
     assert direct == engine
