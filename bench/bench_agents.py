@@ -200,17 +200,17 @@ def install_sql_counters() -> None:
     # the engine's events: count them where they run (each one statement, in autocommit).
     from threads_celery.store.direct import DirectStatements
 
-    if not getattr(DirectStatements.first, "_bench_counted", False):
-        first = DirectStatements.first
+    if not getattr(DirectStatements._prepare, "_bench_counted", False):
+        prepare = DirectStatements._prepare  # once per statement run, with the statement
 
-        def counted_first(self: Any, statement: Any, params: Any) -> Any:
+        def counted_prepare(self: Any, statement: Any) -> Any:
             counters.statements += 1
             if counters.log is not None:  # compiling the statement to text costs a millisecond
                 counters.note(" ".join(str(statement).split()) + " (direct)")
-            return first(self, statement, params)
+            return prepare(self, statement)
 
-        counted_first._bench_counted = True  # type: ignore[attr-defined]
-        DirectStatements.first = counted_first  # type: ignore[method-assign]
+        counted_prepare._bench_counted = True  # type: ignore[attr-defined]
+        DirectStatements._prepare = counted_prepare  # type: ignore[method-assign]
     event.listen(Engine, "before_cursor_execute", _statement)
     event.listen(Engine, "begin", _begin)
     event.listen(Engine, "commit", _commit)
@@ -293,10 +293,24 @@ def _install_worker_side() -> None:
         import cProfile
 
         profile = cProfile.Profile(time.process_time if os.environ["BENCH_PROFILE"] == "cpu" else time.perf_counter)
+        # BENCH_PROFILE_TASKS (task names, comma-separated): profile only inside those tasks,
+        # from task_prerun to task_postrun (the window the CPU per task is measured over).
+        only_tasks = frozenset(filter(None, os.environ.get("BENCH_PROFILE_TASKS", "").split(",")))
 
         @worker_process_init.connect(weak=False)
         def _start_profile(**_: Any) -> None:
-            profile.enable()
+            if not only_tasks:
+                profile.enable()
+
+        @task_prerun.connect(weak=False)
+        def _profile_task(task: Any = None, **_: Any) -> None:
+            if getattr(task, "name", "") in only_tasks:
+                profile.enable()
+
+        @task_postrun.connect(weak=False)
+        def _unprofile_task(task: Any = None, **_: Any) -> None:
+            if getattr(task, "name", "") in only_tasks:
+                profile.disable()
 
         @worker_process_shutdown.connect(weak=False)
         def _dump_profile(**_: Any) -> None:

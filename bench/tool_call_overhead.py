@@ -28,6 +28,7 @@ import glob
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -324,6 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
     parser.add_argument("--no-explain", action="store_true", help="skip the statement-by-statement trace")
     parser.add_argument("--json", metavar="PATH", help="also write the samples as JSON")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="cProfile (CPU time) each pool process inside the tasks of --profile-kind only, run --repeat"
+        " times after the warm-up, and leave the stats in DIR (python -m pstats); no figures are printed",
+    )
+    parser.add_argument("--profile-kind", choices=("bare", "noop_ro", "noop_ug"), default="noop_ro")
     args = parser.parse_args(argv)
 
     import redis
@@ -349,6 +357,12 @@ def main(argv: list[str] | None = None) -> int:
             "THREADS_AGENTS": AGENTS_MODULE,
             "BENCH_TRACE_DIR": trace_dir,
         }
+        if args.profile:
+            from bench.bench_agents import CHAIN_TASK
+            from threads_celery.transitions.runs import TOOL_TASK
+
+            env["BENCH_PROFILE"] = "cpu"
+            env["BENCH_PROFILE_TASKS"] = CHAIN_TASK if args.profile_kind == "bare" else TOOL_TASK
         from threads_celery import Threads
 
         log_path = Path(trace_dir) / "worker.log"
@@ -362,7 +376,12 @@ def main(argv: list[str] | None = None) -> int:
                     run_bare(threads.app, redis_client, trace_dir, args.warmup, 60.0, stored=True)
                     for tool_name in ("noop_ro", "noop_ug"):
                         run_durable(threads, redis_client, trace_dir, tool_name, args.warmup, 60.0)
-                for i in range(args.repeat):
+                for _ in range(args.repeat if args.profile else 0):
+                    if args.profile_kind == "bare":
+                        run_bare(threads.app, redis_client, trace_dir, args.n, args.timeout)
+                    else:
+                        run_durable(threads, redis_client, trace_dir, args.profile_kind, args.n, args.timeout)
+                for i in range(0 if args.profile else args.repeat):
                     results["bare"].append(run_bare(threads.app, redis_client, trace_dir, args.n, args.timeout))
                     results["bare_stored"].append(
                         run_bare(threads.app, redis_client, trace_dir, args.n, args.timeout, stored=True)
@@ -387,6 +406,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         finally:
             threads.close()
+        if args.profile:
+            os.makedirs(args.profile, exist_ok=True)
+            for prof in Path(trace_dir).glob("*.prof"):
+                shutil.copy(prof, args.profile)
+            print(f"profiles of {args.profile_kind} in {args.profile} (python -m pstats)")
+            return 0
         if not args.no_explain:
             explained = explain_one_call(database_url)
     redis_client.flushdb()

@@ -279,7 +279,6 @@ def redacting(function: Callable[..., Any], revealed: Sequence[str]) -> Callable
     events and the parent's snapshot) and the input of children it starts.
     """
 
-    @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
         if revealed:
             args = tuple(redact_value(list(args), revealed))

@@ -37,7 +37,11 @@ def check_call(
     call: CallRow | None = None,
 ) -> PermissionDecision:
     """Allowed, asked or denied: the call's answer (with ``call``, its approval counts)."""
-    approved = call is not None and call.approved_args_hash == args_digest(call.args)
+    approved = (
+        call is not None
+        and call.approved_args_hash is not None  # never approved: no digest to take
+        and call.approved_args_hash == args_digest(call.args)
+    )
     own: Permissions | None = agent.permissions
     if run.agent_tool_run_id is None and not may_be_remembered(tool.name, tool.effect, own):
         return decide_permission(tool.name, tool.effect, own, approved_for_these_args=approved)

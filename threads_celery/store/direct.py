@@ -27,9 +27,10 @@ statements.
 from __future__ import annotations
 
 import os
+import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,22 +41,60 @@ from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from threads_celery.store.availability import is_unreachable, store_unavailable, unreachable_as_store_unavailable
-from threads_celery.store.storable import clean_parameters
+from threads_celery.store.storable import TEXTLESS, clean_parameters
 
 #: Connections of a parent process, kept referenced in a forked child so that they are never
 #: finalised there (the driver would end the parent's session on the shared socket).
-_INHERITED: list[PoolProxiedConnection] = []
+_INHERITED: list[Any] = []
+
+
+#: A bind parameter in SQLAlchemy's rendering for psycopg (``%(name)s``), and an escaped ``%``.
+_PYFORMAT = re.compile(r"%\(([^)]+)\)s|%%")
+_REQUIRED = object()
 
 
 @dataclass(frozen=True)
 class _Prepared:
     """A statement compiled once: its SQL and how its parameters and columns are converted."""
 
-    sql: str
-    defaults: Mapping[str, Any]
-    bind_processors: Mapping[str, Callable[[Any], Any]]
+    sql: str  # with positional parameters ($1, $2...), run on a raw cursor
+    #: For each position: the parameter's name, its default (or _REQUIRED) and its conversion.
+    slots: tuple[tuple[str, Any, Callable[[Any], Any] | None], ...]
     names: tuple[str, ...] | None  # None: a text() statement, its columns unnamed
     result_processors: tuple[Callable[[Any], Any] | None, ...]
+
+
+def _positional(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` rendered with ``%(name)s`` parameters, as ``$n`` ones; and the names by position.
+
+    A name used twice keeps its one position.
+    """
+    order: list[str] = []
+
+    def number(found: re.Match[str]) -> str:
+        name = found.group(1)
+        if name is None:
+            return "%"
+        if name not in order:
+            order.append(name)
+        return f"${order.index(name) + 1}"
+
+    return _PYFORMAT.sub(number, sql), tuple(order)
+
+
+class _Session:
+    """One autocommit connection of the driver's, with the raw cursor its statements run on."""
+
+    __slots__ = ("connection", "cursor")
+
+    def __init__(self, connection: PoolProxiedConnection, cursor: Any) -> None:
+        self.connection = connection
+        self.cursor = cursor
+
+    def close(self) -> None:
+        with suppress(Exception):  # closing the connection closes its cursor anyway
+            self.cursor.close()
+        self.connection.close()
 
 
 class DirectStatements:
@@ -66,7 +105,7 @@ class DirectStatements:
             raise ValueError("the direct path runs on PostgreSQL only")
         self._engine = engine
         self._prepared: dict[int, tuple[ClauseElement, _Prepared]] = {}
-        self._idle: list[PoolProxiedConnection] = []
+        self._idle: list[_Session] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -78,8 +117,7 @@ class DirectStatements:
         A ``text()`` statement's columns are named by position ("0", "1"...).
         """
         prepared = self._prepare(statement)
-        with self._cursor(prepared, params) as cursor:
-            row = cursor.fetchone()
+        row = self._execute(prepared, params)
         if row is None:
             return None
         if prepared.names is None:
@@ -91,8 +129,12 @@ class DirectStatements:
 
     def scalar(self, statement: ClauseElement, params: Mapping[str, Any]) -> Any:
         """The first column of the first row of ``statement`` (None if it has no row)."""
-        row = self.first(statement, params)
-        return None if row is None else next(iter(row.values()))
+        prepared = self._prepare(statement)
+        row = self._execute(prepared, params)
+        if row is None:
+            return None
+        convert = prepared.result_processors[0] if prepared.result_processors else None
+        return row[0] if convert is None else convert(row[0])
 
     def _prepare(self, statement: ClauseElement) -> _Prepared:
         # Keyed by identity, the statement held with its entry so that its id is never reused:
@@ -103,19 +145,24 @@ class DirectStatements:
         dialect = self._engine.dialect
         compiled = statement.compile(dialect=dialect)
         assert isinstance(compiled, SQLCompiler)
-        binds = compiled.binds
-        processors: dict[str, Callable[[Any], Any]] = {}
+        if "POSTCOMPILE" in compiled.string:
+            raise ValueError("the direct path runs statements without expanding (IN list) parameters")
+        sql, order = _positional(compiled.string)
+        by_name = {compiled.bind_names.get(bind, key): bind for key, bind in compiled.binds.items()}
         # The dialect's own conversions, looked up as SQLAlchemy's compiler and result set do
         # (``_cached_*_processor``: the dialect's type behind a generic one, e.g. JSON).
-        for key, bind in binds.items():
-            processor = bind.type._cached_bind_processor(dialect)
-            if processor is not None:
-                processors[compiled.bind_names.get(bind, key)] = processor
+        slots = tuple(
+            (
+                name,
+                _REQUIRED if by_name[name].required else by_name[name].effective_value,
+                by_name[name].type._cached_bind_processor(dialect),
+            )
+            for name in order
+        )
         columns = getattr(statement, "selected_columns", None)
         prepared = _Prepared(
-            sql=compiled.string,
-            defaults={name: bind.effective_value for name, bind in binds.items() if not bind.required},
-            bind_processors=processors,
+            sql=sql,
+            slots=slots,
             names=None if columns is None else tuple(str(c.key) for c in columns),
             result_processors=()
             if columns is None
@@ -124,37 +171,35 @@ class DirectStatements:
         self._prepared[id(statement)] = (statement, prepared)
         return prepared
 
-    def _values(self, prepared: _Prepared, params: Mapping[str, Any]) -> dict[str, Any]:
-        values = {**prepared.defaults, **params}
-        for name, processor in prepared.bind_processors.items():
-            if name in values:
-                values[name] = processor(values[name])
-        cleaned: dict[str, Any] = clean_parameters(values)
-        return cleaned
+    @staticmethod
+    def _values(prepared: _Prepared, params: Mapping[str, Any]) -> list[Any]:
+        values = []
+        for name, default, processor in prepared.slots:
+            value = params.get(name, default)
+            if value is _REQUIRED:
+                raise KeyError(f"statement parameter {name!r} is missing")
+            if processor is not None:
+                value = processor(value)
+            values.append(value if type(value) in TEXTLESS else clean_parameters(value))
+        return values
 
     # -- connections -----------------------------------------------------------------------
 
-    @contextmanager
-    def _cursor(self, prepared: _Prepared, params: Mapping[str, Any]) -> Iterator[Any]:
-        """A cursor that has run ``prepared`` with ``params``; driver errors become the engine's."""
+    def _execute(self, prepared: _Prepared, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """Run ``prepared`` with ``params``: its first row (None if none); driver errors become the engine's."""
         values = self._values(prepared, params)
-        connection = self._take()
+        session = self._take()
         try:
-            driver = connection.dbapi_connection
-            assert driver is not None
-            cursor = driver.cursor()
-            try:
-                cursor.execute(prepared.sql, values)
-                yield cursor
-            finally:
-                cursor.close()
+            cursor = session.cursor
+            cursor.execute(prepared.sql, values)
+            row: tuple[Any, ...] | None = cursor.fetchone()  # every statement here returns rows
         except self._dbapi().Error as exc:
-            driver = connection.dbapi_connection
+            driver = session.connection.dbapi_connection
             gone = driver is None or bool(getattr(driver, "broken", False) or getattr(driver, "closed", False))
             if gone or (isinstance(exc, self._dbapi().OperationalError) and is_unreachable(exc)):
-                self._discard(connection, everyone=True)
+                self._discard(session, everyone=True)
                 raise store_unavailable(self._engine.url, exc) from exc
-            self._give_back(connection)
+            self._give_back(session)
             raise DBAPIError.instance(
                 prepared.sql,
                 None,
@@ -164,15 +209,15 @@ class DirectStatements:
                 dialect=self._engine.dialect,
             ) from exc
         except BaseException:
-            self._discard(connection, everyone=False)
+            self._discard(session, everyone=False)
             raise
-        else:
-            self._give_back(connection)
+        self._give_back(session)
+        return row
 
     def _dbapi(self) -> Any:
         return self._engine.dialect.loaded_dbapi
 
-    def _take(self) -> PoolProxiedConnection:
+    def _take(self) -> _Session:
         with self._lock:
             if self._pid != os.getpid():
                 _INHERITED.extend(self._idle)
@@ -186,21 +231,23 @@ class DirectStatements:
         connection.detach()  # ours from now on: the pool opens another in its place
         assert driver is not None
         driver.autocommit = True
-        return connection
+        # A raw cursor takes the $n parameters as rendered once per statement (no named-to-
+        # positional conversion per run); it is kept with its connection and run again.
+        return _Session(connection, self._dbapi().RawCursor(driver))
 
-    def _give_back(self, connection: PoolProxiedConnection) -> None:
+    def _give_back(self, session: _Session) -> None:
         with self._lock:
             if self._pid == os.getpid():
-                self._idle.append(connection)
+                self._idle.append(session)
                 return
         if self._pid == os.getpid():
-            connection.close()
+            session.close()
 
-    def _discard(self, connection: PoolProxiedConnection, *, everyone: bool) -> None:
-        """Close ``connection``; with ``everyone``, the idle ones too (the server went away)."""
+    def _discard(self, session: _Session, *, everyone: bool) -> None:
+        """Close ``session``; with ``everyone``, the idle ones too (the server went away)."""
         with self._lock:
             others, self._idle = (self._idle, []) if everyone else ([], self._idle)
-        for each in (connection, *others):
+        for each in (session, *others):
             with suppress(Exception):  # it is broken already; nothing to keep
                 each.close()
 
@@ -210,8 +257,8 @@ class DirectStatements:
             idle, self._idle = self._idle, []
             same_process = self._pid == os.getpid()
         if same_process:
-            for connection in idle:
-                connection.close()
+            for session in idle:
+                session.close()
         else:
             _INHERITED.extend(idle)
 

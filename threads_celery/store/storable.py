@@ -20,7 +20,10 @@ outright with :func:`unstorable_reason`, since a person can fix what they send; 
 from __future__ import annotations
 
 import json
+from datetime import date, datetime
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
@@ -52,8 +55,19 @@ def unstorable_reason(text: str) -> str | None:
     return f"must not contain an unpaired surrogate (U+{ord(found.group()):04X}); send valid Unicode"
 
 
+#: Parameter types that hold no text: kept as they are without a look inside.
+TEXTLESS = frozenset({int, float, bool, type(None), bytes, datetime, date, Decimal, UUID})
+
+
 def clean_parameters(parameters: Any) -> Any:
     """``parameters`` (a value, or a dict, tuple or list of them) with every string made storable."""
+    kind = type(parameters)
+    if kind is dict:  # a statement's parameters: one level, almost always plain values
+        return {
+            name: value if type(value) in TEXTLESS else clean_parameters(value) for name, value in parameters.items()
+        }
+    if kind in TEXTLESS:
+        return parameters
     if isinstance(parameters, str):
         return storable_text(parameters)
     if isinstance(parameters, dict):

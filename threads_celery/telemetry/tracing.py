@@ -17,7 +17,7 @@ traceparent stored.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 TRACER_NAME = "threads_celery"
@@ -74,6 +74,8 @@ def run_child_span(traceparent: str | None, name: str, attributes: dict[str, Any
 
 def step_span(traceparent: str | None, *, run_id: str, step: int, agent: str) -> Any:
     """``threads.step``: one model step of a run."""
+    if traceparent is None:  # an untraced run (no SDK when it was created): nothing to look up
+        return nullcontext()
     return run_child_span(
         traceparent,
         f"threads.step {agent}",
@@ -83,6 +85,8 @@ def step_span(traceparent: str | None, *, run_id: str, step: int, agent: str) ->
 
 def tool_span(traceparent: str | None, *, run_id: str, effect_key: str, tool: str, effect: str) -> Any:
     """``threads.tool``: one tool call of a run."""
+    if traceparent is None:
+        return nullcontext()
     return run_child_span(
         traceparent,
         f"threads.tool {tool}",
