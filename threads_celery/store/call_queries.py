@@ -9,7 +9,6 @@ spans the run, the call, the thread's messages and the outbox, and lives on the 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -25,11 +24,14 @@ from threads_celery.store.schema import runs, tool_calls
 def call_and_run_from_mapping(mapping: RowMapping | Mapping[str, Any]) -> tuple[CallRow, Run]:
     """The call and its run from a row of ``select(tool_calls, r__<run column>...)``, with the
     call after it in the same reply when the row carries ``n__`` columns (CALL_RUN_AND_NEXT)."""
-    run_values = {c.name: mapping[f"r__{c.name}"] for c in runs.c}
-    call = call_from_mapping(mapping)
-    if mapping.get("n__effect_key") is not None:
-        call = replace(call, next_call=(mapping["n__effect_key"], mapping["n__tool"], mapping["n__queue"]))
-    return call, run_from_mapping(run_values)
+    run_values = {name: mapping[label] for name, label in _RUN_LABELS}
+    following = mapping.get("n__effect_key")
+    next_call = None if following is None else (following, mapping["n__tool"], mapping["n__queue"])
+    return call_from_mapping(mapping, next_call=next_call), run_from_mapping(run_values)
+
+
+#: Each run column and its label in a call's row (``r__<name>``).
+_RUN_LABELS = tuple((c.name, f"r__{c.name}") for c in runs.c)
 
 
 class CallQueries:

@@ -40,6 +40,7 @@ from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from threads_celery.records import storable_text
 from threads_celery.store.availability import is_unreachable, store_unavailable, unreachable_as_store_unavailable
 from threads_celery.store.storable import TEXTLESS, clean_parameters
 
@@ -180,7 +181,11 @@ class DirectStatements:
                 raise KeyError(f"statement parameter {name!r} is missing")
             if processor is not None:
                 value = processor(value)
-            values.append(value if type(value) in TEXTLESS else clean_parameters(value))
+            kind = type(value)
+            if kind is str:
+                values.append(value if value.isascii() and "\x00" not in value else storable_text(value))
+            else:
+                values.append(value if kind in TEXTLESS else clean_parameters(value))
         return values
 
     # -- connections -----------------------------------------------------------------------

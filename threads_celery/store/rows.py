@@ -54,7 +54,9 @@ def run_from_mapping(m: RowMapping | Mapping[str, Any]) -> Run:
     )
 
 
-def call_from_mapping(m: RowMapping | Mapping[str, Any]) -> CallRow:
+def call_from_mapping(
+    m: RowMapping | Mapping[str, Any], *, next_call: tuple[str, str, str | None] | None = None
+) -> CallRow:
     return CallRow(
         effect_key=m["effect_key"],
         run_id=m["run_id"],
@@ -82,6 +84,7 @@ def call_from_mapping(m: RowMapping | Mapping[str, Any]) -> CallRow:
         approved_args_hash=m["approved_args_hash"],
         original_args=m["original_args"],
         batch=m.get("batch"),
+        next_call=next_call,
     )
 
 
