@@ -232,7 +232,12 @@ async def request_turn_async(
     )
     from pydantic_ai.models import ModelRequestParameters
 
-    params = ModelRequestParameters(function_tools=tool_definitions(tools), allow_text_output=True)
+    # The system prompt travels as a SystemPromptPart and no request carries ``instructions``:
+    # saying "no instruction parts" outright spares pydantic-ai a scan of the whole history for
+    # them on every request (the answer would be the same, at a cost growing with the thread).
+    params = ModelRequestParameters(
+        function_tools=tool_definitions(tools), allow_text_output=True, instruction_parts=[]
+    )
     messages = (converted or ModelHistory()).messages(system_prompt, history)
     async with model_request_stream(resolve_model(model), messages, model_request_parameters=params) as stream:
         async for event in stream:
