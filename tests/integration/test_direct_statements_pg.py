@@ -88,6 +88,28 @@ def test_the_call_and_its_run_read_directly_equal_the_engines_read(store: Store)
     assert store.call_and_run("no-such-call") is None
 
 
+def test_a_history_read_directly_equals_the_engines_read(store: Store) -> None:
+    """The whole thread and its two ends, as a model step reads them: the same messages, JSON
+    parts, metadata, times and text (a result holding what had to be made storable included)."""
+    echo = tool(name="echo", description="x", input=In, effect="read_only", execute=lambda inp, ctx: f"é\x00{inp.n}")
+    agent = Agent(name="history_direct", instructions="x", tools=[echo],
+                  model=ScriptedModel([calls(("echo", {"n": 1}), ("echo", {"n": 2})), say("done ✓")]))  # fmt: skip
+    runtime, run, queue = _start(store, agent, "go \ud800 now")
+    while queue:
+        entry = queue.pop(0)
+        (runtime.run_step if entry.task == "threads.step" else runtime.run_tool)(*entry.args)
+    with store.read() as tx:
+        engine_all = tx.list_messages(run.thread_id)
+        engine_ends = tx.list_message_ends(run.thread_id, first_seq=0, last_seq=2)
+    assert [m.role for m in engine_all] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert store.list_messages(run.thread_id) == engine_all
+    assert store.list_message_ends(run.thread_id, first_seq=0, last_seq=2) == engine_ends
+    assert [m.seq for m in engine_ends] == [0, 2, 3, 4]
+    assert engine_all[2].tool_result is not None and engine_all[2].tool_result.content == "é\ufffd1"
+    assert all(m.created_at.utcoffset() == timedelta(0) for m in store.list_messages(run.thread_id))
+    assert store.list_messages("no-such-thread") == []
+
+
 def test_a_claim_and_a_commit_are_fenced_and_write_storable_text(store: Store) -> None:
     run_id, keys = _reply_of_three(store)
     call, run = store.call_and_run(keys[0])  # type: ignore[misc]

@@ -24,14 +24,19 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from threads_celery.records import Message
 from threads_celery.runtime.models import ModelHistory
 
-if TYPE_CHECKING:
-    from threads_celery.runtime.models import ModelHistory
-    from threads_celery.store.repository import Tx
+
+class MessageSource(Protocol):
+    """Where a history is read from: a transaction, or the store (each read a statement of its own)."""
+
+    def list_messages(self, thread_id: str) -> list[Message]: ...
+
+    def list_message_ends(self, thread_id: str, *, first_seq: int, last_seq: int) -> list[Message]: ...
+
 
 #: Default bounds of one process's cache: an estimate of the bytes its messages hold, and the
 #: number of threads (a worker's working set is the runs it is driving; finished threads age out).
@@ -88,7 +93,7 @@ class HistoryCache:
         """The estimated bytes held now."""
         return self._bytes
 
-    def load(self, tx: Tx, thread_id: str) -> ThreadHistory:
+    def load(self, tx: MessageSource, thread_id: str) -> ThreadHistory:
         """The thread's whole history as ``tx`` sees it, reading only what the cache lacks.
 
         The returned history is the caller's to read; its message list is a copy.
@@ -110,7 +115,7 @@ class HistoryCache:
             self._store(fresh)
         return result
 
-    def _extend(self, tx: Tx, entry: ThreadHistory) -> ThreadHistory | None:
+    def _extend(self, tx: MessageSource, entry: ThreadHistory) -> ThreadHistory | None:
         """The cached history with the rows appended since, or None when it is not a prefix."""
         first, last = entry.messages[0], entry.messages[-1]
         rows = tx.list_message_ends(entry.thread_id, first_seq=first.seq, last_seq=last.seq)
@@ -153,4 +158,4 @@ def as_messages(history: ThreadHistory | Sequence[Message]) -> Sequence[Message]
     return history.messages if isinstance(history, ThreadHistory) else history
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_THREADS", "HistoryCache", "ThreadHistory", "message_size"]
+__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_THREADS", "HistoryCache", "MessageSource", "ThreadHistory", "message_size"]

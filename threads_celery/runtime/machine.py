@@ -142,8 +142,7 @@ class Runtime:
         )
         if fence is None:
             raise RetryLater(0.1, "run was claimed concurrently")
-        with self.store.read() as tx:
-            history = self.history.load(tx, run.thread_id)
+        history = self.history.load(self.store, run.thread_id)  # each read a statement of its own
         if (run.input_meta or {}).get("narrate"):
             # A narrated status line: its message is in the thread already; no model turn.
             self._finish(run, fence, "completed", output=run.input)

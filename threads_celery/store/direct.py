@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
@@ -83,6 +83,15 @@ def _positional(sql: str) -> tuple[str, tuple[str, ...]]:
     return _PYFORMAT.sub(number, sql), tuple(order)
 
 
+def _as_mapping(prepared: _Prepared, row: tuple[Any, ...]) -> dict[str, Any]:
+    """A row of a ``select()`` by column name, its values converted as the engine converts them."""
+    assert prepared.names is not None
+    return {
+        name: value if convert is None else convert(value)
+        for name, value, convert in zip(prepared.names, row, prepared.result_processors, strict=True)
+    }
+
+
 class _Session:
     """One autocommit connection of the driver's, with the raw cursor its statements run on."""
 
@@ -123,10 +132,7 @@ class DirectStatements:
             return None
         if prepared.names is None:
             return {str(i): value for i, value in enumerate(row)}
-        return {
-            name: value if convert is None else convert(value)
-            for name, value, convert in zip(prepared.names, row, prepared.result_processors, strict=True)
-        }
+        return _as_mapping(prepared, row)
 
     def scalar(self, statement: ClauseElement, params: Mapping[str, Any]) -> Any:
         """The first column of the first row of ``statement`` (None if it has no row)."""
@@ -136,6 +142,13 @@ class DirectStatements:
             return None
         convert = prepared.result_processors[0] if prepared.result_processors else None
         return row[0] if convert is None else convert(row[0])
+
+    def rows(self, statement: ClauseElement, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Every row of ``statement`` (a ``select()``), each a mapping by column name."""
+        prepared = self._prepare(statement)
+        if prepared.names is None:
+            raise ValueError("rows() reads a select() statement, its columns named")
+        return [_as_mapping(prepared, row) for row in self._execute(prepared, params, every=True)]
 
     def _prepare(self, statement: ClauseElement) -> _Prepared:
         # Keyed by identity, the statement held with its entry so that its id is never reused:
@@ -190,14 +203,21 @@ class DirectStatements:
 
     # -- connections -----------------------------------------------------------------------
 
-    def _execute(self, prepared: _Prepared, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
-        """Run ``prepared`` with ``params``: its first row (None if none); driver errors become the engine's."""
+    @overload
+    def _execute(self, prepared: _Prepared, params: Mapping[str, Any]) -> tuple[Any, ...] | None: ...
+
+    @overload
+    def _execute(self, prepared: _Prepared, params: Mapping[str, Any], *, every: Literal[True]) -> list[Any]: ...
+
+    def _execute(self, prepared: _Prepared, params: Mapping[str, Any], *, every: bool = False) -> Any:
+        """Run ``prepared`` with ``params``: its first row (None if none), or with ``every`` all
+        its rows; driver errors become the engine's."""
         values = self._values(prepared, params)
         session = self._take()
         try:
             cursor = session.cursor
             cursor.execute(prepared.sql, values)
-            row: tuple[Any, ...] | None = cursor.fetchone()  # every statement here returns rows
+            found = cursor.fetchall() if every else cursor.fetchone()  # every statement here returns rows
         except self._dbapi().Error as exc:
             driver = session.connection.dbapi_connection
             gone = driver is None or bool(getattr(driver, "broken", False) or getattr(driver, "closed", False))
@@ -217,7 +237,7 @@ class DirectStatements:
             self._discard(session, everyone=False)
             raise
         self._give_back(session)
-        return row
+        return found
 
     def _dbapi(self) -> Any:
         return self._engine.dialect.loaded_dbapi

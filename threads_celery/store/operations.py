@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from threads_celery.records import CallRow, OutboxEntry, Run, ToolCall, ToolResult
+from threads_celery.records import CallRow, Message, OutboxEntry, Run, ToolCall, ToolResult
 from threads_celery.store import statements
 from threads_celery.store.call_queries import call_and_run_from_mapping
 from threads_celery.store.direct import DirectStatements
 from threads_celery.store.outbox_queries import TOOL_TASK_NAME
-from threads_celery.store.rows import run_from_mapping
+from threads_celery.store.rows import message_from_mapping, run_from_mapping
 from threads_celery.store.storable import dumps
 
 if TYPE_CHECKING:
@@ -176,6 +176,23 @@ class OwnOperations:
             return None if row is None else run_from_mapping(row)
         with self.read() as tx:
             return tx.get_run(run_id)
+
+    def list_messages(self, thread_id: str) -> list[Message]:
+        """The thread's whole history, in order, read on its own: a model step's cache miss."""
+        if self._direct is not None:
+            rows = self._direct.rows(statements.THREAD_MESSAGES, {"b_thread": thread_id})
+            return [message_from_mapping(row) for row in rows]
+        with self.read() as tx:
+            return tx.list_messages(thread_id)
+
+    def list_message_ends(self, thread_id: str, *, first_seq: int, last_seq: int) -> list[Message]:
+        """:meth:`Tx.list_message_ends` read on its own: how a model step's cached history is checked
+        and extended (one statement in autocommit on PostgreSQL, on the driver's cursor)."""
+        if self._direct is not None:
+            params = {"b_thread": thread_id, "b_first": first_seq, "b_last": last_seq}
+            return [message_from_mapping(row) for row in self._direct.rows(statements.MESSAGE_ENDS, params)]
+        with self.read() as tx:
+            return tx.list_message_ends(thread_id, first_seq=first_seq, last_seq=last_seq)
 
     def claim_step(self, run: Run, step_key: str, *, owner: str, lease_until: datetime, now: datetime) -> int | None:
         """Take ``run``'s lease for a model step, fenced on the run as read; the new fence, or None.

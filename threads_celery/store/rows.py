@@ -89,18 +89,22 @@ def call_from_mapping(
 
 
 def message_from_row(row: Row[Any]) -> Message:
-    parts = row.parts or {}
+    return message_from_mapping(row._mapping)
+
+
+def message_from_mapping(m: RowMapping | Mapping[str, Any]) -> Message:
+    parts = m["parts"] or {}
     return Message(
-        thread_id=row.thread_id,
-        seq=row.seq,
-        role=row.role,
-        text=row.text or "",
+        thread_id=m["thread_id"],
+        seq=m["seq"],
+        role=m["role"],
+        text=m["text"] or "",
         tool_calls=tuple(ToolCall.from_json(c) for c in parts.get("tool_calls", ())),
         tool_result=ToolResult.from_json(parts["tool_result"]) if "tool_result" in parts else None,
-        run_id=row.run_id,
-        created_at=row.created_at,
-        meta=row.meta,
-        key=row.key,
+        run_id=m["run_id"],
+        created_at=m["created_at"],
+        meta=m["meta"],
+        key=m["key"],
     )
 
 

@@ -57,6 +57,9 @@ MESSAGE_ENDS = (
     .order_by(messages.c.seq)
 )
 
+#: A thread's whole history, in order.
+THREAD_MESSAGES = select(messages).where(messages.c.thread_id == bindparam("b_thread")).order_by(messages.c.seq)
+
 BUMP_EVENT_SEQ = (
     update(threads)
     .where(threads.c.id == bindparam("b_thread"))
