@@ -1,13 +1,16 @@
-"""A tool call's own statements on the driver's cursor (PostgreSQL).
+"""The hot path's own statements on the driver's cursor (PostgreSQL).
 
-A tool call runs at most three statements of its own: the read of the call and its run, the
-claim (any effect but ``read_only``) and the result commit. Each is one statement, atomic by
-itself, and runs in autocommit. Through SQLAlchemy's ``Connection`` each also paid for a pool
-checkout and checkin, two switches of the isolation level and a column description of every
-column of the result: about 0.2 ms of CPU per statement, several times what psycopg spends
-running it. Here they run on connections kept for the purpose, already in autocommit, with
-their SQL and their parameter and result conversions taken once from SQLAlchemy's own
-compilation, so a statement means exactly what it means on the engine.
+A tool call runs at most three statements of its own (the read of the call and its run, the
+claim for any effect but ``read_only``, the result commit) and a model step five (the read of
+its run, the claim, the read of its history's new rows, ``tool_call_started``, a reply asking
+for calls). Each is one statement, atomic by itself, and runs in autocommit. Through
+SQLAlchemy's ``Connection`` each also paid for a pool checkout and checkin, two switches of the
+isolation level and a column description of every column of the result: about 0.2 ms of CPU
+per statement, several times what psycopg spends running it. Here they run on connections kept
+for the purpose, already in autocommit, each with one raw cursor run again and again; their SQL
+is SQLAlchemy's own compilation, rendered once with positional parameters (``$1``...), and their
+parameter and result conversions are the dialect's, so a statement means exactly what it means
+on the engine.
 
 What is kept the same as on the engine:
 
