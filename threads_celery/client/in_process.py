@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from threads_celery.definitions.agents import AgentRegistry
     from threads_celery.settings import Settings
     from threads_celery.store import Store
+    from threads_celery.transitions.publishing import Publisher
     from threads_celery.worker.application import RuntimeHolder
     from threads_celery.worker.embedded import EmbeddedWorker
 
@@ -34,6 +35,7 @@ class InProcessWorkerMixin:
     settings: Settings
     registry: AgentRegistry
     store: Store
+    publisher: Publisher
     is_embedded: bool
     _worker: EmbeddedWorker | None
     _worker_concurrency: int
@@ -94,9 +96,10 @@ class InProcessWorkerMixin:
         """Stop the in-process worker, if any, and release connections.
 
         ``then`` runs once the in-process worker has stopped (in the background)."""
-        store = self.store
+        store, publisher = self.store, self.publisher
 
         def after_stop() -> None:
+            publisher.close()
             store.dispose()
             if then is not None:
                 then()

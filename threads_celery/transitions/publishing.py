@@ -38,6 +38,8 @@ from threads_celery.exceptions import BrokerUnavailable
 from threads_celery.records import OutboxEntry
 from threads_celery.settings import Settings
 from threads_celery.store import Store, create_store_engine, parse_database_url
+from threads_celery.transitions import held_producers
+from threads_celery.transitions.held_producers import ProducerStack
 from threads_celery.transitions.runs import STEP_TASK
 
 log = logging.getLogger("threads_celery.transitions.publishing")
@@ -152,6 +154,8 @@ class Publisher:
         self.single_queue = single_queue
         self.broker_url = str(app.conf.broker_url or "")
         self.control_queue = control_queue_for(app.conf.task_default_queue or WORK_QUEUE)
+        # On plain Redis, producers of our own that keep one Redis client each (see held_producers).
+        self._producers = ProducerStack(app) if held_producers.serves(self.broker_url) else None
 
     def __call__(self, entries: Sequence[OutboxEntry]) -> None:
         for entry in entries:
@@ -168,6 +172,18 @@ class Publisher:
         priority = message_priority(entry.task, recovered=entry.recovered, broker_url=self.broker_url)
         if priority is not None:
             options["priority"] = priority
+        if self._producers is None:
+            self._send_task(entry, options)
+            return
+        held = self._producers.take()
+        try:
+            self._send_task(entry, {**options, "producer": held[1]})
+        except BaseException:
+            self._producers.discard(held)
+            raise
+        self._producers.give_back(held)
+
+    def _send_task(self, entry: OutboxEntry, options: dict[str, Any]) -> None:
         self.app.send_task(
             entry.task,
             args=list(entry.args),
@@ -175,6 +191,11 @@ class Publisher:
             retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
             **options,
         )
+
+    def close(self) -> None:
+        """Close the connections this publisher's own producers hold (none but on Redis)."""
+        if self._producers is not None:
+            self._producers.close()
 
     def check(self, timeout: float = 3.0) -> None:
         """Raise BrokerUnavailable unless the broker accepts a connection."""
