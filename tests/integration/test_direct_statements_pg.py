@@ -8,6 +8,7 @@ engine's pool survives: a server that drops them, threads, a fork.
 from __future__ import annotations
 
 import multiprocessing
+import socket
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -152,6 +153,25 @@ def test_a_dropped_connection_is_unavailable_once_then_replaced(store: Store) ->
         direct.scalar(BACKEND_PID, {})
     assert "cannot reach the database" in str(raised.value)
     assert direct.scalar(BACKEND_PID, {}) != pid  # a new connection, no restart needed
+
+
+def test_a_server_that_is_not_there_is_unavailable_not_the_drivers_error(pg_url: str) -> None:
+    # Opening a connection fails (the pool hands back psycopg's own OperationalError): the hot
+    # path must still raise StoreUnavailable, which a worker holding a tool's result waits out.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free_port = probe.getsockname()[1]
+    url = parse_database_url(pg_url).set(port=free_port)
+    gone = Store(create_store_engine(url))
+    try:
+        assert gone._direct is not None
+        with pytest.raises(StoreUnavailable) as raised:
+            gone.run("run_missing")
+        assert "cannot reach the database" in str(raised.value)
+        with pytest.raises(StoreUnavailable):
+            gone.call_and_run("run_missing:0:0")
+    finally:
+        gone.dispose()
 
 
 def test_a_refused_statement_raises_the_engines_error_and_keeps_the_connection(store: Store) -> None:

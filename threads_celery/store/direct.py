@@ -253,8 +253,15 @@ class DirectStatements:
                 self._pid = os.getpid()
             if self._idle:
                 return self._idle.pop()
-        with unreachable_as_store_unavailable(self._engine.url):
-            connection = self._engine.raw_connection()
+        try:
+            with unreachable_as_store_unavailable(self._engine.url):
+                connection = self._engine.raw_connection()
+        except self._dbapi().OperationalError as exc:
+            # The pool hands back the driver's own error, not the engine's: a server that is
+            # not there (yet) must still read as StoreUnavailable, which callers wait out.
+            if is_unreachable(exc):
+                raise store_unavailable(self._engine.url, exc) from exc
+            raise
         driver = connection.dbapi_connection
         connection.detach()  # ours from now on: the pool opens another in its place
         assert driver is not None

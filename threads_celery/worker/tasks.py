@@ -27,6 +27,7 @@ from threads_celery.decisions.backbone import (
 )
 from threads_celery.decisions.retry import STORE_UNAVAILABLE_BACKOFF, GiveUp
 from threads_celery.exceptions import FenceLost, RetryLater, StoreUnavailable
+from threads_celery.redaction import describe_exception
 from threads_celery.runtime.failures import apply_task_failure
 from threads_celery.runtime.schedules import start_scheduled_run
 from threads_celery.telemetry.metrics import timed_tick
@@ -56,7 +57,18 @@ def _run(task: Task[Any, Any], holder: RuntimeHolder, work: Callable[[], str], p
             raise
         # A step or tool task that fails unforeseen: bounded tries, then the run ends.
         failures = (task.request.retries or 0) + 1
-        decision = apply_task_failure(holder.get(), task.name, poison_key, failures, exc)
+        try:
+            decision = apply_task_failure(holder.get(), task.name, poison_key, failures, exc)
+        except StoreUnavailable as unreachable:
+            # Neither the failure nor the run's end can be recorded now: try the task again
+            # once the store is back, as for any task that finds it away (failing the task here
+            # would leave its run to the lease's expiry, and a call that ran to a rerun).
+            countdown = STORE_UNAVAILABLE_BACKOFF.delay_s(failures)
+            log.warning(
+                "%s: failed (%s), and the store is unavailable to record it; retrying in %gs: %s",
+                task.name, describe_exception(exc, ()), countdown, unreachable,
+            )  # fmt: skip
+            raise task.retry(countdown=countdown, max_retries=None, exc=None) from None
         if isinstance(decision, GiveUp):
             return f"gave up: {decision.reason}"
         raise task.retry(countdown=decision.countdown, max_retries=None, exc=None) from None
