@@ -22,7 +22,7 @@ from threads_celery.records import OutboxEntry
 from threads_celery.settings import Settings
 from threads_celery.transitions import held_producers
 from threads_celery.transitions.held_producers import HeldClientChannel, ProducerStack
-from threads_celery.transitions.publishing import Publisher, celery_app
+from threads_celery.transitions.publishing import Publisher, celery_app, routes_by_queue_only
 from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
 
 pytestmark = pytest.mark.integration
@@ -216,3 +216,27 @@ def test_a_forked_child_publishes_on_connections_of_its_own(broker: redis.Redis,
     publisher.send(entry("tool:parent-2"))  # the parent's connection still works
     publisher.close()
     assert sorted(m["headers"]["id"] for m in queued(broker)) == ["tool:child", "tool:parent-1", "tool:parent-2"]
+
+
+def test_sends_routed_by_queue_name_skip_declaring_and_a_users_route_keeps_it(
+    broker: redis.Redis, redis_url: str
+) -> None:
+    ours = celery_app(Settings(), broker_url=redis_url)
+    assert routes_by_queue_only(ours)
+    publisher = Publisher(ours)
+    publisher.send(entry("tool:ours"))
+    publisher.close()
+    assert broker.keys("_kombu.binding*") == []  # nothing declared, and the message is queued:
+    assert [m["headers"]["id"] for m in queued(broker)] == ["tool:ours"]
+    broker.flushdb()
+
+    # A route of the user's that names an exchange: the send keeps Celery's declaring (Celery
+    # declares and binds the queue, as without held producers), and the message gets there.
+    routes = {"threads.tool": {"queue": "threads", "exchange": "threads", "routing_key": "threads"}}
+    theirs = celery_app(Settings(extra_celery={"task_routes": routes}), broker_url=redis_url)
+    assert not routes_by_queue_only(theirs)
+    publisher = Publisher(theirs)
+    assert publisher._declare == {} and Publisher(ours)._declare == {"declare": []}
+    publisher.send(entry("tool:theirs"))
+    publisher.close()
+    assert [m["headers"]["id"] for m in queued(broker)] == ["tool:theirs"]
