@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +71,41 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / CLOCK_TICKS
 
 
+#: The servers a round also keeps busy, by process name: the database and either broker.
+SERVERS = {"postgres": "postgres", "redis-server": "broker", "beam.smp": "broker"}
+
+
+def server_cpu_seconds() -> dict[str, float]:
+    """User plus system CPU of every live PostgreSQL, Redis and RabbitMQ process, by role.
+
+    Read off the whole machine: run nothing else against these servers while measuring.
+    """
+    totals = dict.fromkeys(SERVERS.values(), 0.0)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                head, _, tail = f.read().rpartition(")")
+        except OSError:
+            continue
+        role = SERVERS.get(head.partition("(")[2])
+        if role is not None:
+            fields = tail.split()
+            totals[role] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return totals
+
+
 @dataclass
 class Sample:
     wall_s: float
     cpu_s: float
     tasks: int
+    #: CPU the servers spent over the round (PostgreSQL, the broker), in seconds.
+    server_s: dict[str, float] = field(default_factory=dict)
+
+    def server_ms_per_task(self, role: str) -> float:
+        return self.server_s.get(role, float("nan")) * 1000 / self.tasks
 
     @property
     def cpu_ms_per_task(self) -> float:
@@ -101,25 +131,26 @@ def run_bare(app: Any, redis_client: Any, pgid: int, runs: int, turns: int, time
 
     n = 2 * turns
     keys = [f"chain_{uuid.uuid4().hex}" for _ in range(runs)]
-    cpu0, t0 = group_cpu_seconds(pgid), time.perf_counter()
+    servers0, cpu0, t0 = server_cpu_seconds(), group_cpu_seconds(pgid), time.perf_counter()
     for key in keys:
         app.send_task(CHAIN_TASK, args=[n, key], task_id=f"{key}:{n}", argsrepr=f"{key}:{n}")
     wait_all(redis_client, keys, timeout)
     wall = time.perf_counter() - t0
-    return Sample(wall, group_cpu_seconds(pgid) - cpu0, runs * (n + 1))
+    cpu, servers = group_cpu_seconds(pgid) - cpu0, server_cpu_seconds()
+    return Sample(wall, cpu, runs * (n + 1), {k: v - servers0[k] for k, v in servers.items()})
 
 
 def run_durable(threads: Any, redis_client: Any, pgid: int, runs: int, turns: int, timeout: float) -> Sample:
-    cpu0, t0 = group_cpu_seconds(pgid), time.perf_counter()
+    servers0, cpu0, t0 = server_cpu_seconds(), group_cpu_seconds(pgid), time.perf_counter()
     handles = [threads.start("bench_turns", f"turns {turns}") for _ in range(runs)]
     wait_all(redis_client, [h.run_id for h in handles], timeout)
     wall = time.perf_counter() - t0
-    cpu = group_cpu_seconds(pgid) - cpu0
+    cpu, servers = group_cpu_seconds(pgid) - cpu0, server_cpu_seconds()
     for handle in handles:
         run = threads.get_run(handle.run_id)
         if run.status != "completed":
             raise RuntimeError(f"run {run.id} ended {run.status}: {run.error}")
-    return Sample(wall, cpu, runs * (2 * turns + 1))
+    return Sample(wall, cpu, runs * (2 * turns + 1), {k: v - servers0[k] for k, v in servers.items()})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{label:<34}{med(kind, 'wall_s'):>7.2f} ({low(kind, 'wall_s'):.2f}){args.runs / med(kind, 'wall_s'):>9.1f}"
             f"{med(kind, 'cpu_ms_per_task'):>8.2f} ({low(kind, 'cpu_ms_per_task'):.2f})"
         )
+    print(f"{'':<34}{'server cpu ms/task: PostgreSQL':>31}{'broker':>9}")
+    for kind, label in (("bare", f"bare chains of {2 * args.turns}"), ("durable", f"durable runs of {args.turns} turns")):
+        pg_ms = statistics.median(s.server_ms_per_task("postgres") for s in results[kind])
+        broker_ms = statistics.median(s.server_ms_per_task("broker") for s in results[kind])
+        print(f"{label:<34}{pg_ms:>31.2f}{broker_ms:>9.2f}")
     ratios = [d.wall_s / b.wall_s for b, d in zip(results["bare"], results["durable"], strict=True)]
     cpu_ratios = [d.cpu_s / b.cpu_s for b, d in zip(results["bare"], results["durable"], strict=True)]
     ratio = statistics.median(ratios)
