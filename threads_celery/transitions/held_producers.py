@@ -39,7 +39,7 @@ class HeldClientChannel(kombu_redis.Channel):
             return super()._create_client(asynchronous=True)  # type: ignore[misc]  # not in kombu's stubs
         held = self._held_client
         if held is None or held.connection_pool is not self.pool:
-            held = self._held_client = super()._create_client()  # type: ignore[misc]
+            held = self._held_client = super()._create_client()  # type: ignore[misc]  # not in kombu's stubs
         return held
 
 
