@@ -240,3 +240,46 @@ def test_sends_routed_by_queue_name_skip_declaring_and_a_users_route_keeps_it(
     publisher.send(entry("tool:theirs"))
     publisher.close()
     assert [m["headers"]["id"] for m in queued(broker)] == ["tool:theirs"]
+
+
+def test_entries_published_together_go_in_one_round_trip(
+    broker: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = celery_app(Settings(), broker_url=redis_url)
+    publisher = Publisher(app)
+    publisher([entry("tool:warm")])
+    executed: list[int] = []
+    original = redis.client.Pipeline.execute
+
+    def counting_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        executed.append(len(self.command_stack))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", counting_execute)
+    publisher([entry(f"tool:{i}") for i in range(3)])
+    monkeypatch.undo()
+    publisher.close()
+    assert executed == [6]  # three task messages and their three task-sent events, one pipeline
+    assert sorted(m["headers"]["id"] for m in queued(broker)) == ["tool:0", "tool:1", "tool:2", "tool:warm"]
+
+
+def test_a_failed_batch_is_sent_again_one_by_one_through_celerys_pool(
+    broker: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kombu.transport.redis import PublishBatch
+
+    app = celery_app(Settings(), broker_url=redis_url)
+    publisher = Publisher(app)
+
+    def broken_flush(self: Any) -> None:
+        raise ConnectionError("the broker went away mid-batch")
+
+    monkeypatch.setattr(PublishBatch, "flush", broken_flush)
+    caplog.set_level("INFO", logger="threads_celery.transitions.publishing")
+    publisher([entry("tool:a"), entry("tool:b")])
+    publisher.send(entry("tool:c"))
+    monkeypatch.undo()
+    assert publisher._producers is not None and publisher._producers._idle == []  # both dropped
+    assert sorted(m["headers"]["id"] for m in queued(broker)) == ["tool:a", "tool:b", "tool:c"]
+    assert "sending them one by one" in caplog.text and "left for the reconcile backbone" not in caplog.text
+    publisher.close()

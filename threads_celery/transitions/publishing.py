@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -163,13 +163,28 @@ class Publisher:
         self._declare: dict[str, Any] = {"declare": []} if routes_by_queue_only(app) else {}
 
     def __call__(self, entries: Sequence[OutboxEntry]) -> None:
+        """Publish ``entries``; one that fails is logged and left in the outbox for the backbone."""
+        send_one: Callable[[OutboxEntry], None] = self.send
+        if self._producers is not None:
+            if not entries or self._send_held(entries):
+                return
+            send_one = self._send_pooled  # the batch failed: again through Celery's pool, retrying
         for entry in entries:
             try:
-                self.send(entry)
+                send_one(entry)
             except Exception as exc:  # noqa: BLE001 - the outbox row is the retry
                 log.warning("publish of %s failed, left for the reconcile backbone: %s", entry.key, exc)
 
     def send(self, entry: OutboxEntry) -> None:
+        """Publish one entry now, raising what the broker's refusal raised."""
+        if self._producers is None or not self._send_held([entry]):
+            self._send_pooled(entry)
+
+    def _send_pooled(self, entry: OutboxEntry) -> None:
+        """Through Celery's own producer pool, with its retries."""
+        self._send_task(entry, self._options(entry))
+
+    def _options(self, entry: OutboxEntry) -> dict[str, Any]:
         options: dict[str, Any] = {"task_id": entry.key, "argsrepr": entry.argsrepr or entry.key}
         queue = queue_for(entry.task, entry.queue, work_queue=self.single_queue, control_queue=self.control_queue)
         if queue:
@@ -177,16 +192,29 @@ class Publisher:
         priority = message_priority(entry.task, recovered=entry.recovered, broker_url=self.broker_url)
         if priority is not None:
             options["priority"] = priority
-        if self._producers is None:
-            self._send_task(entry, options)
-            return
+        return options
+
+    def _send_held(self, entries: Sequence[OutboxEntry]) -> bool:
+        """Send ``entries`` on a held producer, in one round trip (kombu's publish batch: the
+        task messages and their task-sent events go in one pipeline). False if that failed:
+        the producer is dropped, and the caller sends them again through Celery's own pool,
+        with its retries (a batch that failed midway may have delivered some: a task delivered
+        twice reads the ledger and does nothing the second time)."""
+        assert self._producers is not None
         held = self._producers.take()
         try:
-            self._send_task(entry, {**options, "producer": held[1], **self._declare})
+            with held[1].batch():  # type: ignore[attr-defined]  # kombu 5.7's; not in its stubs yet
+                for entry in entries:
+                    self._send_task(entry, {**self._options(entry), "producer": held[1], **self._declare})
+        except Exception as exc:  # noqa: BLE001 - sent again, one by one, by the caller
+            self._producers.discard(held)
+            log.info("batched publish of %d task(s) failed, sending them one by one: %s", len(entries), exc)
+            return False
         except BaseException:
             self._producers.discard(held)
             raise
         self._producers.give_back(held)
+        return True
 
     def _send_task(self, entry: OutboxEntry, options: dict[str, Any]) -> None:
         self.app.send_task(
