@@ -10,6 +10,9 @@ Celery are left out, and the database server's own work is not counted) twice un
 with ``--small`` and ``--large`` units of work, and prints the difference per unit: start-up,
 imports and the database's creation cancel out.
 
+With ``--broker-url`` (a Redis DB, flushed) every task is also published there through the
+runtime's publisher, as a worker publishes it (nothing consumes it): the publish is counted too.
+
 Units: ``calls`` is one model reply making N ``read_only`` no-op calls in sequence (a unit is one
 call); ``turns`` is a run of N turns of ``bench_turns`` (a unit is a model step and its call,
 with the history growing from ``--small`` to ``--large`` turns).
@@ -30,6 +33,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,8 +41,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def drive(kind: str, units: int) -> None:
-    """Run ``units`` of work in this process (what callgrind counts)."""
+def drive(kind: str, units: int, broker_url: str | None = None) -> None:
+    """Run ``units`` of work in this process (what callgrind counts); with ``broker_url`` (a
+    Redis URL whose DB is flushed), each task is also published there, as a worker would."""
     from bench.bench_agents import bench_noop, bench_turns
     from bench.tool_call_overhead import fresh_database
     from threads_celery.definitions.agents import AgentRegistry
@@ -53,7 +58,18 @@ def drive(kind: str, units: int) -> None:
         registry = AgentRegistry()
         registry.add(agent)
         queue: list[OutboxEntry] = []
-        runtime = Runtime(store, registry, publish=queue.extend, worker_id="bench-instructions")
+        publish = queue.extend
+        if broker_url is not None:
+            from threads_celery.settings import Settings
+            from threads_celery.transitions.publishing import Publisher, celery_app
+
+            publisher = Publisher(celery_app(Settings(), broker_url=broker_url))
+
+            def publish(entries: Sequence[OutboxEntry]) -> None:
+                publisher(entries)
+                queue.extend(entries)
+
+        runtime = Runtime(store, registry, publish=publish, worker_id="bench-instructions")
         with store.transaction() as tx:
             tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), runs.utcnow())
             _run, entries = runs.submit_run(
@@ -67,9 +83,13 @@ def drive(kind: str, units: int) -> None:
             else:
                 runtime.run_tool(*entry.args)
         store.dispose()
+    if broker_url is not None:
+        import redis
+
+        redis.Redis.from_url(broker_url).flushdb()
 
 
-def count(kind: str, units: int) -> int:
+def count(kind: str, units: int, broker_url: str | None) -> int:
     """Instructions callgrind counts for a whole run of ``units``."""
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     done = subprocess.run(
@@ -82,6 +102,7 @@ def count(kind: str, units: int) -> int:
             "--drive",
             kind,
             str(units),
+            *(["--broker-url", broker_url] if broker_url else []),
         ],
         env=env,
         capture_output=True,
@@ -99,17 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", choices=("calls", "turns"), default="calls")
     parser.add_argument("--small", type=int, default=100, help="units in the first run (default 100)")
     parser.add_argument("--large", type=int, default=500, help="units in the second run (default 500)")
+    parser.add_argument("--broker-url", help="also publish every task to this Redis DB (flushed), as a worker does")
     parser.add_argument("--drive", nargs=2, metavar=("KIND", "UNITS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.drive:
-        drive(args.drive[0], int(args.drive[1]))
+        drive(args.drive[0], int(args.drive[1]), args.broker_url)
         return 0
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
         return 2
     if args.large <= args.small:
         parser.error("--large must be more than --small")
-    small, large = count(args.kind, args.small), count(args.kind, args.large)
+    small, large = count(args.kind, args.small, args.broker_url), count(args.kind, args.large, args.broker_url)
     per_unit = (large - small) / (args.large - args.small)
     unit = "call" if args.kind == "calls" else "turn (a model step and its call)"
     print(f"instructions: {args.small} units {small:,}, {args.large} units {large:,}")
