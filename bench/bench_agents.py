@@ -10,8 +10,9 @@ handlers), so both sides of the comparison run in the same worker processes.
   so the chain is sequential like the calls of one model reply.
 * Instruments (only when ``BENCH_TRACE_DIR`` is set): every task writes one JSON line (task,
   run key, start/end times, the CPU time of its pool process, and the PostgreSQL round trips
-  it made, by kind) to ``$BENCH_TRACE_DIR/<pid>.jsonl``; a run's final step and a chain's last task push to
-  the Redis list ``bench:done:<key>`` so the driver can wait without polling.
+  it made, by kind, and the CPU time the model layer took in it: see :func:`time_model_layer`) to
+  ``$BENCH_TRACE_DIR/<pid>.jsonl``; a run's final step and a chain's last task push to the Redis
+  list ``bench:done:<key>`` so the driver can wait without polling.
 """
 
 from __future__ import annotations
@@ -147,7 +148,88 @@ class _Counters:
 
 
 counters = _Counters()
-_trace: dict[str, Any] = {"pid": None, "file": None, "t0": 0.0, "cpu0": 0.0, "redis": None}
+_trace: dict[str, Any] = {"pid": None, "file": None, "t0": 0.0, "cpu0": 0.0, "redis": None, "model_cpu": 0.0}
+
+
+def time_model_layer(add: Any) -> None:
+    """Add to ``add(seconds)`` the CPU time spent inside the model layer of every model step.
+
+    The model layer is ``pydantic_ai.direct.model_request_stream`` and all it runs: its
+    preparation of the history, the model's own request (for the function models of these
+    benches, their checks of the history and the stream function) and the stream's events. Timed
+    are its entry and exit, each event it yields and ``get()``; the runtime's own work between
+    events (feeding the tool-call starts) and its conversion of the history before the call are
+    not. Any model reads the whole history on every request (a provider's adapter serialises all
+    of it), so this part grows with the thread by nature; the rest of a step is the runtime's.
+    """
+    import pydantic_ai.direct as direct
+
+    original = direct.model_request_stream
+    if getattr(original, "_bench_timed", False):
+        return
+
+    def timed(started: float) -> None:
+        add(time.process_time() - started)
+
+    class TimedStream:
+        def __init__(self, stream: Any) -> None:
+            self._stream = stream
+            self._events: Any = None
+
+        def __aiter__(self) -> TimedStream:
+            started = time.process_time()
+            self._events = self._stream.__aiter__()
+            timed(started)
+            return self
+
+        async def __anext__(self) -> Any:
+            started = time.process_time()
+            try:
+                return await self._events.__anext__()
+            finally:
+                timed(started)
+
+        def get(self) -> Any:
+            started = time.process_time()
+            try:
+                return self._stream.get()
+            finally:
+                timed(started)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._stream, name)
+
+    class TimedRequest:
+        def __init__(self, context: Any) -> None:
+            self._context = context
+
+        async def __aenter__(self) -> TimedStream:
+            started = time.process_time()
+            try:
+                return TimedStream(await self._context.__aenter__())
+            finally:
+                timed(started)
+
+        async def __aexit__(self, *exc_info: object) -> Any:
+            started = time.process_time()
+            try:
+                return await self._context.__aexit__(*exc_info)
+            finally:
+                timed(started)
+
+    def model_request_stream(*args: Any, **kwargs: Any) -> TimedRequest:
+        started = time.process_time()
+        try:
+            return TimedRequest(original(*args, **kwargs))
+        finally:
+            timed(started)
+
+    model_request_stream._bench_timed = True  # type: ignore[attr-defined]
+    direct.model_request_stream = model_request_stream  # type: ignore[assignment]
+
+
+def _add_model_cpu(seconds: float) -> None:
+    _trace["model_cpu"] += seconds
 
 
 def install_sql_counters() -> None:
@@ -257,6 +339,7 @@ def _install_worker_side() -> None:
     from celery.signals import task_postrun, task_prerun, worker_process_init, worker_process_shutdown
 
     install_sql_counters()
+    time_model_layer(_add_model_cpu)
     # A result backend for the "stored results" chain only (DESIGN section 11 measured a bare
     # chain with one); every other task ignores results (task_ignore_result).
     if os.environ["THREADS_BROKER_URL"].startswith("redis"):
@@ -320,6 +403,7 @@ def _install_worker_side() -> None:
     @task_prerun.connect(weak=False)
     def _before(task: Any = None, **_: Any) -> None:
         counters.reset()
+        _trace["model_cpu"] = 0.0
         _trace["t0"] = time.time()
         _trace["cpu0"] = time.process_time()
 
@@ -336,6 +420,7 @@ def _install_worker_side() -> None:
             "t0": _trace["t0"],
             "t1": t1,
             "cpu": cpu,
+            "model_cpu": _trace["model_cpu"],
             "statements": counters.statements,
             "commits": counters.commits,
             "rollbacks": counters.rollbacks,

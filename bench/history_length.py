@@ -6,7 +6,14 @@ Redis. The worker records each task's start, end and the CPU time of its pool pr
 a model step plus its tool call. Printed: per turn, the median wall time (between the ends of
 consecutive model steps) and the median CPU time (step plus call, in the pool process) over a
 window of turns near the start (turns 11-30 by default: after warm-up, about 10 turns of
-history) and near the end (the last 20 turns), and the ratio late / early.
+history) and near the end (the last 20 turns), and the ratios late / early.
+
+The step's CPU is split in two: the model layer's (``pydantic_ai.direct``'s request and the
+model's, timed in the worker around the call: see ``time_model_layer`` in
+``bench/bench_agents.py``), which reads the whole history on every request as any model does,
+and the runtime's, the rest. The target (issue 14: the per-turn overhead, model excluded, at
+most 1.3x higher at 1,000 turns than at 10) is on the turn's CPU without the model layer; the
+whole turn's ratio is printed beside it.
 
 A model turn plus its tool call is also what DESIGN.md section 11 compares with two DBOS steps.
 
@@ -109,22 +116,25 @@ def main(argv: list[str] | None = None) -> int:
         wall = (steps[i + 1]["t1"] - steps[i]["t1"]) * 1000
         cpu = (steps[i]["cpu"] + tools[i]["cpu"]) * 1000
         step_cpu = steps[i]["cpu"] * 1000
-        turns.append((wall, cpu, step_cpu, tools[i]["cpu"] * 1000))
+        model_cpu = steps[i].get("model_cpu", 0.0) * 1000
+        turns.append((wall, cpu, step_cpu, tools[i]["cpu"] * 1000, model_cpu, cpu - model_cpu))
 
-    def window(rows: list[tuple[float, float, float, float]]) -> tuple[float, ...]:
-        return tuple(statistics.median(r[k] for r in rows) for k in range(4))
+    def window(rows: list[tuple[float, ...]]) -> tuple[float, ...]:
+        return tuple(statistics.median(r[k] for r in rows) for k in range(len(rows[0])))
 
     early = window(turns[args.early : args.early + args.window])
     late = window(turns[-args.window :])
     print(f"\nper turn (a model step and its tool call), median over {args.window} turns:")
-    print(f"{'':<30}{'wall ms':>9}{'cpu ms':>9}{'step cpu':>10}{'call cpu':>10}")
-    print(f"{f'turns {args.early + 1}-{args.early + args.window}':<30}" + "".join(f"{v:>9.2f}" for v in early[:2])
-          + "".join(f"{v:>10.2f}" for v in early[2:]))
-    print(f"{f'turns {len(turns) - args.window + 1}-{len(turns)}':<30}" + "".join(f"{v:>9.2f}" for v in late[:2])
-          + "".join(f"{v:>10.2f}" for v in late[2:]))
-    ratio_cpu, ratio_wall = late[1] / early[1], late[0] / early[0]
-    print(f"late / early: wall {ratio_wall:.2f}, cpu {ratio_cpu:.2f}; target cpu <= {TARGET_RATIO}: "
-          f"{'ok' if ratio_cpu <= TARGET_RATIO else 'MISSED'}")
+    print(f"{'':<24}{'wall ms':>9}{'cpu ms':>9}{'step cpu':>10}{'call cpu':>10}{'model layer':>13}{'runtime':>9}")
+    for label, row in ((f"turns {args.early + 1}-{args.early + args.window}", early),
+                       (f"turns {len(turns) - args.window + 1}-{len(turns)}", late)):
+        print(f"{label:<24}{row[0]:>9.2f}{row[1]:>9.2f}{row[2]:>10.2f}{row[3]:>10.2f}{row[4]:>13.2f}{row[5]:>9.2f}")
+    ratio_cpu, ratio_wall, ratio_runtime = late[1] / early[1], late[0] / early[0], late[5] / early[5]
+    print("  model layer: CPU inside pydantic_ai.direct's request (its preparation, the model, the stream);")
+    print("  runtime: the turn's CPU without it (the step's and the call's)")
+    print(f"late / early: wall {ratio_wall:.2f}, cpu {ratio_cpu:.2f}, model layer {late[4] / max(early[4], 1e-9):.2f}, "
+          f"runtime {ratio_runtime:.2f}; target runtime <= {TARGET_RATIO}: "
+          f"{'ok' if ratio_runtime <= TARGET_RATIO else 'MISSED'}")
     for label, rows in (("model step", steps[:-1]), ("tool call", tools)):
         trips = [r["statements"] + r["commits"] + r["begins"] + r["rollbacks"] + r["pings"] for r in rows]
         print(f"{label}: statements {statistics.median(r['statements'] for r in rows):.0f}, "

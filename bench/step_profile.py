@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg-user", default="postgres")
     args = parser.parse_args(argv)
 
-    from bench.bench_agents import bench_turns
+    from bench.bench_agents import bench_turns, time_model_layer
     from threads_celery.definitions.agents import AgentRegistry
     from threads_celery.records import OutboxEntry
     from threads_celery.runtime.machine import Runtime
@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     late_range = range(args.turns - args.window, args.turns)
     profiles = {"early": cProfile.Profile(time.process_time), "late": cProfile.Profile(time.process_time)}
     cpu: dict[str, list[float]] = {"early": [], "late": []}
+    model_cpu: dict[str, list[float]] = {"early": [], "late": []}
+    in_model = [0.0]
+    time_model_layer(lambda seconds: in_model.__setitem__(0, in_model[0] + seconds))
     with fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as url:
         store = open_store(url)
         registry = AgentRegistry()
@@ -118,9 +121,11 @@ def main(argv: list[str] | None = None) -> int:
             if entry.task == "threads.tool":  # a turn ends with its call
                 if window is not None and not use_profile:
                     cpu[window].append(pending_cpu * 1000)
+                    model_cpu[window].append(in_model[0] * 1000)
                 if use_profile:
                     profiled[window] += 1  # type: ignore[index]
                 pending_cpu = 0.0
+                in_model[0] = 0.0
                 turn += 1
         store.dispose()
 
@@ -130,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
             f"turns {late_range.start + 1}-{late_range.stop}"
         print(f"  {label:<22}{statistics.median(cpu[name]):7.2f} ({min(cpu[name]):.2f})")
     print(f"  late / early: {statistics.median(cpu['late']) / statistics.median(cpu['early']):.2f}")
+    runtime = {name: [c - m for c, m in zip(cpu[name], model_cpu[name], strict=True)] for name in cpu}
+    print("  of which the model layer (pydantic_ai.direct's request, the model, the stream), and the runtime:")
+    for name in ("early", "late"):
+        print(f"  {name:<22}{statistics.median(model_cpu[name]):7.2f}  {statistics.median(runtime[name]):7.2f}")
+    print(f"  late / early, runtime: {statistics.median(runtime['late']) / statistics.median(runtime['early']):.2f}")
     print("\nprofiled own CPU time per turn, ms (the profiler inflates every figure; read the shares):")
     totals = {name: by_category(profiles[name]) for name in profiles}
     keys = sorted({k for t in totals.values() for k in t}, key=lambda k: -totals["late"].get(k, 0.0))
