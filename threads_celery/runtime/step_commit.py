@@ -22,7 +22,7 @@ from threads_celery.exceptions import FenceLost
 from threads_celery.records import OutboxEntry, Run, ToolCall
 from threads_celery.runtime import batches, hooks, models
 from threads_celery.runtime.permission_checks import check_call
-from threads_celery.store.operations import Reply, StepUsage, commit_reply_in
+from threads_celery.store.operations import Reply, StepUsage, commit_last_reply_in, commit_reply_in
 from threads_celery.store.repository import Tx, args_digest
 from threads_celery.transitions import runs
 from threads_celery.transitions.agent_tools import child_signal
@@ -83,15 +83,26 @@ def commit_step(runtime: Runtime, run: Run, fence: int, step: int, agent: Agent,
         if moved is None:
             raise FenceLost(run.id, fence)
         outcome = f"called {', '.join(r.name for _, r, _ in calls)}"
+    elif run.agent_tool_run_id is None:
+        # The run's last reply, and its end, in one transaction with the thread handed on.
+        last = Reply(
+            run_id=run.id, thread_id=run.thread_id, fence=fence, step=step, now=now, usage=usage, text=turn.text,
+            tool_calls=(), call_rows=(), entries=(),
+        )  # fmt: skip
+        with runtime.store.transaction() as tx:
+            if commit_last_reply_in(tx, last) is None:
+                raise FenceLost(run.id, fence)
+            entries.extend(runs.finished(tx, run, status="completed", now=now, output=turn.text))
+        outcome = "completed"
     else:
+        # An agent tool's child: its parent hears of the reply before the run's end.
         with runtime.store.transaction() as tx:
             moved = tx.advance_run(run.id, fence=fence, now=now, step=step + 1, lease_owner=None, lease_expires_at=None)
             if moved is None:
                 raise FenceLost(run.id, fence)
             _record_usage(tx, run, step, usage, now)
             tx.insert_message(thread_id=run.thread_id, run_id=run.id, role="assistant", text=turn.text, now=now)
-            if run.agent_tool_run_id is not None:
-                _signal_parent(tx, run, turn, now, [])
+            _signal_parent(tx, run, turn, now, [])
             entries.extend(runs.finish(tx, run, fence=moved, status="completed", now=now, output=turn.text))
         outcome = "completed"
     runtime.publish(entries)

@@ -306,7 +306,8 @@ class StepUsage:
 
 @dataclass(frozen=True)
 class Reply:
-    """A model step's reply that asks for tool calls, ready to commit."""
+    """A model step's reply, ready to commit: one that asks for tool calls, or one that ends the
+    run (its calls, rows and entries empty)."""
 
     run_id: str
     thread_id: str
@@ -324,6 +325,59 @@ class Reply:
 
 def commit_reply_in(tx: Tx, reply: Reply) -> int | None:
     """:meth:`OwnOperations.commit_reply` as statements of ``tx`` (nothing written on a moved fence)."""
+    moved = _step_and_message(tx, reply)
+    if moved is None:
+        return None
+    tx.insert_tool_calls(list(reply.call_rows))
+    for entry in reply.entries:
+        tx.insert_outbox(entry, reply.now)
+    return moved
+
+
+def commit_last_reply_in(tx: Tx, reply: Reply) -> int | None:
+    """Commit in ``tx`` a reply that ends its run; the new fence, or None (nothing written).
+
+    Writes, all or nothing: the run moved to its next step and ``completed`` with the reply as
+    its output (fenced, its lease released), the step's usage, the assistant message and its
+    event, and the run's ``completed`` event. What follows a run's end (the thread handed on:
+    :func:`threads_celery.transitions.runs.finished`) is the caller's, in the same transaction,
+    which the writes here have locked the run and the thread for. On PostgreSQL that is one
+    statement; elsewhere the statements of :func:`commit_reply_in`, then the run's end.
+    """
+    if reply.tool_calls or reply.call_rows or reply.entries:
+        raise ValueError("a reply that ends its run asks for no tool calls")
+    if tx.dialect != "postgresql":
+        moved = _step_and_message(tx, reply)
+        if moved is None:
+            return None
+        return tx.advance_run(
+            reply.run_id, fence=moved, now=reply.now, status="completed", output=reply.text,
+            finished_at=reply.now, lease_owner=None, lease_expires_at=None,
+        )  # fmt: skip
+    params = {
+        "run_id": reply.run_id,
+        "thread_id": reply.thread_id,
+        "fence": reply.fence,
+        "step": reply.step,
+        "next_step": reply.step + 1,
+        "now": reply.now,
+        "agent": reply.usage.agent,
+        "model": reply.usage.model[:255],
+        "input_tokens": reply.usage.input_tokens,
+        "output_tokens": reply.usage.output_tokens,
+        "cost": reply.usage.cost,
+        "text": reply.text,
+        "parts": None,
+        "payload": dumps({"role": "assistant", "text": reply.text}),
+        "run_payload": dumps({"run_id": reply.run_id, "status": "completed", "output": reply.text}),
+    }
+    fenced = tx.conn.execute(statements.COMMIT_LAST_REPLY_PG, params).scalar()
+    return None if fenced is None else int(fenced)
+
+
+def _step_and_message(tx: Tx, reply: Reply) -> int | None:
+    """The run moved to its next step (fenced, its lease released), the step's usage and the
+    assistant message: the new fence, or None (nothing written)."""
     moved = tx.advance_run(
         reply.run_id, fence=reply.fence, now=reply.now, step=reply.step + 1, lease_owner=None, lease_expires_at=None
     )
@@ -349,7 +403,4 @@ def commit_reply_in(tx: Tx, reply: Reply) -> int | None:
         now=reply.now,
         tool_calls=reply.tool_calls,
     )
-    tx.insert_tool_calls(list(reply.call_rows))
-    for entry in reply.entries:
-        tx.insert_outbox(entry, reply.now)
     return moved

@@ -173,11 +173,22 @@ def advance_run(columns: tuple[str, ...]) -> Update:
     return statement
 
 
-def _message_and_its_event(role: str, text_param: str) -> str:
+def _message_and_its_event(role: str, text_param: str, *, then_run_event: bool = False) -> str:
     """The CTEs ``m``, ``t`` and ``e`` of a one-statement commit: a message of ``role`` (its text
     the parameter ``text_param``, its parts ``:parts``) at the thread's next number, and its
     ``message`` event (``:payload`` with the message's number) at the thread's next event number;
-    each only if the fenced run update ``r`` matched."""
+    each only if the fenced run update ``r`` matched. With ``then_run_event``, the run's ``run``
+    event (``:run_payload``) follows at the number after."""
+    bump = 2 if then_run_event else 1
+    run_event = (
+        """
+    UNION ALL
+    SELECT CAST(:thread_id AS varchar), t.event_seq, CAST(:run_id AS varchar), 'run', CAST(:run_payload AS json),
+        :now
+    FROM t"""
+        if then_run_event
+        else ""
+    )
     return f"""m AS (
     INSERT INTO messages (thread_id, seq, run_id, role, text, parts, created_at)
     SELECT CAST(:thread_id AS varchar),
@@ -186,14 +197,14 @@ def _message_and_its_event(role: str, text_param: str) -> str:
     FROM r
     RETURNING seq
 ), t AS (
-    UPDATE threads SET event_seq = event_seq + 1
+    UPDATE threads SET event_seq = event_seq + {bump}
     WHERE id = CAST(:thread_id AS varchar) AND EXISTS (SELECT 1 FROM r)
     RETURNING event_seq
 ), e AS (
     INSERT INTO events (thread_id, seq, run_id, type, payload, created_at)
-    SELECT CAST(:thread_id AS varchar), t.event_seq, CAST(:run_id AS varchar), 'message',
+    SELECT CAST(:thread_id AS varchar), t.event_seq - {bump - 1}, CAST(:run_id AS varchar), 'message',
         CAST(CAST(:payload AS jsonb) || jsonb_build_object('seq', m.seq) AS json), :now
-    FROM t, m
+    FROM t, m{run_event}
 )"""
 
 
@@ -331,3 +342,31 @@ SELECT fence FROM r
     bindparam("now", type_=UTCDateTime()),
     bindparam("due", type_=UTCDateTime()),
 )
+
+#: PostgreSQL: a model step's reply that ends its run (no tool calls; not an agent tool's
+#: child), in one statement: the run moved to its next step and completed with the reply as its
+#: output (fenced, its lease released, its fence moved by two as the step's commit and the finish
+#: move it), the step's usage, the assistant message and its event, and the run's ``completed``
+#: event after it. Run inside the transaction that then hands the thread on
+#: (``transitions.runs.finished``): the run's row is locked by the update here, then the thread's
+#: by its event number, in the lock order of every transition. Each part runs only if the fenced
+#: run update matched; the new fence comes back, or no row.
+COMMIT_LAST_REPLY_PG = text(
+    """
+WITH r AS (
+    UPDATE runs SET fence = fence + 2, updated_at = :now, step = :next_step, status = 'completed',
+        output = CAST(:text AS text), finished_at = :now, lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = CAST(:run_id AS varchar) AND fence = :fence
+    RETURNING fence
+), u AS (
+    INSERT INTO model_usage (run_id, step, thread_id, agent, model, requests, input_tokens, output_tokens,
+        cost, created_at)
+    SELECT CAST(:run_id AS varchar), :step, CAST(:thread_id AS varchar), CAST(:agent AS varchar),
+        CAST(:model AS varchar), 1, :input_tokens, :output_tokens, CAST(:cost AS double precision), :now
+    FROM r
+), """
+    + _message_and_its_event("assistant", "text", then_run_event=True)
+    + """
+SELECT fence FROM r
+"""
+).bindparams(bindparam("now", type_=UTCDateTime()))

@@ -196,6 +196,15 @@ def finish(
     )
     if moved is None:
         raise FenceLost(run.id, fence)
+    return finished(tx, run, status=status, now=now, output=output, error=error)
+
+
+def finished(
+    tx: Tx, run: Run, *, status: str, now: datetime, output: str | None = None, error: str | None = None
+) -> list[OutboxEntry]:
+    """What follows the end of ``run``, whose ``status`` ``tx`` has just written (locking the run,
+    then the thread): the thread handed to the next queued run, if any, and for an agent tool's
+    child, its parent told."""
     metrics.run_finished(status)
     entries = release_thread(tx, run, now)
     if run.agent_tool_run_id is not None:
