@@ -380,3 +380,30 @@ def test_frozen_worker_is_fenced_off_when_it_resumes(
         ]
     else:
         assert [r.content for r in results] == [content.format(ref=ref, key=key)]
+
+
+def test_a_worker_frozen_before_a_reconcilable_effect_does_not_make_it_when_resumed(
+    cluster: ChaosCluster, healthy_workers: list[WorkerProcess]
+) -> None:
+    """Frozen after the call started but before its effect, past the lease: the lookup finds
+    nothing and the call runs again on the other worker. Resumed, the first execution must be
+    left where it stopped: one effect in all, and its task ends as a lost fence."""
+    # The first execution waits 3 s before its effect; the other worker's runs it at once.
+    handle, key, ref = start(cluster, "reconcilable", seconds=3.0, sleep_first=True)
+    line = cluster.ledger.wait_for_line("start", key, timeout=SETTLE_S)
+    frozen = cluster.worker_running(line.pid, healthy_workers)
+    frozen.stop()
+    try:
+        run = cluster.wait_settled(handle.run_id, SETTLE_S)
+    finally:
+        frozen.cont()
+    assert run.status == "completed", f"run is {run.status} ({run.error})"
+    frozen.wait_for_log(
+        rf"Task threads\.tool\[{re.escape(key)}\] succeeded in [^:]*: 'fence lost'",
+        timeout=SETTLE_S,
+        what="the resumed execution being left",
+    )
+    effects = effects_of_ref(cluster, ref)
+    assert len(effects) == 1, f"the effect must happen once, not again when the frozen worker resumes: {effects}"
+    assert effects[0].pid != line.pid, "the effect is the re-run's, on the other worker"
+    assert [r.content for r in cluster.tool_results(handle.thread_id)] == ["done:charge_checked:" + ref]

@@ -61,6 +61,7 @@ from threads_celery.runtime import (
     delivery,
     hooks,
     models,
+    pauses,
     provider_retry,
     recovery,
     step_commit,
@@ -332,8 +333,17 @@ class Runtime:
                 raise RetryLater(0.1, "run was claimed concurrently")
             fence, attempt = claimed, call.attempt + 1
 
+        renewed = [claim_started]  # when the lease last provably held (monotonic)
+
         def renew() -> bool:
-            return self._extend_call_lease(run.id, call.effect_key, fence, read_only, run.agent_tool_run_id)
+            started = time.monotonic()
+            held = self._extend_call_lease(run.id, call.effect_key, fence, read_only, run.agent_tool_run_id)
+            if held:
+                renewed[0] = started
+            return held
+
+        def still_held() -> bool:  # asked on a continue after a stop: no I/O, a signal handler runs it
+            return read_only or time.monotonic() - renewed[0] < self.settings.tool_lease_s / 2
 
         ctx = ToolContext(
             effect_key=call.effect_key,
@@ -363,9 +373,17 @@ class Runtime:
                 log.warning("call %s: lease lapsed before the tool ran; not running it", call.effect_key)
                 raise FenceLost(run.id, fence)
             try:
-                value = models.run_coroutine(tool.execute(parsed, ctx)) if tool.is_async else tool.execute(parsed, ctx)
+                with pauses.stop_if_paused(still_held):
+                    value = (
+                        models.run_coroutine(tool.execute(parsed, ctx)) if tool.is_async else tool.execute(parsed, ctx)
+                    )
                 value = tool.check_output(value)
                 content, is_error = render_result(redact_value(value, env.revealed)), False
+            except pauses.PausedPastLease:
+                if tool.is_async:
+                    models.cancel_pending()
+                log.warning("call %s: stopped past its lease; the tool was left before it could act", call.effect_key)
+                raise FenceLost(run.id, fence) from None
             except ToolOutputError as exc:
                 content, is_error = str(exc), True
             except EffectUnknown as exc:

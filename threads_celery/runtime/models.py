@@ -9,6 +9,7 @@ and Beat and the command line load the runtime without ever running a model turn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Coroutine, Sequence
@@ -91,6 +92,21 @@ def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
         loop = asyncio.new_event_loop()
         _loops.loop = loop
     return loop.run_until_complete(coro)
+
+
+def cancel_pending() -> None:
+    """Cancel what a :func:`run_coroutine` left on this thread's loop when an exception left it
+    midway (see :mod:`.pauses`), and let it unwind: a coroutine interrupted that way must never
+    go on later, inside the next one run here."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_loops, "loop", None)
+    if loop is None or loop.is_closed() or loop.is_running():
+        return
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        with contextlib.suppress(BaseException):  # what it raises unwinding is of no use now
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
 
 def to_model_messages(system_prompt: str, history: Sequence[Message]) -> list[Any]:
