@@ -258,18 +258,7 @@ class OwnOperations:
             raise ValueError("a reply's first tasks are tool calls (their outbox rows share one due time)")
         parts = {"tool_calls": [c.to_json() for c in reply.tool_calls]}
         params = {
-            "run_id": reply.run_id,
-            "thread_id": reply.thread_id,
-            "fence": reply.fence,
-            "step": reply.step,
-            "next_step": reply.step + 1,
-            "now": reply.now,
-            "agent": reply.usage.agent,
-            "model": reply.usage.model[:255],
-            "input_tokens": reply.usage.input_tokens,
-            "output_tokens": reply.usage.output_tokens,
-            "cost": reply.usage.cost,
-            "text": reply.text,
+            **_reply_params(reply),
             "parts": dumps(parts),
             "payload": dumps({"role": "assistant", "text": reply.text, **parts}),
             "calls_in_step": len(reply.call_rows),
@@ -355,6 +344,18 @@ def commit_last_reply_in(tx: Tx, reply: Reply) -> int | None:
             finished_at=reply.now, lease_owner=None, lease_expires_at=None,
         )  # fmt: skip
     params = {
+        **_reply_params(reply),
+        "parts": None,
+        "payload": dumps({"role": "assistant", "text": reply.text}),
+        "run_payload": dumps({"run_id": reply.run_id, "status": "completed", "output": reply.text}),
+    }
+    fenced = tx.conn.execute(statements.COMMIT_LAST_REPLY_PG, params).scalar()
+    return None if fenced is None else int(fenced)
+
+
+def _reply_params(reply: Reply) -> dict[str, Any]:
+    """The parameters a one-statement reply commit shares: the fenced run, the step and its usage, the text."""
+    return {
         "run_id": reply.run_id,
         "thread_id": reply.thread_id,
         "fence": reply.fence,
@@ -367,12 +368,7 @@ def commit_last_reply_in(tx: Tx, reply: Reply) -> int | None:
         "output_tokens": reply.usage.output_tokens,
         "cost": reply.usage.cost,
         "text": reply.text,
-        "parts": None,
-        "payload": dumps({"role": "assistant", "text": reply.text}),
-        "run_payload": dumps({"run_id": reply.run_id, "status": "completed", "output": reply.text}),
     }
-    fenced = tx.conn.execute(statements.COMMIT_LAST_REPLY_PG, params).scalar()
-    return None if fenced is None else int(fenced)
 
 
 def _step_and_message(tx: Tx, reply: Reply) -> int | None:

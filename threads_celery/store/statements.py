@@ -173,6 +173,17 @@ def advance_run(columns: tuple[str, ...]) -> Update:
     return statement
 
 
+#: The CTE ``u`` of a step's one-statement reply commit: the step's model usage, only if the
+#: fenced run update ``r`` matched.
+_STEP_USAGE = """), u AS (
+    INSERT INTO model_usage (run_id, step, thread_id, agent, model, requests, input_tokens, output_tokens,
+        cost, created_at)
+    SELECT CAST(:run_id AS varchar), :step, CAST(:thread_id AS varchar), CAST(:agent AS varchar),
+        CAST(:model AS varchar), 1, :input_tokens, :output_tokens, CAST(:cost AS double precision), :now
+    FROM r
+), """
+
+
 def _message_and_its_event(role: str, text_param: str, *, then_run_event: bool = False) -> str:
     """The CTEs ``m``, ``t`` and ``e`` of a one-statement commit: a message of ``role`` (its text
     the parameter ``text_param``, its parts ``:parts``) at the thread's next number, and its
@@ -312,13 +323,8 @@ WITH r AS (
         lease_owner = NULL, lease_expires_at = NULL
     WHERE id = CAST(:run_id AS varchar) AND fence = :fence
     RETURNING fence
-), u AS (
-    INSERT INTO model_usage (run_id, step, thread_id, agent, model, requests, input_tokens, output_tokens,
-        cost, created_at)
-    SELECT CAST(:run_id AS varchar), :step, CAST(:thread_id AS varchar), CAST(:agent AS varchar),
-        CAST(:model AS varchar), 1, :input_tokens, :output_tokens, CAST(:cost AS double precision), :now
-    FROM r
-), """
+"""
+    + _STEP_USAGE
     + _message_and_its_event("assistant", "text")
     + """, c AS (
     INSERT INTO tool_calls (effect_key, run_id, thread_id, step, idx, calls_in_step, call_id, tool, args,
@@ -358,13 +364,8 @@ WITH r AS (
         output = CAST(:text AS text), finished_at = :now, lease_owner = NULL, lease_expires_at = NULL
     WHERE id = CAST(:run_id AS varchar) AND fence = :fence
     RETURNING fence
-), u AS (
-    INSERT INTO model_usage (run_id, step, thread_id, agent, model, requests, input_tokens, output_tokens,
-        cost, created_at)
-    SELECT CAST(:run_id AS varchar), :step, CAST(:thread_id AS varchar), CAST(:agent AS varchar),
-        CAST(:model AS varchar), 1, :input_tokens, :output_tokens, CAST(:cost AS double precision), :now
-    FROM r
-), """
+"""
+    + _STEP_USAGE
     + _message_and_its_event("assistant", "text", then_run_event=True)
     + """
 SELECT fence FROM r
