@@ -106,6 +106,21 @@ def kill_child_running(
     return line.pid
 
 
+def frozen_until_settled(
+    cluster: ChaosCluster, workers: list[WorkerProcess], pid: int, run_id: str
+) -> tuple[WorkerProcess, Any]:
+    """SIGSTOP the worker whose pool process ``pid`` is, until the run settles elsewhere; SIGCONT.
+
+    Returns the worker and the settled run."""
+    frozen = cluster.worker_running(pid, workers)
+    frozen.stop()
+    try:
+        run = cluster.wait_settled(run_id, SETTLE_S)
+    finally:
+        frozen.cont()
+    return frozen, run
+
+
 # -- 1. the pool process is SIGKILLed mid-call -------------------------------------------------
 
 
@@ -353,12 +368,7 @@ def test_frozen_worker_is_fenced_off_when_it_resumes(
     # settled the call, and tries to commit its own result.
     handle, key, ref = start(cluster, effect_class, seconds=3.0)
     line = cluster.ledger.wait_for_line("effect", key, timeout=SETTLE_S)
-    frozen = cluster.worker_running(line.pid, healthy_workers)
-    frozen.stop()
-    try:
-        run = cluster.wait_settled(handle.run_id, SETTLE_S)
-    finally:
-        frozen.cont()
+    frozen, run = frozen_until_settled(cluster, healthy_workers, line.pid, handle.run_id)
     assert run.status == status, f"{effect_class}: run is {run.status} ({run.error})"
 
     # The frozen worker wakes up, finishes its call and tries to commit: the fence refuses it.
@@ -391,12 +401,7 @@ def test_a_worker_frozen_before_a_reconcilable_effect_does_not_make_it_when_resu
     # The first execution waits 3 s before its effect; the other worker's runs it at once.
     handle, key, ref = start(cluster, "reconcilable", seconds=3.0, sleep_first=True)
     line = cluster.ledger.wait_for_line("start", key, timeout=SETTLE_S)
-    frozen = cluster.worker_running(line.pid, healthy_workers)
-    frozen.stop()
-    try:
-        run = cluster.wait_settled(handle.run_id, SETTLE_S)
-    finally:
-        frozen.cont()
+    frozen, run = frozen_until_settled(cluster, healthy_workers, line.pid, handle.run_id)
     assert run.status == "completed", f"run is {run.status} ({run.error})"
     frozen.wait_for_log(
         rf"Task threads\.tool\[{re.escape(key)}\] succeeded in [^:]*: 'fence lost'",

@@ -343,7 +343,7 @@ class Runtime:
             return held
 
         def still_held() -> bool:  # asked on a continue after a stop: no I/O, a signal handler runs it
-            return read_only or time.monotonic() - renewed[0] < self.settings.tool_lease_s / 2
+            return read_only or self._surely_held_since(renewed[0])
 
         ctx = ToolContext(
             effect_key=call.effect_key,
@@ -403,6 +403,12 @@ class Runtime:
             hooks.observe_stop(agent, run, call.step, Stop("completed"))
         return outcome
 
+    def _surely_held_since(self, held_at: float) -> bool:
+        """Whether a call's lease, known to hold at ``held_at`` (monotonic), still surely holds:
+        less than half the lease has passed since (the backbone fences a call only after its
+        lease expired). No I/O."""
+        return time.monotonic() - held_at < self.settings.tool_lease_s / 2
+
     def _claim_still_held(self, claim_started: float, renew: Callable[[], bool]) -> bool:
         """Whether this worker still holds the call it claimed at ``claim_started`` (monotonic).
 
@@ -411,7 +417,7 @@ class Runtime:
         decides. The monotonic clock runs on while a process is stopped, so a pause of any kind
         between the claim and the call is caught here, before the tool runs.
         """
-        if time.monotonic() - claim_started < self.settings.tool_lease_s / 2:
+        if self._surely_held_since(claim_started):
             return True
         try:
             return renew()
