@@ -29,6 +29,20 @@ class ConfigError(ThreadsError, ValueError):
     """The definition or configuration is invalid."""
 
 
+class SecretUndecryptable(ConfigError):
+    """A stored secret cannot be decrypted with this process's THREADS_SECRET_KEY."""
+
+    def __init__(self, name: str | None = None, message: str | None = None) -> None:
+        self.name = name
+        what = f"the stored secret {name!r}" if name else "a stored secret"
+        super().__init__(
+            message or f"{what} cannot be decrypted with this THREADS_SECRET_KEY: it was sealed with another key"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.message))
+
+
 class RuntimeFailure(ThreadsError):
     """A run could not be carried out."""
 

@@ -196,3 +196,33 @@ def test_beat_refuses_an_unreachable_database(
     result = start(argv, agents_dir, THREADS_DATABASE_URL=closed_port_url(), THREADS_BROKER_URL=redis_url,
                    THREADS_AGENTS="scripted_agents")  # fmt: skip
     assert_refused(result, "cannot reach the database")
+
+
+# -- a malformed THREADS_SECRET_KEY ----------------------------------------------------------------
+
+#: Looks like a key and is one cut short: the refusal must not repeat it (it is half a secret).
+CUT_KEY = "q3M0b0rZ8wYJr1l2cUu5x9Zp7KfE4nT6hA1sD3gLm"
+
+
+@pytest.mark.parametrize(
+    "argv", [WORKER, BEAT, CLI_WORKER, CLI_BEAT, CLI_API], ids=["worker", "beat", "cli-worker", "cli-beat", "cli-api"]
+)
+def test_every_service_refuses_a_malformed_secret_key(
+    argv: list[str], agents_dir: Path, migrated_pg_url: str, redis_url: str
+) -> None:
+    result = start(argv, agents_dir, THREADS_DATABASE_URL=migrated_pg_url, THREADS_BROKER_URL=redis_url,
+                   THREADS_AGENTS="scripted_agents", THREADS_SECRET_KEY=CUT_KEY)  # fmt: skip
+    assert_refused(result, "THREADS_SECRET_KEY is not a valid Fernet key")
+    assert CUT_KEY not in result.stdout + result.stderr
+    assert CUT_KEY[:12] not in result.stdout + result.stderr
+
+
+def test_the_embedded_run_refuses_a_malformed_secret_key(agents_dir: Path, tmp_path: Path) -> None:
+    (agents_dir / "one_agent.py").write_text(AGENT_MODULES["scripted_agents"])
+    argv = [sys.executable, "-m", "threads_celery.cli.app", "run", "one_agent:ok", "hi", "--db", str(tmp_path / "t.db")]
+    result = start(argv, agents_dir, THREADS_SECRET_KEY=CUT_KEY)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "THREADS_SECRET_KEY is not a valid Fernet key" in output
+    assert "Traceback" not in output and CUT_KEY not in output
+    assert not (tmp_path / "t.db").exists(), "it started before refusing"

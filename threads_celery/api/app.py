@@ -86,7 +86,7 @@ from threads_celery.api.usage import add_usage_routes
 from threads_celery.client.threads import Threads
 from threads_celery.exceptions import CallNotFound, ConfigError
 from threads_celery.records import RunStatus
-from threads_celery.runtime.preflight import check_database, check_models
+from threads_celery.runtime.preflight import check_database, check_models, check_secret_key
 from threads_celery.settings import Settings
 
 log = logging.getLogger("threads_celery.api.app")
@@ -367,6 +367,7 @@ def app_from_environment() -> FastAPI:
     env = os.environ
     # Refuse a misconfigured API before opening any connection.
     check_auth_config(auth_from_env(env), set(callers_from_env(env)))
+    check_secret_key()
     max_body_from_env(env)
     settings = Settings.from_env()
     threads = Threads(settings=settings)

@@ -37,6 +37,7 @@ from threads_celery.cli.common import (
 )
 from threads_celery.cli.live import NEEDS_A_PERSON, RunView, format_args, is_narration
 from threads_celery.cli.watch import follow_run
+from threads_celery.definitions.variables import check_secret_key
 from threads_celery.records import TERMINAL_STATUSES, AgentToolRun, Run
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ def run(
     """
     if message == "-":
         message = sys.stdin.read()
+    check_secret_key()  # its in-process worker refuses a malformed key as a worker does
     agent = load_agent(agent_spec)
     threads = open_threads(db)
     try:

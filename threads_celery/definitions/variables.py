@@ -14,15 +14,17 @@ part (:class:`threads_celery.runtime.variables.ThreadEnv`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from cryptography.fernet import Fernet, InvalidToken
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
-from threads_celery.exceptions import ConfigError, ThreadsError
+from threads_celery.exceptions import ConfigError, SecretUndecryptable, ThreadsError
 from threads_celery.redaction import redact_text
 
 VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -73,35 +75,68 @@ def declared(variables: Iterable[Variable]) -> dict[str, Variable]:
     return found
 
 
+_KEY_HELP = (
+    "generate one with: python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'"
+)
+
+
+def parse_secret_keys(raw: str) -> MultiFernet:
+    """The cipher of a ``THREADS_SECRET_KEY`` value, or a ConfigError that never repeats the value.
+
+    The value is one Fernet key (32 url-safe base64 bytes), or several separated by commas for a
+    rotation: new secrets are sealed with the first, and stored ones open with any of them.
+    """
+    parts = [part.strip() for part in raw.split(",")]
+    if not raw.strip() or any(not part for part in parts):
+        raise ConfigError(f"{SECRET_KEY_ENV} is empty or has an empty entry ({_KEY_HELP})")
+    ciphers = []
+    for position, part in enumerate(parts, start=1):
+        try:
+            # Strictly: Fernet itself ignores what follows the padding, so a key with junk
+            # appended (a paste gone wrong) would pass and seal with a key nobody wrote down.
+            if len(base64.b64decode(part.encode("ascii"), altchars=b"-_", validate=True)) != 32:
+                raise ValueError("not 32 bytes")
+            ciphers.append(Fernet(part.encode()))
+        except (ValueError, TypeError, UnicodeEncodeError, binascii.Error):
+            which = f"key {position} of {len(parts)}" if len(parts) > 1 else "it"
+            # Never the value itself: a malformed key is often a real key cut short.
+            raise ConfigError(
+                f"{SECRET_KEY_ENV} is not a valid Fernet key ({which} is not 32 url-safe base64 bytes; {_KEY_HELP})"
+            ) from None
+    return MultiFernet(ciphers)
+
+
+def check_secret_key(environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a malformed ``THREADS_SECRET_KEY`` (ConfigError); an unset one is fine until a
+    secret is stored or read. What the worker, Beat and the API check before they start."""
+    raw = (os.environ if environ is None else environ).get(SECRET_KEY_ENV)
+    if raw is not None:
+        parse_secret_keys(raw)
+
+
 class SecretBox:
     """Encrypts and decrypts secret values with the key from ``THREADS_SECRET_KEY``."""
 
     def __init__(self, key: str | None = None) -> None:
         self._key = key if key is not None else os.environ.get(SECRET_KEY_ENV)
-        self._fernet: Fernet | None = None
+        self._fernet: MultiFernet | None = None
 
-    def _cipher(self) -> Fernet:
+    def _cipher(self) -> MultiFernet:
         if self._fernet is None:
             if not self._key:
-                raise ConfigError(
-                    f"cannot store a secret: {SECRET_KEY_ENV} is not set "
-                    "(generate one with: python -c 'from cryptography.fernet import Fernet; "
-                    "print(Fernet.generate_key().decode())')"
-                )
-            try:
-                self._fernet = Fernet(self._key.encode() if isinstance(self._key, str) else self._key)
-            except (ValueError, TypeError):
-                raise ConfigError(f"{SECRET_KEY_ENV} is not a valid Fernet key (32 url-safe base64 bytes)") from None
+                raise ConfigError(f"cannot store a secret: {SECRET_KEY_ENV} is not set ({_KEY_HELP})")
+            self._fernet = parse_secret_keys(self._key)
         return self._fernet
 
     def seal(self, value: str) -> str:
         return self._cipher().encrypt(value.encode()).decode()
 
-    def open(self, token: str) -> str:
+    def open(self, token: str, *, name: str | None = None) -> str:
+        """The clear value of a sealed secret; :class:`SecretUndecryptable` when no key opens it."""
         try:
             return self._cipher().decrypt(token.encode()).decode()
-        except InvalidToken:
-            raise ConfigError(f"a stored secret cannot be decrypted with this {SECRET_KEY_ENV}") from None
+        except (InvalidToken, UnicodeError):
+            raise SecretUndecryptable(name) from None
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:

@@ -43,6 +43,7 @@ from threads_celery.exceptions import (
     EffectUnknown,
     FenceLost,
     RetryLater,
+    SecretUndecryptable,
     StoreUnavailable,
     UnknownAgent,
 )
@@ -395,12 +396,22 @@ class Runtime:
                 content, is_error = describe_exception(exc, env.revealed), True
             if env.revealed:
                 content = redact_text(content, env.revealed)
+            fails_run = None
+            if env.undecryptable:
+                # Whatever the tool made of it: a worker whose key cannot open the thread's
+                # secrets must not let the model carry on as if the tool had them.
+                fails_run = SecretUndecryptable(env.undecryptable[0]).message
+                content, is_error = f"{tool.name}: {fails_run}", True
             # Still holding the lease: a store outage here must not lose a result that exists
             # only in this process (dropping it turns a blip into a rerun or a park).
-            outcome = self._commit_executed(run, fence, call, tool, content, is_error=is_error, own_outbox=read_only)
+            outcome = self._commit_executed(
+                run, fence, call, tool, content, is_error=is_error, own_outbox=read_only, fails_run=fails_run
+            )
         hooks.observe_result(agent, gated, content, is_error)
         if outcome.startswith("ended the turn"):
             hooks.observe_stop(agent, run, call.step, Stop("completed"))
+        elif outcome.startswith("ended the run in error"):
+            hooks.observe_stop(agent, run, call.step, Stop("error", None, fails_run))
         return outcome
 
     def _surely_held_since(self, held_at: float) -> bool:
@@ -433,7 +444,16 @@ class Runtime:
         )
 
     def _commit_executed(
-        self, run: Run, fence: int, call: CallRow, tool: Tool | None, content: str, *, is_error: bool, own_outbox: bool
+        self,
+        run: Run,
+        fence: int,
+        call: CallRow,
+        tool: Tool | None,
+        content: str,
+        *,
+        is_error: bool,
+        own_outbox: bool,
+        fails_run: str | None = None,
     ) -> str:
         """Commit an executed call's result, retrying while the store is unreachable.
 
@@ -450,7 +470,9 @@ class Runtime:
         unreachable = 0
         while True:
             try:
-                return self._commit_call(run, fence, call, tool, content, is_error=is_error, own_outbox=own_outbox)
+                return self._commit_call(
+                    run, fence, call, tool, content, is_error=is_error, own_outbox=own_outbox, fails_run=fails_run
+                )
             except StoreUnavailable as exc:
                 unreachable += 1
                 delay = STORE_RECONNECT_BACKOFF.delay_s(unreachable)
@@ -511,8 +533,10 @@ class Runtime:
         *,
         is_error: bool,
         own_outbox: bool = True,
+        fails_run: str | None = None,
     ) -> str:
         if call.batch is not None:
+            # A concurrent call's siblings may still run: its error result is what it reports.
             return batches.record_concurrent_result(self, run, call, content, is_error=is_error)
         outcome, entries = runs.commit_call_result(
             self.store,
@@ -525,6 +549,7 @@ class Runtime:
             own_outbox=own_outbox,
             step_queue=self._step_queue(run.agent),
             now=self.clock(),
+            fails_run=fails_run,
         )
         self.publish(entries)
         return outcome

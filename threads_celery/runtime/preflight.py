@@ -1,7 +1,7 @@
 """Start-up checks: a worker, Beat or the API refuses to start, in one line, when it cannot work.
 
 Each check raises a :class:`~threads_celery.exceptions.ThreadsError` whose message is that line:
-the database is unset or unreachable, its migrations are not at head, an agent module does not
+the secret key is malformed, the database is unset or unreachable, its migrations are not at head, an agent module does not
 import, or an agent's model provider package or API key is missing. The services call
 :func:`preflight` before they accept work, and :func:`exit_on_failure` turns a failure into one
 red line on stderr and exit status 2 (never a traceback, never a worker that says "ready" and then
@@ -10,6 +10,7 @@ fails every task).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, NoReturn
 from sqlalchemy.exc import SQLAlchemyError
 
 from threads_celery.definitions.model_strings import resolve_model
+from threads_celery.definitions.variables import check_secret_key as check_secret_key_in
 from threads_celery.exceptions import ConfigError, ThreadsError
 from threads_celery.store.availability import store_unavailable
 from threads_celery.store.engine import safe_url
@@ -38,6 +40,11 @@ class Ready:
 
     revision: str
     agents: tuple[str, ...]
+
+
+def check_secret_key() -> None:
+    """A ConfigError when ``THREADS_SECRET_KEY`` is set but malformed (never its value)."""
+    check_secret_key_in(os.environ)
 
 
 def require_database_url(database_url: str | None, *, service: str) -> str:

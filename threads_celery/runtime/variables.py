@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from threads_celery.definitions.variables import SecretBox, Variable, VariableError, resolve
+from threads_celery.exceptions import SecretUndecryptable
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import AgentRegistry
@@ -37,6 +38,9 @@ class ThreadEnv:
         self.owner = owner
         self.box = box or SecretBox()
         self.revealed: list[str] = []
+        #: Secrets this call could not decrypt: the run then ends in error whatever the tool did
+        #: with the exception (a worker with the wrong key must not finish runs as if all was well).
+        self.undecryptable: list[str] = []
 
     def _chain(self, tx: Tx) -> list[tuple[Mapping[str, tuple[str, str]], Callable[[str], bool]]]:
         chain: list[tuple[Mapping[str, tuple[str, str]], Callable[[str], bool]]] = []
@@ -56,7 +60,11 @@ class ThreadEnv:
             return None
         kind, stored = found
         if kind == "secret":
-            value = self.box.open(stored)
+            try:
+                value = self.box.open(stored, name=name)
+            except SecretUndecryptable:
+                self.undecryptable.append(name)
+                raise
             self.revealed.append(value)
             return value
         return stored

@@ -307,6 +307,7 @@ def commit_call_result(
     own_outbox: bool,
     step_queue: str | None,
     now: datetime,
+    fails_run: str | None = None,
 ) -> tuple[str, list[OutboxEntry]]:
     """A worker's result commit of a call, in a transaction of its own (fenced).
 
@@ -316,7 +317,7 @@ def commit_call_result(
     parent hears of each result) and the call after it in the reply is known. ``step_queue``
     is the agent's step queue as this worker knows it (so the hot path reads nothing first).
     """
-    following = _known_next_entry(run, call, step_queue, ends_run=ends_turn and not is_error)
+    following = None if fails_run else _known_next_entry(run, call, step_queue, ends_run=ends_turn and not is_error)
     if following is None or run.agent_tool_run_id is not None:
         with store.transaction() as tx:
             return record_call_result(
@@ -329,6 +330,7 @@ def commit_call_result(
                 ends_turn=ends_turn,
                 now=now,
                 own_outbox=own_outbox,
+                fails_run=fails_run,
             )
     moved = store.commit_call_result(
         run_id=run.id,
@@ -358,15 +360,17 @@ def record_call_result(
     now: datetime,
     resume: bool = False,
     own_outbox: bool = True,
+    fails_run: str | None = None,
 ) -> tuple[str, list[OutboxEntry]]:
     """Commit a call's result as a tool message and record what runs next (fenced), in ``tx``.
 
     The next task is the following call of the same model reply, or the next model step after
     the last one; a successful ``ends_turn`` call ends the run instead. ``resume`` sets a run
     that waited for a person back to running. ``own_outbox=False`` says the call's outbox row
-    was consumed already (by its claim).
+    was consumed already (by its claim). ``fails_run`` ends the run in error with that reason
+    after the result (a failure no model can fix, such as a secret this worker cannot decrypt).
     """
-    following = _next_entry(tx, run, call, ends_run=ends_turn and not is_error)
+    following = None if fails_run else _next_entry(tx, run, call, ends_run=ends_turn and not is_error)
     moved = tx.commit_call_result(
         run_id=run.id,
         thread_id=run.thread_id,
@@ -390,6 +394,9 @@ def record_call_result(
         )
     if following is None:
         skipped = _skip_rest_of_step(tx, run, call, now)
+        if fails_run:
+            entries = finish(tx, run, fence=moved, status="error", now=now, error=fails_run)
+            return f"ended the run in error{f' (skipped {skipped})' if skipped else ''}", entries
         entries = finish(tx, run, fence=moved, status="completed", now=now, output=_last_assistant_text(tx, run))
         return f"ended the turn{f' (skipped {skipped})' if skipped else ''}", entries
     return ("error" if is_error else "completed"), [following]

@@ -20,7 +20,14 @@ from threads_celery.decisions.backbone import WORK_QUEUE, control_queue_for
 from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.exceptions import ConfigError, StoreUnavailable
 from threads_celery.runtime.machine import Runtime
-from threads_celery.runtime.preflight import Ready, check_database, check_models, exit_on_failure, require_database_url
+from threads_celery.runtime.preflight import (
+    Ready,
+    check_database,
+    check_models,
+    check_secret_key,
+    exit_on_failure,
+    require_database_url,
+)
 from threads_celery.runtime.schedules import ScheduleRegistry
 from threads_celery.settings import Settings
 from threads_celery.store import Store
@@ -115,11 +122,13 @@ def create_app(
 
 
 def preflight(app: ThreadsCelery, *, service: str) -> Ready:
-    """Check that ``app`` can work before it accepts any: the database is set, answers and is at
-    head, the agents of ``THREADS_AGENTS`` import, and their model providers can be built.
+    """Check that ``app`` can work before it accepts any: the secret key (when set) is well formed,
+    the database is set, answers and is at head, the agents of ``THREADS_AGENTS`` import, and
+    their model providers can be built.
 
     Raises the ThreadsError whose message says what is wrong (see :mod:`threads_celery.runtime.preflight`).
     """
+    check_secret_key()
     holder = app.threads_runtime
     if holder._store is None:
         require_database_url(holder.settings.database_url, service=service)
