@@ -15,9 +15,11 @@
   the worker's network, loopback services included (say so to whoever turns it on);
 - **mount**: an empty root, read-only, holding ``/usr`` (and the ``/bin``, ``/lib`` links to it),
   the few ``/etc`` files the dynamic linker and name resolution read, the interpreter's own
-  prefix, a fresh ``/proc`` and ``/dev``, a small ``/tmp`` and the call's scratch directory at
-  :data:`SCRATCH` (the only place the code may write besides ``/tmp``). No home directory,
-  project checkout, attachment folder or database socket is there.
+  prefix, a fresh ``/proc``, a read-only ``/dev`` of the usual device nodes, and three
+  size-limited tmpfs mounts, the only places the code may write: the call's scratch directory at
+  :data:`SCRATCH`, ``/tmp`` and ``/dev/shm``, together :data:`SCRATCH_TOTAL_BYTES`. No host
+  directory is bound writable, so ``/proc/self/mountinfo`` names no host scratch path. No home
+  directory, project checkout, attachment folder or database socket is there.
 
 This module decides (pure functions over paths and ids); :mod:`threads_celery.workspace.sandbox` starts
 and supervises the process.
@@ -37,8 +39,18 @@ from pathlib import Path
 SCRATCH = "/sandbox"
 #: The unprivileged identity the code has inside, and outside when the worker is root.
 UNPRIVILEGED_ID = 65534
-#: ``/tmp`` inside the sandbox is a tmpfs of this size (it counts against memory, not disk).
-TMP_BYTES = 64 * 2**20
+#: The scratch space of one call, ``/sandbox``, ``/tmp`` and ``/dev/shm`` together: three
+#: size-limited tmpfs mounts (memory, never the host's disk) whose sizes add up to this. A budget
+#: split rather than one tmpfs bound in three places: bubblewrap binds only host paths, and a host
+#: directory would show its path in the sandbox's ``/proc/self/mountinfo``.
+SCRATCH_TOTAL_BYTES = 176 * 2**20
+#: ``/sandbox`` (cwd, ``HOME``) gets this much of :data:`SCRATCH_TOTAL_BYTES`: more than one file
+#: may hold (``sandbox.MAX_FILE_BYTES``), so that limit still shows as its own error.
+SANDBOX_BYTES = 96 * 2**20
+#: ``/dev/shm`` (POSIX shared memory, ``multiprocessing``'s semaphores) gets this much.
+SHM_BYTES = 16 * 2**20
+#: ``/tmp`` gets the rest.
+TMP_BYTES = SCRATCH_TOTAL_BYTES - SANDBOX_BYTES - SHM_BYTES
 
 BWRAP_MISSING = (
     "run_code needs bubblewrap (`bwrap`; Debian/Ubuntu: apt-get install bubblewrap) to isolate "
@@ -126,13 +138,17 @@ def prefix_of(executable: str) -> str:
 def bwrap_argv(
     bwrap: str,
     *,
-    scratch: Path,
+    entry_fd: int,
+    entry_name: str,
     command: Sequence[str],
     network: bool = False,
     extra_read_only: Sequence[str] = (),
     root: Path = Path("/"),
 ) -> list[str]:
     """The ``bwrap`` command line that runs ``command`` in the sandbox described above.
+
+    ``entry_fd`` is an open descriptor (passed to ``bwrap``) whose content becomes
+    ``SCRATCH/entry_name``, the code's file, copied into the scratch tmpfs.
 
     ``extra_read_only`` are host paths mounted read-only at the same place (interpreter
     prefixes outside ``/usr``); ``root`` is where the host's ``/usr``, ``/etc``... are looked up
@@ -170,8 +186,13 @@ def bwrap_argv(
             mounted.add(path)
     argv += [
         "--proc", "/proc",
+        # The usual device nodes, then read-only: nothing can be created in /dev. Only the
+        # size-limited /dev/shm on top of it stays writable (the remount is not recursive).
         "--dev", "/dev",
-        "--bind", str(scratch), SCRATCH,
+        "--size", str(SHM_BYTES), "--perms", "1777", "--tmpfs", "/dev/shm",
+        "--remount-ro", "/dev",
+        "--size", str(SANDBOX_BYTES), "--perms", "0700", "--tmpfs", SCRATCH,
+        "--file", str(entry_fd), f"{SCRATCH}/{entry_name}",
         "--chdir", SCRATCH,
         "--remount-ro", "/",
         "--clearenv",

@@ -3,8 +3,8 @@
 Each call gets a fresh interpreter (Python with ``-I -S``: no site-packages, no ``PYTHON*``
 variables, no user site; or Node.js for JavaScript) in a bubblewrap sandbox (see
 :mod:`threads_celery.workspace.isolation`): new user, PID, network, IPC and mount namespaces, uid 65534
-with no capabilities, a read-only system with a writable scratch directory of its own (deleted
-afterwards), no view of the worker's processes, environment, files or sockets, and no network
+with no capabilities, a read-only system with size-limited scratch space of its own (``/sandbox``, ``/tmp``
+and ``/dev/shm``: tmpfs mounts, gone with the sandbox), no view of the worker's processes, environment, files or sockets, and no network
 unless the call asks for it (``network=True``). On top of that:
 
 - an environment that holds nothing but ``PATH``, ``LANG``, ``HOME`` and ``TMPDIR``;
@@ -170,14 +170,23 @@ def run_code(
         interpreter = [python, "-I", "-S", "-B", "-X", "utf8"]
 
     argv = [python, "-I", "-S", "-c", _LAUNCHER]
+    entry_name = _ENTRY_FILES[lang]
     with contextlib.ExitStack() as cleanup:
         try:
-            workdir = Path(tempfile.mkdtemp(prefix="threads-code-"))
-            cleanup.callback(_remove_tree, workdir)
-            if identity.drop_to is not None:
-                os.chown(workdir, *identity.drop_to)
-            entry = workdir / _ENTRY_FILES[lang]
-            entry.write_text(code, encoding="utf-8")
+            pass_fds: tuple[int, ...] = ()
+            if bwrap is None:
+                workdir = Path(tempfile.mkdtemp(prefix="threads-code-"))
+                cleanup.callback(_remove_tree, workdir)
+                (workdir / entry_name).write_text(code, encoding="utf-8")
+            else:
+                # The sandbox's scratch is a size-limited tmpfs of its own, not a host directory
+                # (whose path mountinfo would show): bubblewrap copies the code in from this
+                # unnamed file.
+                workdir = Path(isolation.SCRATCH)
+                source = cleanup.enter_context(tempfile.TemporaryFile())
+                source.write(code.encode("utf-8"))
+                source.seek(0)
+                pass_fds = (source.fileno(),)
             stdin_file: IO[bytes] | int = subprocess.DEVNULL
             if stdin is not None:
                 # An unnamed file, not a pipe: a large stdin cannot block us while we read output.
@@ -188,18 +197,24 @@ def run_code(
             return _not_started(f"could not prepare the code to run: {exc}")
         spec = {
             "limits": _limits(lang, timeout_s, memory_mb, sandboxed=bwrap is not None),
-            "argv": [*interpreter, entry.name],
+            "argv": [*interpreter, entry_name],
         }
         command = [*argv, json.dumps(spec)]
         if bwrap is not None:
             command = isolation.bwrap_argv(
-                bwrap, scratch=workdir, command=command, network=network, extra_read_only=mounts
+                bwrap,
+                entry_fd=pass_fds[0],
+                entry_name=entry_name,
+                command=command,
+                network=network,
+                extra_read_only=mounts,
             )
         return _supervise(
             command,
             workdir if bwrap is None else Path("/"),
             _child_env(workdir) if bwrap is None else {"PATH": "/usr/bin:/bin"},
             stdin_file,
+            pass_fds=pass_fds,
             drop_to=identity.drop_to,
             timeout_s=timeout_s,
             cancel=cancel,
@@ -296,6 +311,7 @@ def _supervise(
     env: dict[str, str],
     stdin: IO[bytes] | int,
     *,
+    pass_fds: tuple[int, ...] = (),
     drop_to: tuple[int, int] | None = None,
     timeout_s: float,
     cancel: Callable[[], bool] | None,
@@ -316,6 +332,7 @@ def _supervise(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             close_fds=True,
+            pass_fds=pass_fds,  # the code's file, for bubblewrap to copy into the scratch tmpfs
             start_new_session=True,  # its own session and process group: killed as one
         )
     except OSError as exc:

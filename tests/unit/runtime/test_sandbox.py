@@ -89,7 +89,9 @@ def test_allocating_under_the_memory_cap_works() -> None:
 
 
 def test_output_is_capped_with_a_note() -> None:
-    result = run_code("import sys\nsys.stdout.write('x' * 50_000)\nsys.stderr.write('y' * 50_000)", max_output_bytes=1000)
+    result = run_code(
+        "import sys\nsys.stdout.write('x' * 50_000)\nsys.stderr.write('y' * 50_000)", max_output_bytes=1000
+    )
     assert result.ok
     assert result.stdout.startswith("x" * 1000 + "\n[output truncated: 50000 bytes written, the first 1000 kept]")
     assert result.stderr.startswith("y" * 1000 + "\n[output truncated")
@@ -133,18 +135,29 @@ def test_the_code_inherits_no_open_file_descriptor(tmp_path: Path) -> None:
     assert result.stdout == "closed\n"
 
 
-def test_the_code_runs_in_its_own_directory_which_is_removed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unsandboxed_code_runs_in_its_own_directory_which_is_removed(monkeypatch: pytest.MonkeyPatch) -> None:
     removed: list[Path] = []
     remove = sandbox._remove_tree
     monkeypatch.setattr(sandbox, "_remove_tree", lambda path: (removed.append(path), remove(path)))
     code = "import os\nopen('left-behind.txt', 'w').write('x')\nos.mkdir('sub')\nos.chmod('sub', 0)\nprint(os.getcwd())"
-    result = run_code(code)
+    result = run_code(code, unsandboxed=True)
     assert result.ok, result
-    assert result.stdout.strip() == "/sandbox"  # the scratch directory, as the sandbox shows it
     [workdir] = removed
+    assert result.stdout.strip() == str(workdir)
     assert workdir != Path.cwd()
     assert workdir.name.startswith("threads-code-")
     assert not workdir.exists()
+
+
+def test_sandboxed_code_runs_in_scratch_space_of_its_own_and_no_host_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(sandbox.tempfile, "mkdtemp", lambda **kw: made.append(mkdtemp(**kw)) or made[-1])
+    code = "import os\nopen('left-behind.txt', 'w').write('x')\nprint(os.getcwd(), sorted(os.listdir('.')))"
+    result = run_code(code)
+    assert result.ok, result
+    assert result.stdout.strip() == "/sandbox ['left-behind.txt', 'main.py']"  # the tmpfs, as the sandbox shows it
+    assert made == []  # nothing on the host's disk to leave behind
 
 
 def test_the_code_cannot_import_the_workers_packages() -> None:
@@ -187,7 +200,10 @@ def test_processes_the_code_leaves_behind_are_killed(unsandboxed: bool) -> None:
     assert result.ok, result
     assert result.stdout == "None\n"  # still running when the code ended
     eventually(
-        lambda: not _processes_with(marker), timeout=5, what="the child process gone", detail=lambda: _processes_with(marker)
+        lambda: not _processes_with(marker),
+        timeout=5,
+        what="the child process gone",
+        detail=lambda: _processes_with(marker),
     )
 
 
@@ -242,7 +258,9 @@ def test_javascript_without_node_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
     assert NODE_MISSING == "JavaScript needs Node.js, which is not installed"
 
 
-def test_javascript_is_handed_to_node_as_a_file_with_a_heap_cap(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+def test_javascript_is_handed_to_node_as_a_file_with_a_heap_cap(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
     # A stand-in for node that shows how it was called, so this runs where node is absent too.
     # In a directory the sandbox's unprivileged user can reach (pytest's tmp_path is private to root).
     fake_home = Path(tempfile.mkdtemp(prefix="threads-fake-node-"))
@@ -277,12 +295,18 @@ def test_javascript_past_the_memory_cap_fails() -> None:
 
 def test_ctx_run_code_uses_the_settings_defaults_and_the_cancel_flag() -> None:
     ctx = ToolContext(
-        effect_key="k", run_id="r", thread_id="t", attempt=1, is_cancelled=lambda: True,
+        effect_key="k",
+        run_id="r",
+        thread_id="t",
+        attempt=1,
+        is_cancelled=lambda: True,
         settings=Settings(code_timeout_s=60.0, code_max_output_bytes=10),
     )
     stopped = ctx.run_code("while True:\n    pass\n")
     assert stopped.cancelled is True
-    free = ToolContext(effect_key="k", run_id="r", thread_id="t", attempt=1, settings=Settings(code_max_output_bytes=10))
+    free = ToolContext(
+        effect_key="k", run_id="r", thread_id="t", attempt=1, settings=Settings(code_max_output_bytes=10)
+    )
     capped = free.run_code("print('0123456789abcdef')")
     assert capped.stdout.startswith("0123456789\n[output truncated")
 

@@ -172,7 +172,10 @@ while time.monotonic() < deadline:
     assert "orphan running" in result.stdout, result
     assert result.timed_out is (ending == "times out")
     eventually(
-        lambda: _processes_with(marker) == [], timeout=10, what="the orphan gone", detail=lambda: _processes_with(marker)
+        lambda: _processes_with(marker) == [],
+        timeout=10,
+        what="the orphan gone",
+        detail=lambda: _processes_with(marker),
     )
 
 
@@ -222,12 +225,16 @@ def test_seen_from_the_host_the_code_is_not_root() -> None:
     runner.start()
     try:
         pids = eventually(lambda: _processes_with(marker), timeout=15, what="the sandboxed process showing up")
-        status = dict(line.split(":", 1) for line in Path(f"/proc/{pids[0]}/status").read_text().splitlines() if ":" in line)
+        status = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pids[0]}/status").read_text().splitlines() if ":" in line
+        )
     finally:
         runner.join(30)
     expected = isolation.UNPRIVILEGED_ID if os.geteuid() == 0 else os.geteuid()
     assert {int(uid) for uid in status["Uid"].split()} == {expected}
-    assert {int(gid) for gid in status["Gid"].split()} == {isolation.UNPRIVILEGED_ID if os.geteuid() == 0 else os.getegid()}
+    assert {int(gid) for gid in status["Gid"].split()} == {
+        isolation.UNPRIVILEGED_ID if os.geteuid() == 0 else os.getegid()
+    }
     assert status["Groups"].strip() in ("", str(isolation.UNPRIVILEGED_ID))  # root's groups are dropped too
 
 
@@ -269,3 +276,75 @@ def test_without_bwrap_run_code_refuses_unless_the_caller_opts_out_by_name(monke
     assert "bubblewrap" in refused.error and "unsandboxed=True" in refused.error
     allowed = run_code("print('hi')", unsandboxed=True)
     assert allowed.ok and allowed.stdout == "hi\n"
+
+
+# -- scratch space and /dev: capped as a whole, never the host's --------------------------------
+
+WRITE = """
+import json, os
+out = {{"written": 0, "error": None}}
+try:
+    for path in {paths!r}:
+        with open(path, "wb") as f:
+            for _ in range({chunks}):
+                f.write(b"x" * 2**20)
+                f.flush()
+                out["written"] += 1
+except OSError as exc:
+    out["error"] = type(exc).__name__ + ": " + (exc.strerror or "")
+print(json.dumps(out))
+"""
+
+
+def test_dev_shm_is_capped_with_the_scratch_space() -> None:
+    found = run(WRITE.format(paths=["/dev/shm/big"], chunks=160))
+    assert found["error"] == "OSError: No space left on device", found
+    assert found["written"] <= isolation.SHM_BYTES // 2**20  # type: ignore[operator]
+
+
+def test_nothing_can_be_created_in_dev() -> None:
+    code = """
+import json, os
+out = {}
+for path in ('/dev/evil', '/dev/pts/evil', '/dev/null2'):
+    try:
+        open(path, 'w').write('x')
+        out[path] = 'written'
+    except OSError as exc:
+        out[path] = type(exc).__name__
+try:
+    os.mkdir('/dev/dir')
+    out['mkdir'] = 'made'
+except OSError as exc:
+    out['mkdir'] = type(exc).__name__
+open('/dev/null', 'w').write('x')  # the usual device nodes still work
+out['urandom'] = len(open('/dev/urandom', 'rb').read(4))
+print(json.dumps(out))
+"""
+    found = run(code)
+    assert found.pop("urandom") == 4
+    assert set(found.values()) <= {"OSError", "PermissionError"}, found
+
+
+def test_the_scratch_space_is_capped_as_a_whole_not_per_file() -> None:
+    # 4 files of 50 MiB, each under the per-file limit, in /sandbox and /tmp: 200 MiB in all.
+    paths = ["/sandbox/a", "/sandbox/b", "/tmp/c", "/tmp/d"]
+    found = run(WRITE.format(paths=paths, chunks=50))
+    assert found["error"] == "OSError: No space left on device", found
+    assert found["written"] <= isolation.SCRATCH_TOTAL_BYTES // 2**20  # type: ignore[operator]
+
+
+def test_mountinfo_names_no_host_scratch_path() -> None:
+    result = run_code("print(open('/proc/self/mountinfo').read())")
+    assert result.ok, result
+    assert "threads-code-" not in result.stdout
+    assert tempfile.gettempdir() + "/" not in result.stdout
+    mounts = [line.split() for line in result.stdout.splitlines() if line.strip()]
+    writable = {fields[4]: fields for fields in mounts if fields[5].split(",")[0] == "rw"}
+    # Writable: the three scratch mounts, each a tmpfs of its own (no host directory); the
+    # kernel's /proc and /dev/pts; the usual device nodes (files, not directories). Nothing else.
+    devices = {f"/dev/{name}" for name in ("null", "zero", "full", "random", "urandom", "tty")}
+    assert set(writable) - devices == {"/sandbox", "/tmp", "/dev/shm", "/proc", "/dev/pts"}, writable
+    for point in ("/sandbox", "/tmp", "/dev/shm"):
+        fields = writable[point]
+        assert fields[3] == "/" and fields[fields.index("-") + 1] == "tmpfs", fields
