@@ -27,9 +27,11 @@ and supervises the process.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,6 +60,11 @@ BWRAP_MISSING = (
     "without isolation (it can then read what the worker can, and reach the network)"
 )
 
+BWRAP_WITHOUT_SIZE = (
+    "run_code caps each call's scratch space with size-limited tmpfs mounts (bubblewrap's --size, "
+    "bubblewrap 0.5.0 or later), and the installed bwrap does not have it; upgrade bubblewrap"
+)
+
 _ETC_ALWAYS = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives")
 _ETC_NETWORK = (
     "resolv.conf",
@@ -76,6 +83,16 @@ _MERGED_USR_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 def find_bwrap() -> str | None:
     """The path of ``bwrap``, or None when it is not installed."""
     return shutil.which("bwrap") or (str(Path("/usr/bin/bwrap")) if os.access("/usr/bin/bwrap", os.X_OK) else None)
+
+
+@functools.lru_cache(maxsize=8)
+def bwrap_sizes_tmpfs(bwrap: str) -> bool:
+    """True when ``bwrap`` can size a tmpfs (``--size``); without it the scratch space is uncapped."""
+    try:
+        shown = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return b"--size" in shown.stdout + shown.stderr
 
 
 @dataclass(frozen=True, slots=True)

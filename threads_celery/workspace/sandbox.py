@@ -148,6 +148,8 @@ def run_code(
     bwrap = None if unsandboxed else isolation.find_bwrap()
     if bwrap is None and not unsandboxed:
         return _not_started(isolation.BWRAP_MISSING)
+    if bwrap is not None and not isolation.bwrap_sizes_tmpfs(bwrap):
+        return _not_started(isolation.BWRAP_WITHOUT_SIZE)  # fail closed: never an uncapped scratch
     identity = isolation.identity_for(os.geteuid()) if bwrap else isolation.Identity(None)
     python, mounts = sys.executable, []
     if bwrap:

@@ -348,3 +348,15 @@ def test_mountinfo_names_no_host_scratch_path() -> None:
     for point in ("/sandbox", "/tmp", "/dev/shm"):
         fields = writable[point]
         assert fields[3] == "/" and fields[fields.index("-") + 1] == "tmpfs", fields
+
+
+def test_a_bwrap_that_cannot_size_a_tmpfs_is_refused_not_used_uncapped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    old = tmp_path / "bwrap"
+    old.write_text("#!/bin/sh\necho 'usage: bwrap [OPTIONS...] [--] COMMAND [ARGS...]  --tmpfs DEST'\n")
+    old.chmod(0o755)
+    monkeypatch.setattr(isolation, "find_bwrap", lambda: str(old))
+    refused = run_code("print('hi')")
+    assert refused.ok is False and refused.exit_code is None
+    assert refused.error == isolation.BWRAP_WITHOUT_SIZE and "--size" in refused.error
