@@ -31,7 +31,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TextIO
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 REDACTED = "***"
 #: Lines (and other fragments) of a multi-line secret shorter than this are not redacted on
@@ -122,12 +122,32 @@ def redact_value(value: Any, secrets: Sequence[str]) -> Any:
 def describe_exception(exc: BaseException, secrets: Sequence[str]) -> str:
     """``"<Type>: <message>"`` for a tool's failure, with every form of every secret redacted.
 
-    The message is built from the exception's arguments after they were redacted as values (a
-    ``KeyError(secret)`` shows the ``repr`` of its argument), then redacted again as text.
+    Never raises, whatever the exception's ``__str__``, ``__repr__`` or arguments do. A pydantic
+    ``ValidationError`` is rendered without the input values (pydantic shortens a long input to
+    ``'sk-live-abcdef...wxyz'``, which exact-match redaction cannot find). Other messages are
+    built from the exception's arguments after they were redacted as values (a ``KeyError(secret)``
+    shows the ``repr`` of its argument), then redacted again as text.
     """
     try:
+        return redact_text(f"{_type_name(exc)}: {_message(exc, secrets)}", secrets)
+    except BaseException:  # noqa: BLE001 - describing a failure must never fail
+        return f"{_type_name(exc)}: <unprintable exception>"
+
+
+def _type_name(exc: BaseException) -> str:
+    try:
+        name = type(exc).__name__
+        return name if type(name) is str else "Exception"
+    except BaseException:  # noqa: BLE001 - a metaclass can make even the name raise
+        return "Exception"
+
+
+def _message(exc: BaseException, secrets: Sequence[str]) -> str:
+    if isinstance(exc, ValidationError):
+        return _validation_message(exc)
+    try:
         message = str(exc)
-    except Exception:  # noqa: BLE001 - a hostile __str__ must not take the call down with it
+    except BaseException:  # noqa: BLE001 - a hostile __str__ may raise anything
         message = "<unprintable exception>"
     if secrets and exc.args:
         try:
@@ -137,8 +157,21 @@ def describe_exception(exc: BaseException, secrets: Sequence[str]) -> str:
                 rebuilt.args = tuple(clean_args)
                 message = str(rebuilt)
         except Exception:  # noqa: BLE001 - exceptions whose __str__ needs their own fields
-            pass
-    return redact_text(f"{type(exc).__name__}: {message}", secrets)
+            pass  # the message from str() above is redacted as text
+    return message if isinstance(message, str) else "<unprintable exception>"
+
+
+def _validation_message(exc: ValidationError) -> str:
+    """A ``ValidationError`` as pydantic prints it, minus every input value and URL."""
+    try:
+        errors = exc.errors(include_input=False, include_url=False, include_context=False)
+    except Exception:  # noqa: BLE001 - a subclass with its own errors(): keep only the count
+        return "validation failed"
+    lines = [f"{len(errors)} validation error{'s' if len(errors) != 1 else ''} for {exc.title}"]
+    for error in errors:
+        location = ".".join(str(part) for part in error.get("loc", ())) or "(root)"
+        lines.append(f"{location}\n  {error.get('msg', '')} [type={error.get('type', '')}]")
+    return "\n".join(lines)
 
 
 # -- the process's active secrets ------------------------------------------------------------

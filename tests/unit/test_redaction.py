@@ -264,3 +264,61 @@ def test_an_exception_escaping_the_call_is_scrubbed_before_anyone_logs_it() -> N
     chain = f"{caught.value} {caught.value.__cause__}"
     assert "giving up on" in chain and REDACTED in chain
     assert not leaks(chain, PEM) and repr(PEM)[1:-1] not in chain
+
+
+def test_a_validation_error_is_described_without_its_input_values() -> None:
+    # pydantic shortens a long input to 'sk-live-abcdef...wxyz': exact-match redaction misses it.
+    class Payment(BaseModel):
+        amount: int
+
+    secret = "sk-live-" + "abcdefghijklmnopqrstuvwxyz0123456789" * 3
+    with pytest.raises(ValueError) as caught:
+        Payment.model_validate({"amount": secret})
+    text = describe_exception(caught.value, [secret])
+    assert text.startswith("ValidationError: 1 validation error for Payment") and "amount" in text, text
+    assert "sk-live" not in text and "wxyz" not in text and "input_value" not in text, text
+
+
+class _HostileStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+class _OddArgs(Exception):
+    def __init__(self, needed: object) -> None:
+        super().__init__()
+        self.needed = needed
+
+    def __str__(self) -> str:
+        return f"needed {self.needed.missing}"  # type: ignore[attr-defined]
+
+
+class _NeedsArgument(BaseException):
+    def __init__(self, needed: object) -> None:
+        super().__init__(needed)
+
+
+class _ExitingStr(Exception):
+    def __str__(self) -> str:
+        raise _NeedsArgument(1)
+
+
+class _NamelessMeta(type):
+    @property
+    def __name__(cls) -> str:  # type: ignore[override]
+        raise RuntimeError("no name")
+
+
+class _Nameless(Exception, metaclass=_NamelessMeta):
+    pass
+
+
+def test_describing_an_exception_never_raises() -> None:
+    cases: list[BaseException] = [_HostileStr("sk-secret-value"), _OddArgs(object()), _HostileStr(), _ExitingStr()]
+    for exc in cases:
+        text = describe_exception(exc, ["sk-secret-value"])
+        assert text.startswith(type(exc).__name__ + ": ") and "\n" not in text and "sk-secret" not in text, text
+    assert describe_exception(_Nameless("sk-secret-value"), ["sk-secret-value"]) == "Exception: ***"
