@@ -22,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import html
 import json
 import logging
+import shlex
 import sys
 import threading
 import traceback
@@ -49,6 +51,14 @@ _ESCAPES: tuple[Callable[[str], str], ...] = (
     lambda s: s.encode("utf-8").decode("latin-1"),  # UTF-8 read back as Latin-1 (mojibake)
     lambda s: urllib.parse.quote(s, safe=""),
     lambda s: urllib.parse.quote_plus(s, safe=""),
+    lambda s: html.escape(s),  # HTML/XML named entities (&amp; &lt; &quot; &#x27;)
+    lambda s: html.escape(s, quote=False),
+    lambda s: "".join(f"&#{ord(c)};" for c in s),  # every character as a decimal entity
+    lambda s: "".join(f"&#x{ord(c):x};" for c in s),  # every character as a hex entity
+    lambda s: s.replace('"', '""'),  # CSV quoted field
+    lambda s: s.replace("'", "''"),  # YAML single-quoted scalar, SQL literal
+    lambda s: shlex.quote(s),  # shell: '...'"'"'...'
+    lambda s: "".join("\\" + c if not c.isalnum() else c for c in s),  # shell backslash escaping
 )
 
 
@@ -72,7 +82,11 @@ def rendered_forms(secret: str) -> tuple[str, ...]:
     for piece in pieces:
         once = {piece} | {escape(piece) for escape in _ESCAPES}
         forms |= once
-        forms |= {escape(form) for form in once for escape in _ESCAPES}
+        twice = {escape(form) for form in once for escape in _ESCAPES}
+        forms |= twice
+        # JSON inside JSON inside JSON (an event payload holding a tool result holding a JSON
+        # string): backslashes multiply with each level.
+        forms |= {_ESCAPES[0](form) for form in twice} | {_ESCAPES[1](form) for form in twice}
     forms = {f for f in forms if f == secret or len(f) >= min(MIN_FRAGMENT, len(secret))}
     return tuple(sorted(forms, key=len, reverse=True))
 

@@ -322,3 +322,33 @@ def test_describing_an_exception_never_raises() -> None:
         text = describe_exception(exc, ["sk-secret-value"])
         assert text.startswith(type(exc).__name__ + ": ") and "\n" not in text and "sk-secret" not in text, text
     assert describe_exception(_Nameless("sk-secret-value"), ["sk-secret-value"]) == "Exception: ***"
+
+
+ENCODED_HOSTILE = ["sk-\"dq\"-'sq'-&amp-<lt>-\\bs-é€-canary", "plain-sk-live-0123456789abcdef"]
+
+
+@pytest.mark.parametrize("secret", ENCODED_HOSTILE)
+def test_html_xml_csv_shell_yaml_and_triple_json_forms_are_redacted(secret: str) -> None:
+    import csv
+    import html
+    import io
+    import shlex
+
+    import yaml
+
+    buffer = io.StringIO()
+    csv.writer(buffer, quoting=csv.QUOTE_ALL).writerow([secret])
+    renderings = [
+        html.escape(secret),
+        html.escape(secret, quote=False),
+        "".join(f"&#{ord(c)};" for c in secret),
+        "".join(f"&#x{ord(c):x};" for c in secret),
+        buffer.getvalue(),
+        shlex.quote(secret),
+        "".join("\\" + c if not c.isalnum() else c for c in secret),
+        yaml.safe_dump({"k": secret}, default_style="'", allow_unicode=True),
+        json.dumps({"a": json.dumps({"b": json.dumps({"c": secret})})}),
+    ]
+    for text in renderings:
+        clean = redact_text(f"before {text} after", [secret])
+        assert REDACTED in clean and "canary" not in clean and "0123456789abcdef" not in clean, (text, clean)
