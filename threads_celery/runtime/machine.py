@@ -67,6 +67,7 @@ from threads_celery.runtime import (
     recovery,
     step_commit,
     subagents,
+    tool_faults,
 )
 from threads_celery.runtime.history import HistoryCache
 from threads_celery.runtime.leases import LeaseKeeper
@@ -386,14 +387,20 @@ class Runtime:
                 log.warning("call %s: stopped past its lease; the tool was left before it could act", call.effect_key)
                 raise FenceLost(run.id, fence) from None
             except ToolOutputError as exc:
-                content, is_error = str(exc), True
+                content, is_error = tool_faults.message(exc, env.revealed), True
             except EffectUnknown as exc:
+                reason = tool_faults.message(exc, env.revealed)
                 if not read_only:  # it may have acted: as after a crash mid-call, a person decides
-                    self._park(run, call, str(exc), fence=fence)
-                    return f"parked: {exc}"
-                content, is_error = str(exc), True
-            except Exception as exc:  # noqa: BLE001 - the tool failed: the model sees why and the run goes on
-                content, is_error = describe_exception(exc, env.revealed), True
+                    self._park(run, call, reason, fence=fence)
+                    return f"parked: {reason}"
+                content, is_error = reason, True
+            except BaseException as exc:  # the tool failed: the model sees why and the run goes on
+                # Anything tool code raises (SystemExit, a BaseException that cannot be
+                # unpickled, one whose __str__ raises) is handled here, in the pool process:
+                # only the worker's and the runtime's own signals go on up.
+                if tool_faults.is_control(exc):
+                    raise
+                content, is_error = tool_faults.describe(exc, env.revealed), True
             if env.revealed:
                 content = redact_text(content, env.revealed)
             fails_run = None

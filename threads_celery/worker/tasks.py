@@ -27,9 +27,9 @@ from threads_celery.decisions.backbone import (
 )
 from threads_celery.decisions.retry import STORE_UNAVAILABLE_BACKOFF, GiveUp
 from threads_celery.exceptions import FenceLost, RetryLater, StoreUnavailable
-from threads_celery.redaction import describe_exception
 from threads_celery.runtime.failures import apply_task_failure
 from threads_celery.runtime.schedules import start_scheduled_run
+from threads_celery.runtime.tool_faults import describe, is_control, picklable
 from threads_celery.telemetry.metrics import timed_tick
 from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
 
@@ -52,10 +52,14 @@ def _run(task: Task[Any, Any], holder: RuntimeHolder, work: Callable[[], str], p
         countdown = STORE_UNAVAILABLE_BACKOFF.delay_s((task.request.retries or 0) + 1)
         log.warning("%s: store unavailable, retrying in %gs: %s", task.name, countdown, exc)
         raise task.retry(countdown=countdown, max_retries=None, exc=None) from None
-    except Exception as exc:
-        if poison_key is None:
+    except BaseException as exc:
+        if is_control(exc):
             raise
-        # A step or tool task that fails unforeseen: bounded tries, then the run ends.
+        if poison_key is None:
+            raise picklable(exc) from None
+        # A step or tool task that fails unforeseen: bounded tries, then the run ends. Whatever
+        # still escapes goes to billiard as a plain picklable exception (one that cannot be
+        # unpickled in the prefork main process kills it).
         failures = (task.request.retries or 0) + 1
         try:
             decision = apply_task_failure(holder.get(), task.name, poison_key, failures, exc)
@@ -66,7 +70,7 @@ def _run(task: Task[Any, Any], holder: RuntimeHolder, work: Callable[[], str], p
             countdown = STORE_UNAVAILABLE_BACKOFF.delay_s(failures)
             log.warning(
                 "%s: failed (%s), and the store is unavailable to record it; retrying in %gs: %s",
-                task.name, describe_exception(exc, ()), countdown, unreachable,
+                task.name, describe(exc, ()), countdown, unreachable,
             )  # fmt: skip
             raise task.retry(countdown=countdown, max_retries=None, exc=None) from None
         if isinstance(decision, GiveUp):
