@@ -15,6 +15,7 @@ as before; its hard limit kills the process, which nothing here can see.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
 
 from billiard.exceptions import Terminated, WorkerLostError
@@ -71,6 +72,19 @@ class ToolCodeFailed(Exception):
     Carries a redacted one-line description only; the original is not pickled back to the
     worker's main process (it may not survive that).
     """
+
+
+def survives_pickling(exc: BaseException) -> bool:
+    """Whether ``exc`` is an ordinary ``Exception`` that pickles and unpickles as itself, as the
+    prefork main process will do with it (only on a failure path: the round trip is not free)."""
+    if not isinstance(exc, Exception):
+        return False
+    try:
+        return type(pickle.loads(pickle.dumps(exc))) is type(exc)
+    except BaseException as failed:  # a hostile __reduce__ or __init__
+        if is_control(failed):
+            raise
+        return False
 
 
 def picklable(exc: BaseException) -> ToolCodeFailed:

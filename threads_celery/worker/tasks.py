@@ -29,7 +29,7 @@ from threads_celery.decisions.retry import STORE_UNAVAILABLE_BACKOFF, GiveUp
 from threads_celery.exceptions import FenceLost, RetryLater, StoreUnavailable
 from threads_celery.runtime.failures import apply_task_failure
 from threads_celery.runtime.schedules import start_scheduled_run
-from threads_celery.runtime.tool_faults import describe, is_control, picklable
+from threads_celery.runtime.tool_faults import describe, is_control, picklable, survives_pickling
 from threads_celery.telemetry.metrics import timed_tick
 from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
 
@@ -56,6 +56,8 @@ def _run(task: Task[Any, Any], holder: RuntimeHolder, work: Callable[[], str], p
         if is_control(exc):
             raise
         if poison_key is None:
+            if survives_pickling(exc):
+                raise
             raise picklable(exc) from None
         # A step or tool task that fails unforeseen: bounded tries, then the run ends. Whatever
         # still escapes goes to billiard as a plain picklable exception (one that cannot be
