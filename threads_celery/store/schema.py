@@ -58,7 +58,10 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
-Id = String(64)
+#: Thread and run ids: 255 characters hold a tenant's scoped id (``<tenant>~<id>``, see
+#: threads_celery.api.tenancy). SQLite does not enforce the length; its tables keep the
+#: VARCHAR(64) they were created with (migration 0008 explains why).
+Id = String(255).with_variant(String(64), "sqlite")
 
 agents = Table(
     "agents",
