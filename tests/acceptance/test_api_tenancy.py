@@ -3,7 +3,8 @@
 Two tenants share one embedded runtime. Everything tenant ``acme`` owns (a finished run, a run
 whose call awaits approval, a run waiting for a variable whose agent tool ran a child) is asked
 for, listed, streamed, cancelled, approved, denied, resolved, cleared and given variables by
-tenant ``globex``: every request answers 404 exactly as an unknown id does, and nothing changes.
+tenant ``globex``: every request answers 404 exactly as an unknown id does, and nothing changes;
+starting a run with acme's thread or run id starts one of globex's own.
 A last test checks that every ``/v1`` route of the app was exercised here, so a new route cannot
 slip past these checks unnoticed.
 """
@@ -137,8 +138,6 @@ def test_another_tenant_gets_404_for_everything_and_changes_nothing(world: tuple
     checks = [
         ("GET", f"/v1/runs/{run}", "/v1/runs/{run_id}", {}, "run_not_found"),
         ("POST", f"/v1/runs/{acme['asking_run']}/cancel", "/v1/runs/{run_id}/cancel", {}, "run_not_found"),
-        ("POST", "/v1/runs", "/v1/runs", {"json": {"agent": "t-greeter", "message": "x", "thread_id": thread}}, "thread_not_found"),
-        ("POST", "/v1/runs", "/v1/runs", {"json": {"agent": "t-greeter", "message": "x", "run_id": run}}, "run_not_found"),
         ("GET", f"/v1/threads/{thread}/messages", "/v1/threads/{thread_id}/messages", {}, "thread_not_found"),
         ("GET", f"/v1/threads/{child_thread}/messages", "/v1/threads/{thread_id}/messages", {}, "thread_not_found"),
         ("GET", f"/v1/threads/{thread}/events", "/v1/threads/{thread_id}/events", {}, "thread_not_found"),
@@ -185,6 +184,28 @@ def test_listings_show_only_the_callers_tenant(world: tuple[TestClient, Threads]
         assert own.status_code == (200 if sees else 404)  # a child thread belongs to its parent's tenant
         usage = request(http, "GET", "/v1/usage", "/v1/usage", headers, params={"agent": "t-greeter"}).json()
         assert (usage["requests"] > 0) is sees, usage  # another tenant's model usage is not summed in
+
+
+def test_another_tenants_ids_start_a_run_of_the_callers_own(world: tuple[TestClient, Threads], acme: dict[str, str]) -> None:
+    """An id of acme's, given by globex, is an unused id: globex gets a run and thread of its own."""
+    http, threads = world
+    before = [(r.id, r.status) for r in threads.runs(limit=1000, tenant="acme")]
+    messages = [len(threads.messages(t)) for t in (acme["thread"], acme["parent_thread"])]
+    # The last one is globex's own run of the one before, returned as it is (idempotent).
+    for ids in ({"thread_id": acme["thread"]}, {"run_id": acme["run"], "thread_id": acme["thread"]}, {"run_id": acme["run"]}):
+        response = request(http, "POST", "/v1/runs", "/v1/runs", BOB, json={"agent": "t-greeter", "message": "x", **ids})
+        assert response.status_code == 202, response.text
+        started = response.json()
+        assert {k: started[k] for k in ids} == ids and "acme" not in response.text
+        path = f"/v1/runs/{started['run_id']}"
+        eventually(
+            lambda path=path: http.get(path, headers=BOB).json()["status"] == "completed",
+            timeout=20,
+            what=f"globex's run {started['run_id']} completed",
+        )
+    assert request(http, "GET", f"/v1/runs/{acme['run']}", "/v1/runs/{run_id}", BOB).json()["thread_id"] == acme["thread"]
+    assert [(r.id, r.status) for r in threads.runs(limit=1000, tenant="acme")] == before
+    assert [len(threads.messages(t)) for t in (acme["thread"], acme["parent_thread"])] == messages
 
 
 def test_each_tenant_works_in_its_own_space(world: tuple[TestClient, Threads]) -> None:

@@ -10,7 +10,8 @@ Every route under ``/v1`` needs ``Authorization: Bearer <token>`` with a token f
 unless ``THREADS_API_AUTH=off`` says, explicitly, that something in front of it authenticates.
 Each token maps to a principal and a tenant (``principal@tenant=token``; a bare token is an
 anonymous principal of the ``default`` tenant): a caller sees and acts on its tenant's threads,
-runs and calls only, another tenant's ids answer 404, and decisions are recorded under the
+runs and calls only, another tenant's ids answer as unused ones (404 where an id must exist), ids
+a caller chooses are its tenant's own (two tenants may both use ``order-1``), and decisions are recorded under the
 token's principal (see :mod:`threads_celery.api.tenancy`).
 ``/healthz`` (the process is up) and ``/readyz`` (the database and the broker answer) are open.
 
@@ -81,10 +82,20 @@ from threads_celery.api.events import (
     last_event_seq,
     parse_cursor,
 )
-from threads_celery.api.tenancy import Caller, callers_from_tokens, only_theirs, owned_call, owned_run, owned_thread
+from threads_celery.api.tenancy import (
+    Caller,
+    callers_from_tokens,
+    only_theirs,
+    owned_call,
+    owned_run,
+    owned_thread,
+    run_to_start,
+    shown_to,
+    thread_to_start,
+)
 from threads_celery.api.usage import add_usage_routes
 from threads_celery.client.threads import Threads
-from threads_celery.exceptions import CallNotFound, ConfigError
+from threads_celery.exceptions import CallNotFound, ConfigError, ThreadNotFound
 from threads_celery.records import RunStatus
 from threads_celery.runtime.preflight import check_database, check_models, check_secret_key
 from threads_celery.settings import Settings
@@ -201,13 +212,18 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
         responses={**not_found, **conflict, 413: {"model": ErrorOut}},
     )
     def start_run(body: StartRun, caller: Caller = Depends(caller_of)) -> JSONResponse:
-        """Record a run and enqueue its first step; answers at once with its ids."""
-        handle = threads.start(
-            body.agent, body.message, thread_id=body.thread_id, run_id=body.run_id, tenant=caller.tenant
-        )
-        started = RunStarted(run_id=handle.run_id, thread_id=handle.thread_id, status=handle.status)
+        """Record a run and enqueue its first step; answers at once with its ids.
+
+        Another tenant's ``thread_id`` or ``run_id`` is, for this caller, an unused one: the run
+        starts on a thread of the caller's own (ids belong to their tenant).
+        """
+        thread_id = thread_to_start(threads, caller, body.thread_id) if body.thread_id is not None else None
+        run_id = run_to_start(threads, caller, body.run_id) if body.run_id is not None else None
+        handle = threads.start(body.agent, body.message, thread_id=thread_id, run_id=run_id, tenant=caller.tenant)
+        shown = shown_to(caller)
+        started = RunStarted(run_id=shown(handle.run_id), thread_id=shown(handle.thread_id), status=handle.status)
         return JSONResponse(
-            started.model_dump(mode="json"), status_code=202, headers={"Location": f"/v1/runs/{handle.run_id}"}
+            started.model_dump(mode="json"), status_code=202, headers={"Location": f"/v1/runs/{started.run_id}"}
         )
 
     @router.get("/runs", response_model=list[RunOut], tags=["runs"])
@@ -218,21 +234,24 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
         caller: Caller = Depends(caller_of),
     ) -> list[RunOut]:
         """Recent runs of the caller's tenant, newest first."""
-        return [
-            RunOut.of(r) for r in threads.runs(thread_id=thread_id, status=status, limit=limit, tenant=caller.tenant)
-        ]
+        if thread_id is not None:
+            try:
+                thread_id = owned_thread(threads, caller, thread_id)
+            except ThreadNotFound:
+                return []  # a thread the caller does not have has no runs it can see
+        found = threads.runs(thread_id=thread_id, status=status, limit=limit, tenant=caller.tenant)
+        return [RunOut.of(r, shown_to(caller)) for r in found]
 
     @router.get("/runs/{run_id}", response_model=RunOut, tags=["runs"], responses=not_found)
     def get_run(run_id: RunId, caller: Caller = Depends(caller_of)) -> RunOut:
         """One run's current snapshot."""
-        owned_run(threads, caller, run_id)
-        return RunOut.of(threads.get_run(run_id))
+        return RunOut.of(threads.get_run(owned_run(threads, caller, run_id)), shown_to(caller))
 
     @router.post("/runs/{run_id}/cancel", response_model=RunOut, tags=["runs"], responses=not_found)
     def cancel_run(run_id: RunId, caller: Caller = Depends(caller_of)) -> RunOut:
         """Abort a run that has not ended; one that has is returned as it is."""
-        owned_run(threads, caller, run_id)
-        return RunOut.of(threads.cancel(run_id, reason="cancelled through the HTTP API"))
+        stored = owned_run(threads, caller, run_id)
+        return RunOut.of(threads.cancel(stored, reason="cancelled through the HTTP API"), shown_to(caller))
 
     @router.get("/threads/{thread_id}/messages", response_model=list[MessageOut], tags=["threads"], responses=not_found)
     def thread_messages(
@@ -241,8 +260,8 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
         caller: Caller = Depends(caller_of),
     ) -> list[MessageOut]:
         """The thread's messages in order, those with ``seq`` greater than ``after``."""
-        owned_thread(threads, caller, thread_id)  # 404 for a thread that does not exist or is not the caller's
-        return [MessageOut.of(m) for m in threads.messages(thread_id, after=after)]
+        stored = owned_thread(threads, caller, thread_id)  # 404 for a thread that does not exist or is not the caller's
+        return [MessageOut.of(m, shown_to(caller)) for m in threads.messages(stored, after=after)]
 
     @router.get(
         "/threads/{thread_id}/events",
@@ -271,15 +290,22 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
         every ~15 s of silence to keep proxies from closing the connection.
         """
         cursor = parse_cursor(last_event_id, after)
-        await run_in_threadpool(owned_thread, threads, caller, thread_id)
-        last = await run_in_threadpool(last_event_seq, threads, thread_id)
+        stored = await run_in_threadpool(owned_thread, threads, caller, thread_id)
+        last = await run_in_threadpool(last_event_seq, threads, stored)
         if cursor > last:
             raise ApiError(
                 400, "cursor_out_of_range",
                 f"cursor {cursor} is beyond the last event of thread {thread_id} ({last}); resume from an id you received",
             )  # fmt: skip
         return StreamingResponse(
-            event_stream(threads, thread_id, cursor, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s),
+            event_stream(
+                threads,
+                stored,
+                cursor,
+                keepalive_s=keepalive_s,
+                poll_interval_s=poll_interval_s,
+                shown=shown_to(caller),
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -287,13 +313,13 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
     @router.get("/parked", response_model=list[PendingCallOut], tags=["calls"])
     def parked(caller: Caller = Depends(caller_of)) -> list[PendingCallOut]:
         """The caller's calls that wait for a person: parked after an interruption, or awaiting approval."""
-        return [PendingCallOut.of(c) for c in only_theirs(threads, caller, threads.parked())]
+        return [PendingCallOut.of(c, shown_to(caller)) for c in only_theirs(threads, caller, threads.parked())]
 
     @router.get("/runs/{run_id}/pending", response_model=list[PendingCallOut], tags=["calls"], responses=not_found)
     def run_pending(run_id: RunId, caller: Caller = Depends(caller_of)) -> list[PendingCallOut]:
         """What waits for a person under a run: its own calls, then its child runs' (kind "child")."""
-        owned_run(threads, caller, run_id)
-        return [PendingCallOut.of(c) for c in threads.pending(run_id)]
+        stored = owned_run(threads, caller, run_id)
+        return [PendingCallOut.of(c, shown_to(caller)) for c in threads.pending(stored)]
 
     # Decisions are recorded under the token's principal; a principal in the body is ignored.
     @router.post(
@@ -301,10 +327,8 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
     )
     def approve(effect_key: EffectKey, body: Approve, caller: Caller = Depends(caller_of)) -> Decision:
         """Approve a call awaiting approval, for its arguments or for edited (re-validated) ones."""
-        owned_call(threads, caller, effect_key)
-        threads.approve(
-            effect_key, principal=caller.principal, override_args=body.override_args, remember=body.remember
-        )
+        stored = owned_call(threads, caller, effect_key)
+        threads.approve(stored, principal=caller.principal, override_args=body.override_args, remember=body.remember)
         return Decision(effect_key=effect_key, decision="approved")
 
     @router.post(
@@ -312,8 +336,7 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
     )
     def deny(effect_key: EffectKey, body: Deny, caller: Caller = Depends(caller_of)) -> Decision:
         """Deny a call awaiting approval; the model sees ``denied: <reason>`` and goes on."""
-        owned_call(threads, caller, effect_key)
-        threads.deny(effect_key, body.reason, principal=caller.principal)
+        threads.deny(owned_call(threads, caller, effect_key), body.reason, principal=caller.principal)
         return Decision(effect_key=effect_key, decision="denied")
 
     @router.post(
@@ -321,16 +344,16 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
     )
     def resolve(effect_key: EffectKey, body: Resolve, caller: Caller = Depends(caller_of)) -> Decision:
         """Settle a parked call: assume_done records ``result``; assume_not_done runs it again."""
-        owned_call(threads, caller, effect_key)
-        threads.resolve(effect_key, body.resolution, principal=caller.principal, result=body.result)
+        stored = owned_call(threads, caller, effect_key)
+        threads.resolve(stored, body.resolution, principal=caller.principal, result=body.result)
         return Decision(effect_key=effect_key, decision=body.resolution)
 
     @router.get("/calls/{effect_key}/result", response_model=CallResultOut, tags=["calls"], responses=not_found)
     def call_result(effect_key: EffectKey, caller: Caller = Depends(caller_of)) -> CallResultOut:
         """A tool call's whole result, also when the model was shown it shortened."""
-        owned_call(threads, caller, effect_key)
+        stored = owned_call(threads, caller, effect_key)
         with threads.store.read() as tx:
-            found = tx.tool_result(effect_key)
+            found = tx.tool_result(stored)
         if found is None:
             raise CallNotFound(effect_key)
         status, shown, whole, is_error = found
@@ -346,8 +369,8 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
         router,
         threads,
         caller_of=caller_of,
-        stream=lambda thread_id, cursor: event_stream(
-            threads, thread_id, cursor, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s
+        stream=lambda thread_id, cursor, shown: event_stream(
+            threads, thread_id, cursor, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s, shown=shown
         ),
     )
     add_usage_routes(router, threads, caller_of=caller_of)

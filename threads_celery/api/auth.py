@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable, Mapping
 
-from fastapi import Depends, HTTPException
+from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from threads_celery.api.tenancy import UNAUTHENTICATED, Caller, callers_from_tokens
@@ -45,8 +45,9 @@ def check_auth_config(auth: bool, tokens: set[str]) -> None:
         )
 
 
-def unauthenticated() -> Caller:
+def unauthenticated(request: Request) -> Caller:
     """The caller of every request when authentication is off."""
+    request.state.caller = UNAUTHENTICATED
     return UNAUTHENTICATED
 
 
@@ -57,7 +58,7 @@ def bearer_auth(callers: Mapping[str, Caller]) -> Callable[..., Caller]:
 
     # A default, not Annotated[...]: with postponed annotations FastAPI resolves names in the
     # module's globals, where this closure's ``scheme`` is not.
-    def require_token(credentials: HTTPAuthorizationCredentials | None = Depends(scheme)) -> Caller:
+    def require_token(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(scheme)) -> Caller:
         if credentials is None:
             raise HTTPException(
                 401, "missing bearer token (send Authorization: Bearer <token>)",
@@ -74,6 +75,8 @@ def bearer_auth(callers: Mapping[str, Caller]) -> Callable[..., Caller]:
                 401, "invalid bearer token",
                 headers={"WWW-Authenticate": 'Bearer realm="threads-celery", error="invalid_token"'},
             )  # fmt: skip
+        # For the error answers: they name ids in the caller's own form (tenancy.shown_to).
+        request.state.caller = matched
         return matched
 
     return require_token

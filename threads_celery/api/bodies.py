@@ -3,11 +3,16 @@
 Requests reject unknown keys (``extra="forbid"``) and strings that the ledger cannot hold (a NUL
 character or an unpaired surrogate; see :mod:`threads_celery.store.storable`). Responses are the public shape of the frozen
 records in :mod:`threads_celery.records`; internal fields (fences, lease owners) stay inside.
+Each ``of`` takes ``shown``, what the caller sees of a stored id (see
+:func:`threads_celery.api.tenancy.shown_to`): ids, and the texts the runtime builds naming them
+(errors, reasons), are shown in the caller's own form; what a person, a model or a tool wrote is
+shown as it is.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -17,12 +22,36 @@ from threads_celery.records import Event, Message, Run, RunStatus
 from threads_celery.store.storable import unstorable_reason
 from threads_celery.transitions.pending import PendingCall
 
-#: Ids a client may choose for a thread or a run: short, printable, URL-safe.
+#: Ids a client may choose for a thread or a run: short, printable, URL-safe. No ``~``: that
+#: joins a tenant to its own ids in the ledger (threads_celery.api.tenancy).
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
 #: Effect keys are ``<run id>:<step>:<index>``; a little more room for ids of child runs.
 EFFECT_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,254}$"
 #: The largest message or event sequence number the ledger holds (a 32-bit column).
 MAX_SEQ = 2**31 - 1
+
+
+def as_stored(value: str) -> str:
+    """``shown`` for an answer that shows stored ids as they are."""
+    return value
+
+
+Shown = Callable[[str], str]
+#: Payload keys whose values are ids, or runtime-built texts naming ids, in an event.
+_ID_KEYS = frozenset(
+    {"thread_id", "run_id", "effect_key", "via", "parent_thread_id", "parent_run_id", "child_thread_id",
+     "child_run_id", "agent_tool_run_id", "parent_effect_key", "reason", "error"}
+)  # fmt: skip
+
+
+def _shown_payload(value: Any, shown: Shown, key: str | None = None) -> Any:
+    if isinstance(value, str):
+        return shown(value) if key in _ID_KEYS else value
+    if isinstance(value, dict):
+        return {k: _shown_payload(v, shown, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shown_payload(v, shown) for v in value]
+    return value
 
 
 def _no_nul(value: str) -> str:
@@ -156,16 +185,16 @@ class RunOut(BaseModel):
     finished_at: datetime | None = None
 
     @classmethod
-    def of(cls, run: Run) -> RunOut:
+    def of(cls, run: Run, shown: Shown = as_stored) -> RunOut:
         return cls(
-            id=run.id,
-            thread_id=run.thread_id,
+            id=shown(run.id),
+            thread_id=shown(run.thread_id),
             agent=run.agent,
             status=run.status,
             step=run.step,
             input=run.input,
             output=run.output,
-            error=run.error,
+            error=shown(run.error) if run.error is not None else None,
             created_at=run.created_at,
             started_at=run.started_at,
             finished_at=run.finished_at,
@@ -197,15 +226,15 @@ class MessageOut(BaseModel):
     created_at: datetime | None = None
 
     @classmethod
-    def of(cls, message: Message) -> MessageOut:
+    def of(cls, message: Message, shown: Shown = as_stored) -> MessageOut:
         result = message.tool_result
         return cls(
-            thread_id=message.thread_id,
+            thread_id=shown(message.thread_id),
             seq=message.seq,
             role=message.role,
             text=message.text,
-            run_id=message.run_id,
-            tool_calls=[ToolCallOut(**c.to_json()) for c in message.tool_calls],
+            run_id=shown(message.run_id) if message.run_id is not None else None,
+            tool_calls=[ToolCallOut(**_shown_payload(c.to_json(), shown)) for c in message.tool_calls],
             tool_result=ToolResultOut(**result.to_json()) if result is not None else None,
             created_at=message.created_at,
         )
@@ -238,20 +267,20 @@ class PendingCallOut(BaseModel):
     via: str | None = Field(default=None, description="For a child entry: the agent-tool run it came through")
 
     @classmethod
-    def of(cls, call: PendingCall) -> PendingCallOut:
+    def of(cls, call: PendingCall, shown: Shown = as_stored) -> PendingCallOut:
         return cls(
-            effect_key=call.effect_key,
-            run_id=call.run_id,
-            thread_id=call.thread_id,
+            effect_key=shown(call.effect_key),
+            run_id=shown(call.run_id),
+            thread_id=shown(call.thread_id),
             tool=call.tool,
             args=call.args,
             status=call.status,
-            reason=call.reason,
+            reason=shown(call.reason),
             attempt=call.attempt,
             first_started_at=call.first_started_at,
             kind=call.kind,
             agent=call.agent,
-            via=call.via,
+            via=shown(call.via) if call.via is not None else None,
         )
 
 
@@ -273,13 +302,13 @@ class EventOut(BaseModel):
     created_at: datetime | None = None
 
     @classmethod
-    def of(cls, event: Event) -> EventOut:
+    def of(cls, event: Event, shown: Shown = as_stored) -> EventOut:
         return cls(
-            thread_id=event.thread_id,
+            thread_id=shown(event.thread_id),
             seq=event.seq,
             type=event.type,
-            run_id=event.run_id,
-            payload=event.payload,
+            run_id=shown(event.run_id) if event.run_id is not None else None,
+            payload=_shown_payload(event.payload, shown),
             created_at=event.created_at,
         )
 
@@ -315,5 +344,7 @@ __all__ = [
     "Resolve",
     "RunOut",
     "RunStarted",
+    "Shown",
     "StartRun",
+    "as_stored",
 ]

@@ -16,10 +16,10 @@ from fastapi.responses import StreamingResponse
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from threads_celery.api.bodies import EFFECT_KEY_PATTERN, ID_PATTERN, MAX_SEQ, ErrorOut
+from threads_celery.api.bodies import EFFECT_KEY_PATTERN, ID_PATTERN, MAX_SEQ, ErrorOut, Shown, as_stored
 from threads_celery.api.errors import ApiError
 from threads_celery.api.events import last_event_seq, parse_cursor
-from threads_celery.api.tenancy import Caller, owned_thread
+from threads_celery.api.tenancy import Caller, owned_thread, shown_to
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
@@ -58,19 +58,19 @@ class AgentToolRunOut(BaseModel):
     finished_at: datetime | None
 
     @classmethod
-    def of(cls, row: AgentToolRun) -> AgentToolRunOut:
+    def of(cls, row: AgentToolRun, shown: Shown = as_stored) -> AgentToolRunOut:
         return cls(
-            run_id=row.run_id,
+            run_id=shown(row.run_id),
             agent_type=row.agent_type,
             status=row.status,
             display_name=row.display_name,
             display_order=row.display_order,
             parent_tool_call_id=row.parent_tool_call_id,
             detached=row.detached,
-            reason=row.reason,
+            reason=shown(row.reason) if row.reason is not None else None,
             child_still_running=row.child_still_running,
             summary=row.summary,
-            error=row.error,
+            error=shown(row.error) if row.error is not None else None,
             progress=row.progress,
             milestones=[MilestoneOut(sequence=m.sequence, name=m.name, data=m.data, at=m.at) for m in row.milestones],
             started_at=row.started_at,
@@ -98,19 +98,24 @@ def add_agent_tool_routes(
     threads: Threads,
     *,
     caller_of: Callable[..., Caller],
-    stream: Callable[[str, int], AsyncIterator[str]],
+    stream: Callable[[str, int, Shown], AsyncIterator[str]],
 ) -> None:
-    """Register the routes on the /v1 router; ``stream(thread_id, cursor)`` is the app's event stream."""
+    """Register the routes on the /v1 router; ``stream(thread_id, cursor, shown)`` is the app's event stream."""
     # FastAPI's own type for extra OpenAPI responses.
     not_found: dict[int | str, dict[str, Any]] = {
         404: {"model": ErrorOut, "description": "No such thread, or no such run in its registry."}
     }
 
-    def registry_row(thread_id: str, run_id: str) -> AgentToolRun:
-        row = threads.inspect_agent_tool_run(run_id)
-        if row is None or row.parent_thread_id != thread_id:
-            raise ApiError(404, "not_found", f"thread {thread_id} has no agent-tool run {run_id}")
-        return row
+    def registry_row(caller: Caller, thread_id: str, stored_thread: str, run_id: str) -> AgentToolRun:
+        # The run is named as the caller sees it (its id can hold the caller's scoped run id
+        # inside, agent-tool:acme~order-1:0:0): found among the thread's own runs by that name.
+        shown = shown_to(caller)
+        for candidate in threads.agent_tool_runs(stored_thread):
+            if shown(candidate.run_id) == run_id:
+                row = threads.inspect_agent_tool_run(candidate.run_id)
+                if row is not None and row.parent_thread_id == stored_thread:
+                    return row
+        raise ApiError(404, "not_found", f"thread {thread_id} has no agent-tool run {run_id}")
 
     @router.get(
         "/threads/{thread_id}/agent-tool-runs",
@@ -124,9 +129,9 @@ def add_agent_tool_routes(
         caller: Caller = Depends(caller_of),
     ) -> list[AgentToolRunOut]:
         """The thread's retained agent-tool runs, oldest first, with progress and milestones."""
-        owned_thread(threads, caller, thread_id)  # 404 for a thread that does not exist or is not the caller's
-        rows = threads.agent_tool_runs(thread_id, status=status)
-        return [AgentToolRunOut.of(threads.inspect_agent_tool_run(r.run_id) or r) for r in rows]
+        stored = owned_thread(threads, caller, thread_id)  # 404 for a thread that does not exist or is not the caller's
+        rows = threads.agent_tool_runs(stored, status=status)
+        return [AgentToolRunOut.of(threads.inspect_agent_tool_run(r.run_id) or r, shown_to(caller)) for r in rows]
 
     @router.delete(
         "/threads/{thread_id}/agent-tool-runs", response_model=Cleared, tags=["agent tools"], responses=not_found
@@ -140,8 +145,8 @@ def add_agent_tool_routes(
         caller: Caller = Depends(caller_of),
     ) -> Cleared:
         """Delete retained runs and their child threads; running ones are cancelled first."""
-        owned_thread(threads, caller, thread_id)
-        return Cleared(cleared=threads.clear_agent_tool_runs(thread_id, status=status, older_than=older_than))
+        stored = owned_thread(threads, caller, thread_id)
+        return Cleared(cleared=threads.clear_agent_tool_runs(stored, status=status, older_than=older_than))
 
     @router.get(
         "/threads/{thread_id}/agent-tool-runs/{run_id}/events",
@@ -157,8 +162,8 @@ def add_agent_tool_routes(
         caller: Caller = Depends(caller_of),
     ) -> StreamingResponse:
         """The child's own event stream, only for a run the parent's registry holds."""
-        await run_in_threadpool(owned_thread, threads, caller, thread_id)
-        row = await run_in_threadpool(registry_row, thread_id, run_id)
+        stored = await run_in_threadpool(owned_thread, threads, caller, thread_id)
+        row = await run_in_threadpool(registry_row, caller, thread_id, stored, run_id)
         if row.child_thread_id is None:
             raise ApiError(404, "not_found", f"agent-tool run {run_id} has no child thread yet")
         cursor = parse_cursor(last_event_id, after)
@@ -166,11 +171,13 @@ def add_agent_tool_routes(
         if cursor > last:
             raise ApiError(400, "cursor_out_of_range", f"cursor {cursor} is beyond the child's last event ({last})")
         return StreamingResponse(
-            stream(row.child_thread_id, cursor), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            stream(row.child_thread_id, cursor, shown_to(caller)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
         )
 
     @router.post("/threads/{thread_id}/env", response_model=EnvSet, tags=["threads"], responses=not_found)
     def set_env(thread_id: ThreadId, body: SetEnv, caller: Caller = Depends(caller_of)) -> EnvSet:
         """Give the thread a variable's value (secrets are encrypted); waiting runs go on."""
-        owned_thread(threads, caller, thread_id)
-        return EnvSet(name=body.name, resumed_calls=threads.set_env(thread_id, body.name, body.value))
+        stored = owned_thread(threads, caller, thread_id)
+        return EnvSet(name=body.name, resumed_calls=threads.set_env(stored, body.name, body.value))

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from threads_celery.api.bodies import ErrorOut
+from threads_celery.api.tenancy import shown_to
 from threads_celery.exceptions import (
     BrokerUnavailable,
     CallNotFound,
@@ -85,6 +86,12 @@ def error_response(
     return JSONResponse({"error": body}, status_code=status, headers=dict(headers or {}))
 
 
+def _shown(request: Request, message: str) -> str:
+    """The message with the ids it names in the caller's own form (a library error names stored ids)."""
+    caller = getattr(request.state, "caller", None)
+    return shown_to(caller)(message) if caller is not None else message
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every failure of ``app`` in the error shape."""
 
@@ -100,11 +107,11 @@ def install_error_handlers(app: FastAPI) -> None:
         if isinstance(exc, TERSE_ERRORS):
             log.warning("%s %s: %s", request.method, request.url.path, exc)
             return error_response(status, kind, (type(exc).__doc__ or kind).strip())
-        return error_response(status, kind, exc.message or kind)
+        return error_response(status, kind, _shown(request, exc.message or kind))
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.type, exc.message)
+        return error_response(exc.status, exc.type, _shown(request, exc.message))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from starlette.concurrency import run_in_threadpool
 
-from threads_celery.api.bodies import MAX_SEQ, EventOut
+from threads_celery.api.bodies import MAX_SEQ, EventOut, Shown, as_stored
 from threads_celery.api.errors import ApiError
 from threads_celery.exceptions import StoreUnavailable, ThreadNotFound
 from threads_celery.records import Event
@@ -58,16 +58,23 @@ def _read_events(threads: Threads, thread_id: str, after: int) -> list[Event]:
     return list(islice(threads.events(thread_id, after=after), EVENT_BATCH))
 
 
-def sse_frame(event: Event) -> str:
-    """One SSE frame. JSON has no raw newline, so ``data`` is a single line."""
-    return f"id: {event.seq}\nevent: {event.type}\ndata: {EventOut.of(event).model_dump_json()}\n\n"
+def sse_frame(event: Event, shown: Shown = as_stored) -> str:
+    """One SSE frame, its ids as ``shown``. JSON has no raw newline, so ``data`` is a single line."""
+    return f"id: {event.seq}\nevent: {event.type}\ndata: {EventOut.of(event, shown).model_dump_json()}\n\n"
 
 
 async def event_stream(
-    threads: Threads, thread_id: str, cursor: int, *, keepalive_s: float, poll_interval_s: float
+    threads: Threads,
+    thread_id: str,
+    cursor: int,
+    *,
+    keepalive_s: float,
+    poll_interval_s: float,
+    shown: Shown = as_stored,
 ) -> AsyncIterator[str]:
     """The stream's frames: replay after ``cursor``, then poll every ``poll_interval_s``, with a
-    comment line after ``keepalive_s`` of silence so that proxies keep the connection open."""
+    comment line after ``keepalive_s`` of silence so that proxies keep the connection open.
+    ``thread_id`` is the stored id; the frames show ids as ``shown`` (the caller's own form)."""
     # Sequence numbers are allocated under the thread's row lock and committed in that order,
     # so "everything after the last seq sent" is exact: no gap to wait for, no duplicate.
     yield "retry: 3000\n\n"
@@ -82,7 +89,7 @@ async def event_stream(
             await asyncio.sleep(min(keepalive_s, 2.0))
         for event in batch:
             cursor = event.seq
-            yield sse_frame(event)
+            yield sse_frame(event, shown)
         if batch:
             quiet_since = time.monotonic()
             if len(batch) >= EVENT_BATCH:

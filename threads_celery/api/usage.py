@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response
 from pydantic import BaseModel, Field
 
 from threads_celery.api.bodies import ID_PATTERN, ErrorOut, RunOut, _Request
-from threads_celery.api.tenancy import Caller, owned_run, owned_thread
+from threads_celery.api.tenancy import Caller, owned_run, owned_thread, shown_to
 from threads_celery.telemetry.metrics import render
 
 if TYPE_CHECKING:
@@ -65,8 +65,7 @@ def add_usage_routes(router: APIRouter, threads: Threads, *, caller_of: Callable
     @router.get("/runs/{run_id}/usage", response_model=UsageOut, tags=["usage"], responses=not_found)
     def run_usage(run_id: Annotated[str, Path(pattern=ID_PATTERN)], caller: Caller = Depends(caller_of)) -> UsageOut:
         """The run's model usage so far."""
-        owned_run(threads, caller, run_id)  # RunNotFound: 404
-        return UsageOut.of(threads.usage(run_id=run_id))
+        return UsageOut.of(threads.usage(run_id=owned_run(threads, caller, run_id)))  # RunNotFound: 404
 
     @router.post(
         "/runs/{run_id}/allow-usage",
@@ -80,16 +79,15 @@ def add_usage_routes(router: APIRouter, threads: Threads, *, caller_of: Callable
         caller: Caller = Depends(caller_of),
     ) -> RunOut:
         """Let a run parked at a usage limit (on_limit="ask") go on; its usage counts again from now."""
-        owned_run(threads, caller, run_id)  # RunNotFound: 404
-        return RunOut.of(threads.allow_usage(run_id, principal=caller.principal))
+        stored = owned_run(threads, caller, run_id)  # RunNotFound: 404
+        return RunOut.of(threads.allow_usage(stored, principal=caller.principal), shown_to(caller))
 
     @router.get("/threads/{thread_id}/usage", response_model=UsageOut, tags=["usage"], responses=not_found)
     def thread_usage(
         thread_id: Annotated[str, Path(pattern=ID_PATTERN)], caller: Caller = Depends(caller_of)
     ) -> UsageOut:
         """The thread's model usage over all its runs."""
-        owned_thread(threads, caller, thread_id)  # ThreadNotFound: 404
-        return UsageOut.of(threads.usage(thread_id=thread_id))
+        return UsageOut.of(threads.usage(thread_id=owned_thread(threads, caller, thread_id)))  # ThreadNotFound: 404
 
     @router.get(
         "/metrics",
