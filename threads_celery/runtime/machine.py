@@ -31,12 +31,11 @@ from threads_celery.decisions.next_step import (  # Busy, Proceed, Skip, decide_
 )
 from threads_celery.decisions.permissions import Ask, Deny
 from threads_celery.decisions.provider_limits import provider_of
-from threads_celery.decisions.retry import STORE_RECONNECT_BACKOFF
 from threads_celery.decisions.usage import LIMIT_REASON, limit_reached
 from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.context import ToolContext
 from threads_celery.definitions.hooks import Stop
-from threads_celery.definitions.tools import Tool, ToolArgumentsError, ToolOutputError, render_result, shorten_for_model
+from threads_celery.definitions.tools import Tool, ToolArgumentsError, ToolOutputError, render_result
 from threads_celery.definitions.variables import declared
 from threads_celery.exceptions import (
     ConfigError,
@@ -49,7 +48,6 @@ from threads_celery.exceptions import (
 )
 from threads_celery.records import CallRow, OutboxEntry, Run
 from threads_celery.redaction import (
-    describe_exception,
     install_log_redaction,
     redact_text,
     redact_value,
@@ -65,6 +63,7 @@ from threads_celery.runtime import (
     pauses,
     provider_retry,
     recovery,
+    result_commit,
     step_commit,
     subagents,
     tool_faults,
@@ -91,9 +90,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("threads_celery.runtime.machine")
 
 Publish = Callable[[Sequence[OutboxEntry]], None]
-
-#: What the model is shown when the store refused a tool's result.
-UNSTORED_RESULT = "the tool ran, but its result could not be stored"
 
 
 # -- the machine -----------------------------------------------------------------------------
@@ -411,8 +407,8 @@ class Runtime:
                 content, is_error = f"{tool.name}: {fails_run}", True
             # Still holding the lease: a store outage here must not lose a result that exists
             # only in this process (dropping it turns a blip into a rerun or a park).
-            outcome = self._commit_executed(
-                run, fence, call, tool, content, is_error=is_error, own_outbox=read_only, fails_run=fails_run
+            outcome = result_commit.commit_executed(
+                self, run, fence, call, tool, content, is_error=is_error, own_outbox=read_only, fails_run=fails_run
             )
         hooks.observe_result(agent, gated, content, is_error)
         if outcome.startswith("ended the turn"):
@@ -449,53 +445,6 @@ class Runtime:
         return self.store.claim_call_and_run(
             run.id, call.effect_key, fence=run.fence, owner=self.worker_id, lease_until=lease_until, now=now
         )
-
-    def _commit_executed(
-        self,
-        run: Run,
-        fence: int,
-        call: CallRow,
-        tool: Tool | None,
-        content: str,
-        *,
-        is_error: bool,
-        own_outbox: bool,
-        fails_run: str | None = None,
-    ) -> str:
-        """Commit an executed call's result, retrying while the store is unreachable.
-
-        Gives up (re-raising) after the tool lease, at least 5 s; the fence keeps a commit that
-        arrives after another worker took the call over from being written.
-        """
-        shortened = shorten_for_model(content, self.settings.max_tool_result_bytes)
-        if shortened is not None:
-            # Kept whole first (rewritten as it is if the call runs again), shown shortened.
-            with self.store.transaction() as tx:
-                tx.keep_full_result(call.effect_key, content)
-            content = shortened
-        deadline = time.monotonic() + max(self.settings.tool_lease_s, 5.0)
-        unreachable = 0
-        while True:
-            try:
-                return self._commit_call(
-                    run, fence, call, tool, content, is_error=is_error, own_outbox=own_outbox, fails_run=fails_run
-                )
-            except StoreUnavailable as exc:
-                unreachable += 1
-                delay = STORE_RECONNECT_BACKOFF.delay_s(unreachable)
-                if time.monotonic() + delay >= deadline:
-                    raise
-                log.warning(
-                    "call %s: cannot commit its result yet, retrying in %.1f s: %s", call.effect_key, delay, exc
-                )
-                time.sleep(delay)
-            except FenceLost:
-                raise
-            except Exception as exc:  # the store refused this result: the model is told so, once
-                if is_error and content.startswith(UNSTORED_RESULT):
-                    raise
-                log.warning("call %s: its result could not be stored: %s", call.effect_key, describe_exception(exc, ()))
-                content, is_error = f"{UNSTORED_RESULT} ({describe_exception(exc, ())})", True
 
     def _dispatch_child(
         self,

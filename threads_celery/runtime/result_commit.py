@@ -1,0 +1,68 @@
+"""An executed tool call's result commit: kept whole when it is long, retried through a store
+outage while the call's lease holds, and told to the model when the store refuses it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from threads_celery.decisions.retry import STORE_RECONNECT_BACKOFF
+from threads_celery.definitions.tools import Tool, shorten_for_model
+from threads_celery.exceptions import FenceLost, StoreUnavailable
+from threads_celery.records import CallRow, Run
+from threads_celery.redaction import describe_exception
+
+if TYPE_CHECKING:
+    from threads_celery.runtime.machine import Runtime
+
+log = logging.getLogger("threads_celery.runtime.machine")  # the machine's log, as before the move
+
+#: What the model is told when the tool ran but the store refused its result.
+UNSTORED_RESULT = "the tool ran, but its result could not be stored"
+
+
+def commit_executed(
+    runtime: Runtime,
+    run: Run,
+    fence: int,
+    call: CallRow,
+    tool: Tool | None,
+    content: str,
+    *,
+    is_error: bool,
+    own_outbox: bool,
+    fails_run: str | None = None,
+) -> str:
+    """Commit an executed call's result, retrying while the store is unreachable.
+
+    Gives up (re-raising) after the tool lease, at least 5 s; the fence keeps a commit that
+    arrives after another worker took the call over from being written.
+    """
+    shortened = shorten_for_model(content, runtime.settings.max_tool_result_bytes)
+    if shortened is not None:
+        # Kept whole first (rewritten as it is if the call runs again), shown shortened.
+        with runtime.store.transaction() as tx:
+            tx.keep_full_result(call.effect_key, content)
+        content = shortened
+    deadline = time.monotonic() + max(runtime.settings.tool_lease_s, 5.0)
+    unreachable = 0
+    while True:
+        try:
+            return runtime._commit_call(
+                run, fence, call, tool, content, is_error=is_error, own_outbox=own_outbox, fails_run=fails_run
+            )
+        except StoreUnavailable as exc:
+            unreachable += 1
+            delay = STORE_RECONNECT_BACKOFF.delay_s(unreachable)
+            if time.monotonic() + delay >= deadline:
+                raise
+            log.warning("call %s: cannot commit its result yet, retrying in %.1f s: %s", call.effect_key, delay, exc)
+            time.sleep(delay)
+        except FenceLost:
+            raise
+        except Exception as exc:  # the store refused this result: the model is told so, once
+            if is_error and content.startswith(UNSTORED_RESULT):
+                raise
+            log.warning("call %s: its result could not be stored: %s", call.effect_key, describe_exception(exc, ()))
+            content, is_error = f"{UNSTORED_RESULT} ({describe_exception(exc, ())})", True
