@@ -59,6 +59,7 @@ from threads_celery.definitions.model_strings import resolve_model
 from threads_celery.definitions.schema_tools import EffectChoice, SchemaTool, ToolArguments, schema_tool, stated_effect
 from threads_celery.definitions.tools import ToolArgumentsError, describe_validation_error
 from threads_celery.exceptions import ConfigError
+from threads_celery.redaction import active_secrets, describe_exception
 
 OUTPUT_TOOL = "final_result"
 OUTPUT_TOOL_DESCRIPTION = "The final response which ends this conversation"
@@ -95,10 +96,13 @@ class PydanticAIAgent(Agent):
         factory = resolve_factory(self.deps_factory)
         try:
             value = factory()
-        except Exception as exc:  # noqa: BLE001 - any failure to build is reported the same way
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - reported the same way
+            # The factory's own SystemExit must not end the worker's pool process (any other
+            # BaseException is the task's failure, handled where the runtime's own signals are
+            # told apart); the description never raises (a hostile __str__ is named instead).
             raise ConfigError(
                 f"the dependencies of agent {self.name!r} cannot be built in this worker: "
-                f"{self.deps_factory} raised {type(exc).__name__}: {exc}"
+                f"{self.deps_factory} raised {describe_exception(exc, active_secrets())}"
             ) from None
         self._deps_by_thread.value = value
         return value

@@ -266,8 +266,7 @@ class Runtime:
         if agent is None:
             raise UnknownAgent(f"agent {run.agent!r} is not loaded in this worker")
         if isinstance(decision, Park):
-            self._park(run, call, decision.reason)
-            return f"parked: {decision.reason}"
+            return f"parked: {self._park(run, call, decision.reason)}"
         if isinstance(decision, RecordFound):
             return self._commit_call(run, run.fence, call, tool, render_result(decision.value), is_error=False)
         if isinstance(decision, (Proceed, RunAgain)):
@@ -387,8 +386,7 @@ class Runtime:
             except EffectUnknown as exc:
                 reason = tool_faults.message(exc, env.revealed)
                 if not read_only:  # it may have acted: as after a crash mid-call, a person decides
-                    self._park(run, call, reason, fence=fence)
-                    return f"parked: {reason}"
+                    return f"parked: {self._park(run, call, reason, fence=fence)}"
                 content, is_error = reason, True
             except BaseException as exc:  # the tool failed: the model sees why and the run goes on
                 # Anything tool code raises (SystemExit, a BaseException that cannot be
@@ -512,11 +510,30 @@ class Runtime:
 
     def _await_approval(self, run: Run, call: CallRow, reason: str, *, status: str = "awaiting_approval") -> None:
         """The run waits for a person (an approval, or a variable's value), holding no worker."""
+        reason = self._redacted_for_thread(run, reason)  # a hook's verdict may quote a secret
         wait_for_a_person(self.store, run, call, reason, status=status, now=self.clock())
 
-    def _park(self, run: Run, call: CallRow, reason: str, *, fence: int | None = None) -> None:
+    def _park(self, run: Run, call: CallRow, reason: str, *, fence: int | None = None) -> str:
+        """Park ``call`` for a person; returns the reason as stored (redacted), for the task's result.
+
+        A reason is built from what a tool, its exception or its reconcile lookup said, and any
+        of those may quote a secret of the thread: it is redacted of every secret the agent's
+        variables hold on this thread before it is stored, logged or returned.
+        """
+        reason = self._redacted_for_thread(run, reason)
         wait_for_a_person(self.store, run, call, reason, status="parked", now=self.clock(), fence=fence)
         log.warning("run %s parked at call %s (%s): %s", run.id, call.effect_key, call.tool, reason)
+        return reason
+
+    def _redacted_for_thread(self, run: Run, text: str) -> str:
+        agent = self.registry.get(run.agent) if run.agent in self.registry else None
+        if agent is None:
+            return text
+        env = ThreadEnv(
+            self.store, self.registry, run.thread_id, agent.declared_variables(), owner=f"agent {agent.name!r}"
+        )
+        secrets = env.secret_values()
+        return redact_text(text, secrets) if secrets else text
 
     def _extend_call_lease(
         self, run_id: str, effect_key: str, fence: int, read_only: bool, agent_tool_run_id: str | None = None

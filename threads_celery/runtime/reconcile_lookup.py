@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from threads_celery.decisions.effects import Found, LookupAnswer, LookupFailed, LookupUnknown, NotFound, Reconcile
+from threads_celery.redaction import active_secrets, describe_exception
 
 __all__ = ["run_lookup"]
 
@@ -107,6 +108,7 @@ def _await(awaitable: Awaitable[object]) -> Coroutine[Any, Any, object]:
 
 
 def _describe_exception(exc: BaseException) -> str:
-    message = str(exc)
-    name = type(exc).__name__
-    return f"lookup raised {name}: {message}" if message else f"lookup raised {name}"
+    # Never raises, whatever the exception's __str__ does, and redacted of the secrets revealed
+    # in this process: the text becomes a park reason people and Flower see.
+    described = describe_exception(exc, active_secrets())
+    return f"lookup raised {described.removesuffix(': ')}"

@@ -7,6 +7,7 @@ ledger, each time a tool reads a variable.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -68,6 +69,24 @@ class ThreadEnv:
             self.revealed.append(value)
             return value
         return stored
+
+    def secret_values(self) -> list[str]:
+        """Every secret value the declarations could reveal on this thread, opened quietly.
+
+        For text the runtime builds outside a tool's call (a park reason from a reconcile lookup,
+        a hook's failure): it may quote a secret the tool or lookup read by other means. One that
+        cannot be opened is skipped here (the call that reads it reports that).
+        """
+        with self.store.read() as tx:
+            chain = self._chain(tx)
+        values: list[str] = []
+        for name in self.declarations:
+            found = resolve(name, chain)
+            if found is None or found[0] != "secret":
+                continue
+            with contextlib.suppress(SecretUndecryptable):
+                values.append(self.box.open(found[1], name=name))
+        return values
 
     def missing_required(self) -> list[str]:
         """Required variables with no value anywhere this thread can see."""

@@ -170,3 +170,29 @@ def test_shell_and_decision_together(finality: Any, lookup: Any, expected: Any) 
         assert isinstance(decision, expected)
     else:
         assert decision == expected
+
+
+class _Unprintable(BaseException):
+    def __init__(self, code: int, detail: str) -> None:  # cannot be rebuilt from its args
+        super().__init__(code, detail)
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def test_run_lookup_names_a_hostile_base_exception_without_raising() -> None:
+    def lookup(key: str) -> Found:
+        raise _Unprintable(1, "x")
+
+    answer = run_lookup(Reconcile(finality="final", lookup=lookup), "k")
+    assert isinstance(answer, LookupFailed) and answer.reason.startswith("lookup raised _Unprintable")
+
+
+def test_run_lookup_turns_system_exit_into_a_failure() -> None:
+    def lookup(key: str) -> Found:
+        raise SystemExit(2)
+
+    assert run_lookup(Reconcile(finality="final", lookup=lookup), "k") == LookupFailed("lookup raised SystemExit: 2")
