@@ -132,8 +132,15 @@ def open_group(runtime: Runtime, call: CallRow) -> None:
     runtime.publish(entries)
 
 
-def record_concurrent_result(runtime: Runtime, run: Run, call: CallRow, content: str, *, is_error: bool) -> str:
-    """Record one concurrent call's result, show what is ready in call order, and move on."""
+def record_concurrent_result(
+    runtime: Runtime, run: Run, call: CallRow, content: str, *, is_error: bool, fails_run: str | None = None
+) -> str:
+    """Record one concurrent call's result, show what is ready in call order, and move on.
+
+    ``fails_run`` (a failure no model can fix, such as a secret this worker cannot decrypt) ends
+    the run in error right after the result is recorded, as a cancel would: siblings still running
+    record theirs on their calls, and the calls waiting for a slot never start.
+    """
     now = runtime.clock()
     limit = runtime.settings.max_parallel_tool_calls
     with runtime.store.transaction() as tx:
@@ -151,9 +158,15 @@ def record_concurrent_result(runtime: Runtime, run: Run, call: CallRow, content:
             if current.is_terminal:
                 _skip_slot_chain(tx, call, now, limit)
             return f"recorded; the run is {current.status}"
-        group = [c for c in tx.calls_in_step(run.id, call.step) if c.batch == call.batch]
-        entries = _record(tx, current, call, group, now, limit)
+        if fails_run:
+            entries = runs.finish(tx, current, fence=current.fence, status="error", now=now, error=fails_run)
+            _skip_slot_chain(tx, call, now, limit)
+        else:
+            group = [c for c in tx.calls_in_step(run.id, call.step) if c.batch == call.batch]
+            entries = _record(tx, current, call, group, now, limit)
     runtime.publish(entries)
+    if fails_run:
+        return "ended the run in error"
     return "error" if is_error else "completed"
 
 

@@ -490,8 +490,9 @@ class Runtime:
         fails_run: str | None = None,
     ) -> str:
         if call.batch is not None:
-            # A concurrent call's siblings may still run: its error result is what it reports.
-            return batches.record_concurrent_result(self, run, call, content, is_error=is_error)
+            # A concurrent call's siblings may still run: its result is recorded on the call (and
+            # a failure no model can fix ends the run, as a cancel would).
+            return batches.record_concurrent_result(self, run, call, content, is_error=is_error, fails_run=fails_run)
         outcome, entries = runs.commit_call_result(
             self.store,
             run,
