@@ -49,6 +49,20 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.strip().lower() in _TRUE:
+        return True
+    if raw.strip().lower() in _FALSE:
+        return False
+    raise ConfigError(f"{name} must be true or false, not {raw!r}")
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything tunable. Leases are how long a silent worker is presumed alive."""
@@ -71,6 +85,9 @@ class Settings:
     task_soft_time_limit_s: int = 1740
     outbox_stale_after_s: float = 10.0
     reconcile_interval_s: float = 5.0
+    # Whether the backbone's own tasks (reconcile ticks, scheduled-run starts, finish deliveries)
+    # send task events: off, so Flower and other monitors list the agents' work.
+    control_task_events: bool = False
     # Concurrent read_only calls of one model reply running at once (as parallel tasks).
     max_parallel_tool_calls: int = 8
     # Each thread's attachments live in <files_root>/<thread_id>/ (relative: to the worker's cwd).
@@ -136,6 +153,7 @@ class Settings:
             ),
             "outbox_stale_after_s": _float(env, "THREADS_OUTBOX_STALE_AFTER_S", 10.0),
             "reconcile_interval_s": _float(env, "THREADS_RECONCILE_INTERVAL_S", 5.0),
+            "control_task_events": _bool(env, "THREADS_CONTROL_TASK_EVENTS", False),
             "max_parallel_tool_calls": _int(env, "THREADS_MAX_PARALLEL_TOOL_CALLS", 8),
             "files_root": env.get("THREADS_FILES_ROOT") or DEFAULT_FILES_ROOT,
             "files_max_bytes": _int(env, "THREADS_FILES_MAX_BYTES", 100 * 2**20),

@@ -195,13 +195,13 @@ def test_flower_names_the_tool_and_the_effect_key_and_never_the_conversation(
     assert call.name == "wait_for_file" and canary in call.args  # the ledger has it, as it should
 
     task = wait_for_task(flower, call.effect_key)
-    assert task["name"] == "threads.tool"
+    assert task["name"] == "threads.tool wait_for_file"  # Celery's shadow name: the task and what it runs
     assert task["uuid"] == call.effect_key  # the task id is the effect key
     # Flower shows argsrepr: the tool's name and the effect key, and nothing else.
     assert task["args"] == f"('wait_for_file', {call.effect_key})"
     assert task["kwargs"] in ("{}", {}, None)
     step = wait_for_task(flower, f"step:{run.id}:0")
-    assert step["name"] == "threads.step" and "it_gated" in step["args"]
+    assert step["name"] == "threads.step it_gated" and "it_gated" in step["args"]
 
     text, listing = flower.tasks()
     assert {f"step:{run.id}:0", call.effect_key, f"step:{run.id}:1"} <= set(listing)

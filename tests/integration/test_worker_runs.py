@@ -145,18 +145,18 @@ def test_celery_task_ids_are_the_effect_keys_and_step_keys(threads: Any, worker:
     assert effect_keys == [f"{run.id}:0:0", f"{run.id}:1:0"]
     # The worker logs a task when it finishes, which may be just after the commit we saw.
     for key in effect_keys:
-        worker.wait_for_log(rf"Task threads\.tool\[{re.escape(key)}\] succeeded")
+        worker.wait_for_log(rf"Task threads\.tool add\[{re.escape(key)}\] succeeded")
     for step in range(3):
-        worker.wait_for_log(rf"Task threads\.step\[{re.escape(f'step:{run.id}:{step}')}\] succeeded")
+        worker.wait_for_log(rf"Task threads\.step it_three_steps\[{re.escape(f'step:{run.id}:{step}')}\] succeeded")
     # Each call ran as exactly one task: no duplicate delivery did the work twice.
-    assert worker.log_text().count(f"Task threads.tool[{effect_keys[0]}] succeeded") == 1
+    assert worker.log_text().count(f"Task threads.tool add[{effect_keys[0]}] succeeded") == 1
 
 
 def test_task_messages_carry_ids_only(threads: Any, worker: WorkerProcess) -> None:
     handle = threads.start("it_three_steps", "a secret-looking message: sk-live-123")
     run = threads.wait(handle.run_id, timeout=WAIT_S)
     assert run.status == "completed", run.error
-    worker.wait_for_log(rf"Task threads\.step\[{re.escape(f'step:{run.id}:2')}\] succeeded")
+    worker.wait_for_log(rf"Task threads\.step it_three_steps\[{re.escape(f'step:{run.id}:2')}\] succeeded")
     assert "sk-live-123" not in worker.log_text()
 
 

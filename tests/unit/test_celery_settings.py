@@ -81,7 +81,7 @@ def test_user_settings_win_over_ours_and_mappings_are_merged(config_module: str)
     assert config["worker_prefetch_multiplier"] == 2  # the variable wins over the module
     ours, theirs = config["task_routes"]
     assert theirs == {"threads.tool": {"queue": "threads"}}
-    assert ours["threads.reconcile"] == {"queue": "threads.control"}  # the backbone keeps its queue
+    assert ours["threads.reconcile"] == {"queue": "threads.control", "priority": 0}  # the backbone keeps its queue and lane
     # The reconcile backbone stays scheduled next to the user's entries.
     assert set(config["beat_schedule"]) == {"threads-reconcile", "cleanup"}
     assert config["broker_transport_options"]["max_retries"] == 3

@@ -14,6 +14,7 @@ workers install their tasks on such an app (:mod:`threads_celery.worker.applicat
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -40,7 +41,7 @@ from threads_celery.settings import Settings
 from threads_celery.store import Store, create_store_engine, parse_database_url
 from threads_celery.transitions import held_producers
 from threads_celery.transitions.held_producers import ProducerStack
-from threads_celery.transitions.runs import STEP_TASK
+from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
 
 log = logging.getLogger("threads_celery.transitions.publishing")
 
@@ -61,6 +62,28 @@ def task_queue(name: str) -> Queue:
     copied into the work queue as well.
     """
     return Queue(name, Exchange(name, type="direct"), routing_key=name)
+
+
+def _control_route(queue: str, broker_url: str) -> dict[str, Any]:
+    route: dict[str, Any] = {"queue": queue}
+    priority = message_priority(RECONCILE_TASK, recovered=False, broker_url=broker_url)
+    if priority is not None:
+        route["priority"] = priority
+    return route
+
+
+# A step's and a call's argsrepr begin with the agent's or the tool's name, as repr() writes it.
+_NAMED_ARGSREPR = re.compile(r"""\((?P<quote>['"])(?P<name>[^'"\\]{1,200})(?P=quote)""")
+
+
+def shadow_name(entry: OutboxEntry) -> str | None:
+    """The name a step or tool task shows in Flower, ``celery inspect`` and the worker's log:
+    ``threads.step trip-planner``, ``threads.tool send_email`` (Celery's shadow name; the task
+    that runs is the same). None for the control tasks and for an entry without its name."""
+    if entry.task not in (STEP_TASK, TOOL_TASK) or not entry.argsrepr:
+        return None
+    named = _NAMED_ARGSREPR.match(entry.argsrepr)
+    return f"{entry.task} {named['name']}" if named else None
 
 
 def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
@@ -96,7 +119,12 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         # A worker started without -Q consumes both; one started with -Q gets the control queue
         # added (see threads_celery.worker.application.consume_control_queue).
         "task_queues": (task_queue(work_queue), task_queue(control_queue_for(work_queue))),
-        "task_routes": {task: {"queue": control_queue_for(work_queue)} for task in sorted(CONTROL_TASKS)},
+        # Control tasks go ahead of all work on Redis however they are sent (Beat, a retry): the
+        # priority is the route's, a message option, as Celery 6 keeps it (a task's own
+        # ``priority`` attribute is deprecated).
+        "task_routes": {
+            task: _control_route(control_queue_for(work_queue), broker_url) for task in sorted(CONTROL_TASKS)
+        },
         "worker_hijack_root_logger": False,
         # Beat's scheduler adds the scheduled batch agents (SCHEDULES in THREADS_AGENTS modules)
         # and publishes each with its slot: see threads_celery.worker.beat and threads_celery.runtime.schedules.
@@ -113,7 +141,7 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
     }
     if message_priority(STEP_TASK, recovered=False, broker_url=broker_url) is not None:
         # What Celery sends itself (a task's retry) queues as ordinary work, behind recoveries;
-        # the control tasks carry their own priority (see threads_celery.worker.tasks).
+        # the control tasks carry their route's priority.
         config["task_default_priority"] = WORK_PRIORITY
     if broker_url.startswith("memory://"):
         # The memory transport polls; a short interval keeps each hop near a few milliseconds.
@@ -186,6 +214,9 @@ class Publisher:
 
     def _options(self, entry: OutboxEntry) -> dict[str, Any]:
         options: dict[str, Any] = {"task_id": entry.key, "argsrepr": entry.argsrepr or entry.key}
+        shadow = shadow_name(entry)
+        if shadow is not None:
+            options["shadow"] = shadow
         queue = queue_for(entry.task, entry.queue, work_queue=self.single_queue, control_queue=self.control_queue)
         if queue:
             options["queue"] = queue

@@ -34,6 +34,7 @@ from threads_celery.store import Store
 from threads_celery.telemetry.metrics import METRICS_PORT_VARIABLE, serve
 from threads_celery.transitions.publishing import Publisher, celery_app, open_store, task_queue
 from threads_celery.transitions.runs import utcnow
+from threads_celery.worker import quiet_ticks
 from threads_celery.worker.tasks import install_tasks
 
 
@@ -188,6 +189,7 @@ def app_from_environment() -> ThreadsCelery:
         # Signals are process-wide: answer only for a worker of this app.
         if getattr(sender, "app", None) is not app:
             return
+        quiet_ticks.install()
         with exit_on_failure("worker"):
             preflight(app, service="worker")
             runtime = app.threads_runtime.get()

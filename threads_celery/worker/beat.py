@@ -146,6 +146,11 @@ class Scheduler(PersistentScheduler):
         preflight = getattr(self.app, "threads_beat_preflight", None)
         if preflight is not None:
             preflight()
+        holder = getattr(self.app, "threads_runtime", None)
+        if holder is not None and not holder.settings.control_task_events:
+            # Beat publishes only the backbone's tasks (ticks, scheduled-run starts): no task-sent
+            # event for them, as their worker sends none (THREADS_CONTROL_TASK_EVENTS).
+            self.app.conf.task_send_sent_event = False
         try:
             declared = beat_entries(schedules_for_app(self.app))
         except Exception:

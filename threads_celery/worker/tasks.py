@@ -22,7 +22,6 @@ from threads_celery.decisions.backbone import (
     DELIVER_TASK,
     RECONCILE_TASK,
     SCHEDULED_RUN_TASK,
-    message_priority,
     tick_is_covered,
 )
 from threads_celery.decisions.retry import STORE_UNAVAILABLE_BACKOFF, GiveUp
@@ -82,8 +81,9 @@ def _run(task: Task[Any, Any], holder: RuntimeHolder, work: Callable[[], str], p
 
 def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
     """Register the five tasks on ``app``, each running on ``holder``'s runtime."""
-    # Control tasks go ahead of all work on Redis, however they are sent (Beat, a retry).
-    control_priority = message_priority(RECONCILE_TASK, recovered=False, broker_url=str(app.conf.broker_url or ""))
+    # Control tasks go ahead of all work on Redis by their route's priority (celery_config), and
+    # send no task events unless THREADS_CONTROL_TASK_EVENTS: monitors list the agents' work.
+    control_events = holder.settings.control_task_events
 
     # Every task but the tick is acknowledged after it ran and given back to the broker when its
     # worker dies. ``shared=False`` keeps each task on this app only: a process may hold several
@@ -105,7 +105,7 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         name=DELIVER_TASK,
         bind=True,
         shared=False,
-        priority=control_priority,
+        send_events=control_events,
         acks_late=True,
         reject_on_worker_lost=True,
     )
@@ -115,7 +115,7 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         return _run(self, holder, lambda: runtime.deliver(run_id, status))
 
     # Acknowledged on receipt: a tick lost with its worker is replaced by Beat's next one.
-    @app.task(name=RECONCILE_TASK, bind=True, shared=False, priority=control_priority, acks_late=False)
+    @app.task(name=RECONCILE_TASK, bind=True, shared=False, send_events=control_events, acks_late=False)
     def reconcile(self: Task[Any, Any], published_at: float | None = None) -> str:
         """Beat's backbone tick: re-dispatch runs whose worker died, republish lost outbox rows.
 
@@ -133,7 +133,7 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         name=SCHEDULED_RUN_TASK,
         bind=True,
         shared=False,
-        priority=control_priority,
+        send_events=control_events,
         acks_late=True,
         reject_on_worker_lost=True,
     )

@@ -42,12 +42,8 @@ def test_control_tasks_take_the_control_queue_whatever_was_asked() -> None:
     for task in (RECONCILE_TASK, DELIVER_TASK, SCHEDULED_RUN_TASK):
         assert task in CONTROL_TASKS
         assert queue_for(task, None, work_queue=None, control_queue=CONTROL_QUEUE) == CONTROL_QUEUE
-        assert (
-            queue_for(task, "email", work_queue=None, control_queue=CONTROL_QUEUE) == CONTROL_QUEUE
-        )
-        assert (
-            queue_for(task, None, work_queue="solo", control_queue="solo.control") == "solo.control"
-        )
+        assert queue_for(task, "email", work_queue=None, control_queue=CONTROL_QUEUE) == CONTROL_QUEUE
+        assert queue_for(task, None, work_queue="solo", control_queue="solo.control") == "solo.control"
 
 
 def test_work_takes_its_own_queue_or_the_default() -> None:
@@ -84,9 +80,7 @@ def test_agents_and_tools_name_their_queue_but_never_a_control_queue() -> None:
         effect="read_only",
         queue="slow",
     )
-    agent = Agent(
-        name="routed", instructions="i", model=ScriptedModel([]), tools=[slow], queue="agents"
-    )
+    agent = Agent(name="routed", instructions="i", model=ScriptedModel([]), tools=[slow], queue="agents")
     assert agent.queue == "agents" and slow.queue == "slow"
     assert agent.describe()["queue"] == "agents"
     assert Agent(name="plain", instructions="i", model=ScriptedModel([])).queue is None
@@ -128,9 +122,7 @@ def test_the_celery_configuration_declares_both_queues_and_routes_control() -> N
         assert app.amqp.router.route({}, task)["queue"].name == CONTROL_QUEUE
     assert app.amqp.router.route({}, STEP_TASK)["queue"].name == WORK_QUEUE
     tick = app.conf.beat_schedule["threads-reconcile"]
-    assert tick["options"] == {
-        "queue": CONTROL_QUEUE
-    }  # no expires: a late tick is never dropped unseen
+    assert tick["options"] == {"queue": CONTROL_QUEUE}  # no expires: a late tick is never dropped unseen
 
 
 def test_a_worker_given_other_queues_still_consumes_the_control_queue() -> None:
@@ -202,9 +194,7 @@ def test_moving_an_agent_to_another_queue_is_recorded_for_its_next_runs() -> Non
     with Threads.embedded(reconcile_interval=None) as threads:
         threads.register(Agent(name="mover", instructions="i", model=ScriptedModel([])))
         threads.registry = AgentRegistry()  # a new deployment of the same agent, now routed
-        threads.register(
-            Agent(name="mover", instructions="i", model=ScriptedModel([]), queue="batch")
-        )
+        threads.register(Agent(name="mover", instructions="i", model=ScriptedModel([]), queue="batch"))
         with threads.store.read() as tx:
             assert run_records.agent_queue(tx, "mover") == "batch"
 
@@ -250,7 +240,9 @@ def test_the_store_spaces_the_republishes_of_a_row_nobody_consumes() -> None:
         gaps = []
         for _ in range(3):
             with store.transaction() as tx:
-                assert [e.key for e in tx.due_outbox(now=now, limit=10, republish_delay=republish_delay)] == [waiting.key]
+                assert [e.key for e in tx.due_outbox(now=now, limit=10, republish_delay=republish_delay)] == [
+                    waiting.key
+                ]
                 due_at = tx.conn.execute(select(outbox.c.due_at).where(outbox.c.key == waiting.key)).scalar_one()
             if due_at.tzinfo is None:
                 due_at = due_at.replace(tzinfo=now.tzinfo)
@@ -261,7 +253,9 @@ def test_the_store_spaces_the_republishes_of_a_row_nobody_consumes() -> None:
         assert gaps == [2, 4, 8]
 
 
-def test_on_redis_control_and_recovered_work_are_published_ahead_of_waiting_work(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_redis_control_and_recovered_work_are_published_ahead_of_waiting_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from threads_celery.decisions.backbone import URGENT_PRIORITY, WORK_PRIORITY, message_priority
 
     assert URGENT_PRIORITY < WORK_PRIORITY  # kombu's Redis transport serves lower numbers first
@@ -276,8 +270,8 @@ def test_on_redis_control_and_recovered_work_are_published_ahead_of_waiting_work
 
     app = _app()
     assert app.conf.task_default_priority == WORK_PRIORITY  # a task's own retry waits its turn
-    for task in CONTROL_TASKS:  # what Beat sends with apply_async
-        assert app.tasks[task].priority == URGENT_PRIORITY
+    for task in CONTROL_TASKS:  # what Beat sends with apply_async: by the route, as Celery 6 keeps it
+        assert app.amqp.router.route({}, task)["priority"] == URGENT_PRIORITY
     sent: list[dict[str, Any]] = []
     monkeypatch.setattr(app, "send_task", lambda name, **options: sent.append(options))
     Publisher(app)([
@@ -305,3 +299,40 @@ def test_a_republished_row_is_ordinary_work_not_urgent() -> None:
         # Behind a backlog a due row is mostly waiting, not lost: an urgent copy of each would
         # flood the lane a dead worker's runs recover through (test_reconcile checks that lane).
         assert [(e.key, e.recovered) for e in published] == [(lost.key, False)]
+
+
+def test_the_tasks_use_no_task_attribute_celery_6_drops() -> None:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        app = _app()
+        app.finalize()
+        assert set(CONTROL_TASKS) <= set(app.tasks)
+    assert [str(w.message) for w in caught if "task attribute" in str(w.message)] == []
+
+
+def test_steps_and_calls_show_their_agent_or_tool_by_shadow_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from threads_celery.transitions.runs import step_entry, tool_entry
+
+    app = _app()
+    sent: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(app, "send_task", lambda name, **options: sent.append((name, options)))
+    Publisher(app)([
+        step_entry("run_1", 0, "trip-planner"),
+        tool_entry("run_1:0:0", "send_email", None),
+        OutboxEntry(key="deliver:r:completed", task=DELIVER_TASK, args=("r", "completed")),
+    ])  # fmt: skip
+    assert [(name, options.get("shadow"), options["argsrepr"]) for name, options in sent] == [
+        (STEP_TASK, "threads.step trip-planner", "('trip-planner' step 0, run run_1)"),
+        (TOOL_TASK, "threads.tool send_email", "('send_email', run_1:0:0)"),
+        (DELIVER_TASK, None, "deliver:r:completed"),
+    ]
+
+
+def test_control_tasks_send_no_task_events_unless_asked() -> None:
+    quiet = _app()
+    assert all(quiet.tasks[task].send_events is False for task in CONTROL_TASKS)
+    assert quiet.tasks[STEP_TASK].send_events and quiet.tasks[TOOL_TASK].send_events
+    shown = create_app(Settings(control_task_events=True), AgentRegistry(), broker_url="redis://127.0.0.1:1/0")
+    assert all(shown.tasks[task].send_events is True for task in CONTROL_TASKS)
