@@ -175,7 +175,7 @@ def pg_admin_url(pg_server: PgServer) -> str:
     try:
         with pg_server.connect() as conn:
             conn.execute("SELECT 1")
-    except Exception as exc:  # psycopg.OperationalError and friends
+    except Exception as exc:  # noqa: BLE001 - psycopg.OperationalError and friends: any failure means unreachable
         require_service("PostgreSQL", False, _describe(exc), address=pg_server.address)
     return pg_server.sqlalchemy_url("postgres")
 

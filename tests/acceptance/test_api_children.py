@@ -37,9 +37,8 @@ parent = Agent(
 def client() -> Iterator[tuple[TestClient, Threads]]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("THREADS_SECRET_KEY", Fernet.generate_key().decode())
-        with Threads.embedded() as threads:
-            with TestClient(create_api(threads, tokens={TOKEN}, keepalive_s=0.2, poll_interval_s=0.02)) as c:
-                yield c, threads
+        with Threads.embedded() as threads, TestClient(create_api(threads, tokens={TOKEN}, keepalive_s=0.2, poll_interval_s=0.02)) as c:
+            yield c, threads
 
 
 def _wait(threads: Threads, run_id: str, status: str) -> None:

@@ -118,7 +118,7 @@ def assert_completed_exactly_once(cluster: ChaosCluster, started: list[tuple[Any
     """Every run completed, each non-read_only effect happened exactly once, one result per call."""
     settled = [cluster.wait_settled(handle.run_id, SETTLE_S) for handle, _ in started]
     counts = cluster.ledger.effect_counts()
-    for (handle, _), run in zip(started, settled):
+    for (handle, _), run in zip(started, settled, strict=True):
         assert run.status == "completed", f"run {run.id} ({run.agent}) is {run.status}: {run.error}"
         calls = calls_of(cluster, handle.thread_id)
         assert calls, f"run {run.id} asked for no tool call"
@@ -261,7 +261,7 @@ def _two_beats_scenario(
     victim.kill()
     replacement = workers(1)[0]
 
-    for effect_class, (handle, key, ref) in runs.items():
+    for effect_class, (handle, key, _ref) in runs.items():
         run = cluster.wait_settled(handle.run_id, SETTLE_S)
         held_by_victim = lines[effect_class].pid in victim_pids
         status, count = AFTER_WHOLE_KILL[effect_class] if held_by_victim else ("completed", 1)

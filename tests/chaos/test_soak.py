@@ -513,7 +513,7 @@ def _check(
     for call in calls:
         key, cls = call["effect_key"], chaos_agents.EFFECT_CLASS_OF_TOOL[call["tool"]]
         keys_of_run[call["run_id"]].append(key)
-        kind, ref = started[call["run_id"]]
+        _kind, ref = started[call["run_id"]]
         n = len(effects[key])
         if n > 1:
             reruns[cls] += 1

@@ -325,7 +325,7 @@ def test_crash_between_commit_and_publish_is_recovered_by_the_outbox(
     run_id = f"{prefix}_{uuid.uuid4().hex}"
     lost = lost_key.format(run_id=run_id)
     marker = cluster.marker_dir / chaos_agents.crash_marker_name(lost)
-    handle, key, ref = start(cluster, "unguarded", seconds=0.0, run_id=run_id)
+    handle, _key, ref = start(cluster, "unguarded", seconds=0.0, run_id=run_id)
 
     # The publishing pool process killed itself just before the message left...
     _wait_for_file(marker)

@@ -88,7 +88,8 @@ def test_two_concurrent_deliveries_of_one_finish_fire_on_finish_and_the_global_h
         assert first.run_step(row.child_run_id, 0) == "completed"
         assert client.inspect_agent_tool_run(handle.run_id).status == "completed"
 
-        outcomes = race(lambda: first.deliver(handle.run_id, "completed"), lambda: second.deliver(handle.run_id, "completed"))
+        run_id = handle.run_id
+        outcomes = race(lambda: first.deliver(run_id, "completed"), lambda: second.deliver(run_id, "completed"))  # noqa: B023 - raced now
         assert sorted(o.split(":")[0] for o in outcomes) == ["delivered completed", "skipped"], outcomes
         assert client.inspect_agent_tool_run(handle.run_id).delivered == ("completed",)
         assert [r for r, _ in parent.done].count(handle.run_id) == 1
@@ -104,8 +105,8 @@ def test_two_launches_at_once_past_a_cap_of_one_refuse_exactly_one_on_postgres(l
     for _ in range(RACES):
         parent_thread = client.start(parent, "hello").thread_id
         handles = race(
-            lambda: client.run_agent_tool(parent_thread, child, input="a", detached=True),
-            lambda: client.run_agent_tool(parent_thread, child, input="b", detached=True),
+            lambda: client.run_agent_tool(parent_thread, child, input="a", detached=True),  # noqa: B023 - raced now
+            lambda: client.run_agent_tool(parent_thread, child, input="b", detached=True),  # noqa: B023 - raced now
         )
         assert sorted(h.status for h in handles) == ["error", "running"], handles
         rows = client.agent_tool_runs(parent_thread)

@@ -20,11 +20,10 @@ from pydantic import BaseModel
 from sqlalchemy import insert, select
 
 from threads_celery import Agent, Permissions, Prompt, Settings, Threads, tool
-from threads_celery.records import Run
+from threads_celery.records import REPLACEMENT, Run
 from threads_celery.runtime import step_commit
 from threads_celery.runtime.machine import Runtime
 from threads_celery.store import schema
-from threads_celery.records import REPLACEMENT
 from threads_celery.testing import ScriptedModel, call, say
 
 WAIT_S = 60.0
@@ -95,10 +94,7 @@ def _agent(name: str, *script: Any, tools: list[Any] | None = None) -> Agent:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def threads(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Threads]:
     """A runtime over the store named by the parameter, with a real in-process Celery worker."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    else:
-        url = request.getfixturevalue("pg_url")
+    url = f"sqlite:///{tmp_path / 'ledger.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
     settings = Settings(
         files_root=str(tmp_path / "files"), model_retries=1, max_task_failures=3, max_tool_result_bytes=LIMIT
     )
@@ -304,11 +300,10 @@ def test_a_failed_statement_shows_no_parameters_in_its_error_or_the_logs(
 ) -> None:
     secret = "conversation-text-that-must-not-leak"
     caplog.set_level(logging.DEBUG)
-    with pytest.raises(Exception) as info:
-        with threads.store.transaction() as tx:
-            row = {"name": "dup", "config_hash": secret, "description": {"x": secret}, "updated_at": _now()}
-            tx.conn.execute(insert(schema.agents).values(**row))
-            tx.conn.execute(insert(schema.agents).values(**row))  # the same primary key again
+    with pytest.raises(Exception) as info, threads.store.transaction() as tx:
+        row = {"name": "dup", "config_hash": secret, "description": {"x": secret}, "updated_at": _now()}
+        tx.conn.execute(insert(schema.agents).values(**row))
+        tx.conn.execute(insert(schema.agents).values(**row))  # the same primary key again
     assert secret not in str(info.value)
     assert secret not in caplog.text
     with threads.store.read() as tx:

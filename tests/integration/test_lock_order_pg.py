@@ -199,5 +199,5 @@ class _Entered:
     def __enter__(self) -> Any:
         return self.tx
 
-    def __exit__(self, *exc: Any) -> Any:
+    def __exit__(self, *exc: object) -> Any:
         return self.context.__exit__(*exc)

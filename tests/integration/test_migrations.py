@@ -26,10 +26,7 @@ from threads_celery.store.schema import metadata
 @pytest.fixture(params=["postgresql", "sqlite"])
 def empty_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     """An engine on a brand-new, empty database of each backend."""
-    if request.param == "postgresql":
-        url = request.getfixturevalue("pg_url")
-    else:
-        url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else f"sqlite:///{tmp_path / 'ledger.db'}"
     engine = create_store_engine(parse_database_url(url))
     try:
         yield engine

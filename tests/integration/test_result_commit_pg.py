@@ -94,7 +94,7 @@ def test_a_stale_fence_writes_nothing(runtime: Store) -> None:
 
 
 def test_the_one_statement_claim_writes_what_the_claim_transaction_writes(runtime: Store) -> None:
-    rt, run, queue = _setup(runtime, "idempotent")
+    rt, _run, queue = _setup(runtime, "idempotent")
     rt.run_step(*queue.pop(0).args)
     [entry] = queue
     with runtime.read() as tx:
@@ -112,7 +112,7 @@ def test_the_one_statement_claim_writes_what_the_claim_transaction_writes(runtim
 
 
 def test_a_one_statement_claim_with_a_stale_fence_writes_nothing(runtime: Store) -> None:
-    rt, run, queue = _setup(runtime, "idempotent")
+    rt, _run, queue = _setup(runtime, "idempotent")
     rt.run_step(*queue.pop(0).args)
     [entry] = queue
     with runtime.read() as tx:

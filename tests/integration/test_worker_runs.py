@@ -101,7 +101,7 @@ def test_two_runs_on_different_threads_run_at_once(threads: Any, tmp_path: Path)
     finally:
         for gate in gates:
             gate.touch()
-    for handle, gate in zip(handles, gates):
+    for handle, gate in zip(handles, gates, strict=True):
         run = threads.wait(handle.run_id, timeout=WAIT_S)
         assert run.status == "completed", run.error
         assert run.output == "through the gate"
@@ -125,7 +125,7 @@ def test_a_second_message_on_a_busy_thread_waits_for_the_first_run(threads: Any,
     run_b = threads.wait(second.run_id, timeout=WAIT_S)
     assert (run_a.status, run_b.status) == ("completed", "completed")
     messages = threads.messages(first.thread_id)
-    assert [(m.run_id, *s) for m, s in zip(messages, shape(messages))] == [
+    assert [(m.run_id, *s) for m, s in zip(messages, shape(messages), strict=True)] == [
         (run_a.id, "user", f"gate {first_gate}"),
         (run_a.id, "assistant", "|wait_for_file"),
         (run_a.id, "tool", "opened first"),

@@ -66,7 +66,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 __all__ = ["FakeOpenAI", "Reply", "Script", "split_fragments"]
@@ -110,8 +110,16 @@ def _prompt_tokens(body: Mapping[str, Any]) -> int:
 
 class _NormalizedReply:
     __slots__ = (
-        "text", "tool_calls", "finish_reason", "usage_override", "delay", "chunk_delay", "abort_after", "error",
-        "status", "retry_after",
+        "abort_after",
+        "chunk_delay",
+        "delay",
+        "error",
+        "finish_reason",
+        "retry_after",
+        "status",
+        "text",
+        "tool_calls",
+        "usage_override",
     )  # fmt: skip
 
     def __init__(self, raw: Reply, call_counter: Iterator[int]) -> None:
@@ -206,7 +214,7 @@ class FakeOpenAI:
 
     # -- lifecycle ---------------------------------------------------------
 
-    def __enter__(self) -> FakeOpenAI:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -364,7 +372,7 @@ def _make_handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
         server_version = "FakeOpenAI/1.0"
         timeout = 30  # idle keep-alive connections give up eventually
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        def log_message(self, format: str, *args: Any) -> None:
             pass  # keep test output clean
 
         # -- helpers -------------------------------------------------------
@@ -403,7 +411,7 @@ def _make_handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
 
         # -- routes --------------------------------------------------------
 
-        def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        def do_GET(self) -> None:
             if self._path() == "/v1/models":
                 self._send_json(
                     HTTPStatus.OK,
@@ -415,7 +423,7 @@ def _make_handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             else:
                 self._not_found()
 
-        def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        def do_POST(self) -> None:
             if self._path() != "/v1/chat/completions":
                 # Drain the body so the keep-alive connection stays usable.
                 length = int(self.headers.get("Content-Length") or 0)

@@ -7,6 +7,7 @@ under root the server runs as the ``postgres`` user (``runuser``). Skips locally
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -85,8 +86,6 @@ def own_postgres() -> Iterator[OwnPostgres]:
         server.start()
         yield server
     finally:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
             server.stop()
-        except subprocess.CalledProcessError:
-            pass  # already stopped
         shutil.rmtree(root, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import importlib
 import json
@@ -51,10 +52,8 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     """Errors a client may raise when the server drops a stream (the SDK's HTTP library varies by version)."""
     errors: list[type[BaseException]] = [openai.APIError]
     for name in ("httpx2", "httpx"):
-        try:
+        with contextlib.suppress(ImportError, AttributeError):
             errors.append(importlib.import_module(name).HTTPError)
-        except (ImportError, AttributeError):
-            pass
     return tuple(errors)
 
 
@@ -371,7 +370,6 @@ def test_model_requests_are_forbidden_without_the_fixture() -> None:
     from pydantic_ai.direct import model_request
     from pydantic_ai.messages import ModelRequest
 
-    with FakeOpenAI(["should never be sent"]) as fake:
-        with pytest.raises(RuntimeError, match="ALLOW_MODEL_REQUESTS"):
-            asyncio.run(model_request(_pydantic_ai_model(fake), [ModelRequest.user_text_prompt("hi")]))
+    with FakeOpenAI(["should never be sent"]) as fake, pytest.raises(RuntimeError, match="ALLOW_MODEL_REQUESTS"):
+        asyncio.run(model_request(_pydantic_ai_model(fake), [ModelRequest.user_text_prompt("hi")]))
     assert fake.requests == []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -203,7 +203,7 @@ def test_cursor_comes_from_last_event_id_first_then_after() -> None:
 
 
 def test_an_sse_frame_is_id_event_and_one_line_of_json() -> None:
-    at = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    at = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
     event = Event(thread_id="t", seq=42, type="message", payload={"text": "two\nlines", "role": "assistant"}, run_id="r", created_at=at)
     frame = sse_frame(event)
     assert frame.endswith("\n\n") and frame.count("\n") == 4

@@ -178,9 +178,8 @@ def test_an_unreachable_database_is_store_unavailable_with_the_password_masked()
 
 def test_an_unreachable_database_is_reported_when_reading_too() -> None:
     url = f"postgresql://postgres:{SECRET}@127.0.0.1:1/threads"
-    with Threads(database_url=url, broker_url="memory://") as threads:
-        with pytest.raises(StoreUnavailable) as info:
-            threads.get_run("run_x")
+    with Threads(database_url=url, broker_url="memory://") as threads, pytest.raises(StoreUnavailable) as info:
+        threads.get_run("run_x")
     assert SECRET not in str(info.value)
 
 

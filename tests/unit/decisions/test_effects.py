@@ -78,7 +78,7 @@ def never_started(effect: Effect) -> CallRecord:
 
 def test_effects_tuple_lists_the_four_effects_of_the_literal() -> None:
     assert EFFECTS == ("read_only", "idempotent", "reconcilable", "unguarded")
-    assert EFFECTS == get_args(Effect)
+    assert get_args(Effect) == EFFECTS
 
 
 def test_call_statuses_tuple_matches_the_literal() -> None:

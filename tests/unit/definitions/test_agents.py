@@ -125,7 +125,7 @@ def test_a_subclass_sets_its_configuration_as_class_attributes() -> None:
         name = "forecaster"
         instructions = "You forecast."
         model = scripted
-        tools = [weather_tool(), clock_tool()]
+        tools = [weather_tool(), clock_tool()]  # noqa: RUF012 - an Agent subclass declares its tools as a class attribute
         max_steps = 7
 
         def on_progress(self, run: Any, progress: Any) -> None:  # a hook is just a method
@@ -152,7 +152,7 @@ def test_keyword_arguments_override_class_attributes() -> None:
         name = "base"
         instructions = "base instructions"
         model = model()
-        tools = [weather_tool()]
+        tools = [weather_tool()]  # noqa: RUF012 - an Agent subclass declares its tools as a class attribute
 
     agent = Base(name="other", instructions="other instructions", tools=[])
     assert (agent.name, agent.system_prompt(), agent.tools) == ("other", "other instructions", ())
@@ -170,7 +170,7 @@ def test_a_subclass_is_validated_too() -> None:
     class Duplicated(Agent):
         name = "duplicated"
         model = model()
-        tools = [weather_tool(), weather_tool()]
+        tools = [weather_tool(), weather_tool()]  # noqa: RUF012 - an Agent subclass declares its tools as a class attribute
 
     with pytest.raises(ConfigError, match="two tools are named"):
         Duplicated()

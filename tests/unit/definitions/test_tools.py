@@ -72,7 +72,7 @@ def test_reserved_names_are_config_errors(name: str) -> None:
 
 
 def test_the_reserved_names_are_the_subagent_lifecycle_tools() -> None:
-    assert RESERVED_TOOL_NAMES == {"subagents", "subagent_create", "subagent_message"}
+    assert {"subagents", "subagent_create", "subagent_message"} == RESERVED_TOOL_NAMES
 
 
 def test_dedup_window_without_idempotent_is_a_config_error() -> None:

@@ -56,7 +56,7 @@ def test_values_given_at_start_reach_the_tool_and_secrets_are_encrypted_at_rest(
         handle = threads.start(searcher("s1"), "find it", env={"VECTOR_STORE_ID": "vs_1", "API_KEY": CANARY})
         run = threads.wait(handle.run_id, 20)
         assert run.status == "completed"
-        tool_text = [m.text for m in threads.messages(run.thread_id) if m.role == "tool"][0]
+        tool_text = next(m.text for m in threads.messages(run.thread_id) if m.role == "tool")
         assert tool_text == f"searched vs_1 with a key of {len(CANARY)} chars"
         with threads.store.read() as tx:
             stored = {r.name: r.value for r in tx.conn.execute(select(schema.variables))}
@@ -75,7 +75,7 @@ def test_a_missing_required_variable_makes_the_run_wait_holding_no_worker_until_
         assert threads.set_env(handle.thread_id, "VECTOR_STORE_ID", "vs_2") == 1
         run = threads.wait(handle.run_id, 20)
         assert run.status == "completed"
-        assert "searched vs_2" in [m.text for m in threads.messages(run.thread_id) if m.role == "tool"][0]
+        assert "searched vs_2" in next(m.text for m in threads.messages(run.thread_id) if m.role == "tool")
 
 
 def test_canary_secret_appears_in_no_message_event_log_line_outbox_or_raw_column(caplog: pytest.LogCaptureFixture) -> None:
@@ -84,7 +84,7 @@ def test_canary_secret_appears_in_no_message_event_log_line_outbox_or_raw_column
         handle = threads.start(searcher("s3", q="leak"), "find it", env={"VECTOR_STORE_ID": "vs", "API_KEY": CANARY})
         run = threads.wait(handle.run_id, 20)
         assert run.status == "completed"
-        tool_text = [m.text for m in threads.messages(run.thread_id) if m.role == "tool"][0]
+        tool_text = next(m.text for m in threads.messages(run.thread_id) if m.role == "tool")
         assert tool_text == "RuntimeError: provider rejected key ***"  # redacted, not leaked
         dump = []
         with threads.store.read() as tx:
@@ -100,7 +100,7 @@ def test_reading_an_undeclared_variable_is_a_clear_error_the_model_sees() -> Non
     agent = Agent(name="s4", instructions="x", model=ScriptedModel([call("sneaky", q="x"), say("ok")]), tools=[sneaky])
     with Threads.embedded() as threads:
         run = threads.wait(threads.start(agent, "go").run_id, 20)
-        text = [m.text for m in threads.messages(run.thread_id) if m.role == "tool"][0]
+        text = next(m.text for m in threads.messages(run.thread_id) if m.role == "tool")
     assert text.startswith("VariableError: variable 'OTHER' is not declared by tool 'sneaky'")
 
 

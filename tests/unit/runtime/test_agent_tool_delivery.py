@@ -225,7 +225,7 @@ def test_a_failing_delivery_backs_off_5_15_30_then_120_seconds(
             set_ledger(threads, handle.run_id, delivery_lease_until=runs.utcnow() - timedelta(seconds=1))
             assert threads.reconcile().get("redelivered") == 1
         eventually(
-            lambda: [r for name, args, r in finished_tasks if name == "threads.deliver" and args[0] == handle.run_id]
+            lambda attempt=attempt: [r for name, args, r in finished_tasks if name == "threads.deliver" and args[0] == handle.run_id]
             == ["failed: RuntimeError"] * attempt,
             what=f"delivery attempt {attempt} to fail",
         )
@@ -233,7 +233,7 @@ def test_a_failing_delivery_backs_off_5_15_30_then_120_seconds(
         until = ledger(threads, handle.run_id)["delivery_lease_until"]
         backoffs.append((until - runs.utcnow()).total_seconds())
     expected = [5, 15, 30, 120, 120]
-    assert all(want - 3 <= got <= want for got, want in zip(backoffs, expected)), backoffs
+    assert all(want - 3 <= got <= want for got, want in zip(backoffs, expected, strict=True)), backoffs
     assert threads.inspect_agent_tool_run(handle.run_id).delivered == ()
 
 

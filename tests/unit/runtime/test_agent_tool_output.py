@@ -15,8 +15,8 @@ from pydantic import BaseModel
 
 from tests.support.agent_tool_agents import RecordingParent, unique
 from threads_celery import Agent, ConfigError, Threads, agent_tool
-from threads_celery.testing import ScriptedModel, call, say
 from threads_celery.definitions.agent_tools import check_child_output
+from threads_celery.testing import ScriptedModel, call, say
 
 WAIT_S = 30.0
 

@@ -29,7 +29,7 @@ class Parent(Agent):
     name = "windowed"
     instructions = "x"
     model = ScriptedModel([call("slowpoke", message="go"), say("gave up")])
-    tools = [agent_tool(child, "Slow child.")]
+    tools = [agent_tool(child, "Slow child.")]  # noqa: RUF012 - an Agent subclass declares its tools as a class attribute
     permissions = Permissions.allow_all()
     agent_tool_max_window_ms = 60_000
 
@@ -49,5 +49,5 @@ def test_an_awaited_child_past_the_maximum_window_is_sealed_window_exceeded_and_
         sealed = threads.inspect_agent_tool_run(row.run_id)
         assert (sealed.status, sealed.reason, sealed.child_still_running) == ("interrupted", "window-exceeded", False)
         assert threads.get_run(sealed.child_run_id).status == "aborted"
-        failure = [m.text for m in threads.messages(handle.thread_id) if m.role == "tool"][0]
+        failure = next(m.text for m in threads.messages(handle.thread_id) if m.role == "tool")
         assert '"reason":"window-exceeded"' in failure and '"retryable":true' in failure

@@ -33,10 +33,10 @@ from tests.support.agent_tool_agents import (
     unique,
 )
 from threads_celery import Agent, ConfigError, Detached, Threads, agent_tool
+from threads_celery.definitions.agent_tools import DetachedHandle
 from threads_celery.exceptions import UnknownAgent
 from threads_celery.records import AgentToolFailure, AgentToolResult, AgentToolRun
 from threads_celery.testing import ScriptedModel, call, say
-from threads_celery.definitions.agent_tools import DetachedHandle
 
 # Four worker threads: a test may hold one or two in a gate while delivery still runs.
 pytestmark = pytest.mark.embedded(concurrency=4)

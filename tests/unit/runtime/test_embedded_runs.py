@@ -459,7 +459,7 @@ def test_a_second_message_on_a_busy_thread_is_queued_not_interleaved(threads: Th
     assert (run_a.status, run_b.status) == ("completed", "completed")
 
     messages = threads.messages(first.thread_id)
-    assert [(m.run_id, *s) for m, s in zip(messages, shape(messages))] == [
+    assert [(m.run_id, *s) for m, s in zip(messages, shape(messages), strict=True)] == [
         (run_a.id, "user", "first message"),
         (run_a.id, "assistant", "|hold"),
         (run_a.id, "tool", "hold: passed the gate (x)"),

@@ -19,13 +19,13 @@ from threads_celery import Agent, Settings, Threads, tool
 from threads_celery.decisions.permissions import Permissions
 from threads_celery.definitions.context import ToolContext
 from threads_celery.exceptions import AttachmentPathError
+from threads_celery.testing import ScriptedModel, call, say
 from threads_celery.workspace.files import (
     ThreadFiles,
     area_name,
     copy_back_to_parent,
     copy_into_child,
 )
-from threads_celery.testing import ScriptedModel, call, say
 
 WAIT_S = 30.0
 _names = itertools.count()
@@ -79,7 +79,7 @@ def test_writing_and_reading(tmp_path: Path) -> None:
     files.write_text("report.md", "v2")
     assert files.read_text("report.md") == "v2"
     assert files.delete("report.md") is True and files.delete("report.md") is False
-    with pytest.raises(FileNotFoundError, match="no attachment 'report.md'"):
+    with pytest.raises(FileNotFoundError, match=r"no attachment 'report\.md'"):
         files.read_text("report.md")
 
 
@@ -197,7 +197,7 @@ def test_copy_to_a_chosen_name(tmp_path: Path) -> None:
 def test_a_missing_name_copies_nothing(tmp_path: Path) -> None:
     parent, child = ThreadFiles(tmp_path, "thr_parent"), ThreadFiles(tmp_path, "thr_child")
     parent.write_text("a.txt", "a")
-    with pytest.raises(FileNotFoundError, match="no attachment 'missing.txt'"):
+    with pytest.raises(FileNotFoundError, match=r"no attachment 'missing\.txt'"):
         copy_into_child(parent, child, ["a.txt", "missing.txt"])
     assert child.list() == []
     with pytest.raises(AttachmentPathError):

@@ -13,8 +13,8 @@ from pydantic import BaseModel
 from threads_celery import Agent, ConfigError, Settings, Threads, tool
 from threads_celery.definitions.context import ToolContext
 from threads_celery.exceptions import AttachmentQuotaError
-from threads_celery.workspace.files import FilesQuota, ThreadFiles, quota_breach
 from threads_celery.testing import ScriptedModel, call, say
+from threads_celery.workspace.files import FilesQuota, ThreadFiles, quota_breach
 
 
 def test_quota_breach_is_a_pure_decision() -> None:

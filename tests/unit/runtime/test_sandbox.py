@@ -22,9 +22,9 @@ from pydantic import BaseModel
 from tests.support.waiting import eventually
 from threads_celery import Agent, Settings, Threads, tool
 from threads_celery.definitions.context import ToolContext
+from threads_celery.testing import ScriptedModel, call, say
 from threads_celery.workspace import sandbox
 from threads_celery.workspace.sandbox import NODE_MISSING, CodeResult, run_code
-from threads_celery.testing import ScriptedModel, call, say
 
 WAIT_S = 30.0
 _names = itertools.count()

@@ -13,7 +13,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -43,7 +43,6 @@ from threads_celery.worker.application import create_app
 from threads_celery.worker.beat import ENTRY_PREFIX, Scheduler, SlotSchedule, beat_entries
 from threads_celery.worker.tasks import SCHEDULED_RUN_TASK as WORKER_TASK_NAME
 
-UTC = timezone.utc
 WAIT_S = 30.0
 _names = itertools.count()
 

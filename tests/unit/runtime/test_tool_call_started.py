@@ -46,7 +46,7 @@ def test_with_a_progress_argument_the_start_fires_once_that_argument_finished_st
     starts.feed(StreamEvent("call", 0, name="write_file", call_id="c1"))
     assert started == []  # name known, progress argument not yet
     events = _stream(args)
-    for fed, event in enumerate(events, start=1):
+    for event in events:
         starts.feed(event)
     starts.finish()
     [(event, at)] = started

@@ -113,7 +113,7 @@ def test_dont_ask_mode_denies_instead_of_asking(threads: Threads) -> None:
     handle = threads.start(mailer("m6", Permissions("dont_ask")), "mail ann")
     run = threads.wait(handle.run_id, 20)
     assert run.status == "completed"
-    assert [m.text for m in threads.messages(run.thread_id) if m.role == "tool"][0].startswith("denied:")
+    assert next(m.text for m in threads.messages(run.thread_id) if m.role == "tool").startswith("denied:")
     assert SENT == []
 
 
