@@ -429,9 +429,9 @@ def _install_worker_side() -> None:
             "retval": retval if isinstance(retval, str) else repr(retval),
         }
         _trace_file().write(json.dumps(record) + "\n")
-        finished = (name == "threads.step" and isinstance(retval, str) and retval.startswith(("completed", "error"))) or (
-            name in (CHAIN_TASK, STORED_CHAIN_TASK) and retval == "last"
-        )
+        finished = (
+            name == "threads.step" and isinstance(retval, str) and retval.startswith(("completed", "error"))
+        ) or (name in (CHAIN_TASK, STORED_CHAIN_TASK) and retval == "last")
         if finished:
             _redis().rpush(DONE_PREFIX + key, json.dumps({"t": t1, "retval": retval}))
 

@@ -46,9 +46,7 @@ def _first_turn(messages: list[Any]) -> Reply:
             for part in message.parts:
                 if isinstance(part, UserPromptPart):
                     name, count, ms = str(part.content).split()
-                    return Reply(
-                        calls=tuple((name, json.dumps({"ms": int(ms)})) for _ in range(int(count)))
-                    )
+                    return Reply(calls=tuple((name, json.dumps({"ms": int(ms)})) for _ in range(int(count))))
     raise ValueError("no user message")
 
 

@@ -58,9 +58,11 @@ def main(argv: list[str] | None = None) -> int:
             walls.append((time.perf_counter() - wall) * 1000 / args.steps)
             cpus.append((time.process_time() - cpu) * 1000 / args.steps)
         DBOS.destroy()
-        print(f"DBOS sequential no-op step: wall {statistics.median(walls):.2f} ms (min {min(walls):.2f}), "
-              f"CPU {statistics.median(cpus):.2f} ms (min {min(cpus):.2f}); two steps: "
-              f"{2 * statistics.median(walls):.2f} ms; load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(
+            f"DBOS sequential no-op step: wall {statistics.median(walls):.2f} ms (min {min(walls):.2f}), "
+            f"CPU {statistics.median(cpus):.2f} ms (min {min(cpus):.2f}); two steps: "
+            f"{2 * statistics.median(walls):.2f} ms; load {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        )
     finally:
         with psycopg.connect(f"{args.pg}/postgres", autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -66,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         f"history length: turns={args.turns} window={args.window} concurrency={args.concurrency} "
         f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
-    with fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url, \
-            tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir:
+    with (
+        fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url,
+        tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir,
+    ):
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -105,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         records = read_traces(trace_dir, handle.run_id)
         if os.environ.get("BENCH_DUMP"):
             for r in records[:12]:
-                print(r["task"], f"{(r['t1'] - r['t0']) * 1000:.1f} ms in task, cpu {r['cpu'] * 1000:.1f}", r["retval"][:40])
+                print(
+                    r["task"],
+                    f"{(r['t1'] - r['t0']) * 1000:.1f} ms in task, cpu {r['cpu'] * 1000:.1f}",
+                    r["retval"][:40],
+                )
     redis_client.flushdb()
 
     steps = [r for r in records if r["task"] == "threads.step" and r["retval"].startswith(("called", "completed"))]
@@ -126,19 +132,25 @@ def main(argv: list[str] | None = None) -> int:
     late = window(turns[-args.window :])
     print(f"\nper turn (a model step and its tool call), median over {args.window} turns:")
     print(f"{'':<24}{'wall ms':>9}{'cpu ms':>9}{'step cpu':>10}{'call cpu':>10}{'model layer':>13}{'runtime':>9}")
-    for label, row in ((f"turns {args.early + 1}-{args.early + args.window}", early),
-                       (f"turns {len(turns) - args.window + 1}-{len(turns)}", late)):
+    for label, row in (
+        (f"turns {args.early + 1}-{args.early + args.window}", early),
+        (f"turns {len(turns) - args.window + 1}-{len(turns)}", late),
+    ):
         print(f"{label:<24}{row[0]:>9.2f}{row[1]:>9.2f}{row[2]:>10.2f}{row[3]:>10.2f}{row[4]:>13.2f}{row[5]:>9.2f}")
     ratio_cpu, ratio_wall, ratio_runtime = late[1] / early[1], late[0] / early[0], late[5] / early[5]
     print("  model layer: CPU inside pydantic_ai.direct's request (its preparation, the model, the stream);")
     print("  runtime: the turn's CPU without it (the step's and the call's)")
-    print(f"late / early: wall {ratio_wall:.2f}, cpu {ratio_cpu:.2f}, model layer {late[4] / max(early[4], 1e-9):.2f}, "
-          f"runtime {ratio_runtime:.2f}; target runtime <= {TARGET_RATIO}: "
-          f"{'ok' if ratio_runtime <= TARGET_RATIO else 'MISSED'}")
+    print(
+        f"late / early: wall {ratio_wall:.2f}, cpu {ratio_cpu:.2f}, model layer {late[4] / max(early[4], 1e-9):.2f}, "
+        f"runtime {ratio_runtime:.2f}; target runtime <= {TARGET_RATIO}: "
+        f"{'ok' if ratio_runtime <= TARGET_RATIO else 'MISSED'}"
+    )
     for label, rows in (("model step", steps[:-1]), ("tool call", tools)):
         trips = [r["statements"] + r["commits"] + r["begins"] + r["rollbacks"] + r["pings"] for r in rows]
-        print(f"{label}: statements {statistics.median(r['statements'] for r in rows):.0f}, "
-              f"commits {statistics.median(r['commits'] for r in rows):.0f}, round trips {statistics.median(trips):.0f} (median)")
+        print(
+            f"{label}: statements {statistics.median(r['statements'] for r in rows):.0f}, "
+            f"commits {statistics.median(r['commits'] for r in rows):.0f}, round trips {statistics.median(trips):.0f} (median)"
+        )
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

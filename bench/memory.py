@@ -59,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=200, help="runs started at once (default 200)")
     parser.add_argument("--turns", type=int, default=1, help="turns per run (default 1)")
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--bare", action="store_true",
-                        help="bare Celery chains of the same shape instead of durable runs (the baseline)")
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="bare Celery chains of the same shape instead of durable runs (the baseline)",
+    )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13", help="broker; this DB is flushed")
     parser.add_argument("--pg-host", default="127.0.0.1")
     parser.add_argument("--pg-port", type=int, default=5432)
@@ -72,11 +75,15 @@ def main(argv: list[str] | None = None) -> int:
 
     redis_client = redis.Redis.from_url(args.redis_url)
     redis_client.flushdb()
-    print(f"memory: {'bare chains' if args.bare else 'durable runs'}: runs={args.runs} batch={args.batch} turns={args.turns} concurrency={args.concurrency} "
-          f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"memory: {'bare chains' if args.bare else 'durable runs'}: runs={args.runs} batch={args.batch} turns={args.turns} concurrency={args.concurrency} "
+        f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     rows: list[tuple[int, dict[int, int]]] = []
-    with fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url, \
-            tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir:
+    with (
+        fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url,
+        tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir,
+    ):
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -116,9 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                             trace.write_text("")
                     rss = group_rss_kib(pgid)
                     rows.append((checkpoint, rss))
-                    print(f"  after {checkpoint:>6} runs ({time.monotonic() - started:6.0f} s): "
-                          f"total {sum(rss.values()) / 1024:7.1f} MiB  "
-                          + "  ".join(f"{pid}: {kib / 1024:.1f}" for pid, kib in sorted(rss.items())))
+                    print(
+                        f"  after {checkpoint:>6} runs ({time.monotonic() - started:6.0f} s): "
+                        f"total {sum(rss.values()) / 1024:7.1f} MiB  "
+                        + "  ".join(f"{pid}: {kib / 1024:.1f}" for pid, kib in sorted(rss.items()))
+                    )
                 if not process.alive():
                     raise RuntimeError("the worker exited during the benchmark")
         except Exception:
@@ -132,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     ratio = sum(last.values()) / sum(first.values())
     pools = [pid for pid in first if pid in last and pid != pgid]
     pool_ratio = sum(last[p] for p in pools) / max(sum(first[p] for p in pools), 1)
-    print(f"RSS after {last_n} runs / after {first_n}: worker total {ratio:.3f}, pool processes {pool_ratio:.3f}; "
-          f"target <= {TARGET}: {'ok' if ratio <= TARGET else 'MISSED'}")
+    print(
+        f"RSS after {last_n} runs / after {first_n}: worker total {ratio:.3f}, pool processes {pool_ratio:.3f}; "
+        f"target <= {TARGET}: {'ok' if ratio <= TARGET else 'MISSED'}"
+    )
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

@@ -63,9 +63,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--ms", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument(
-        "--concurrency", type=int, default=8, help="worker slots (prefork processes)"
-    )
+    parser.add_argument("--concurrency", type=int, default=8, help="worker slots (prefork processes)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     parser.add_argument("--pg-host", default="127.0.0.1")
     parser.add_argument("--pg-port", type=int, default=5432)
@@ -112,9 +110,7 @@ def main() -> None:
             threads.close()
 
     medians = {kind: statistics.median(values) for kind, values in results.items()}
-    print(
-        f"\n{args.calls} calls of {args.ms} ms, {args.concurrency} worker slots, median of {args.repeat}:"
-    )
+    print(f"\n{args.calls} calls of {args.ms} ms, {args.concurrency} worker slots, median of {args.repeat}:")
     print("| run | group ms (median) | min | max | ratio to one call |")
     print("|---|---|---|---|---|")
     for kind, values in results.items():

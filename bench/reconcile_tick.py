@@ -48,9 +48,17 @@ def fill(store: Store, retained: int, due: int) -> list[str]:
                 insert(runs),
                 [
                     {
-                        "id": rid, "thread_id": "t-bench", "agent": "bench", "status": "completed",
-                        "input": "hi", "step": 2, "fence": 6, "output": "ok", "created_at": long_ago,
-                        "finished_at": long_ago, "updated_at": long_ago,
+                        "id": rid,
+                        "thread_id": "t-bench",
+                        "agent": "bench",
+                        "status": "completed",
+                        "input": "hi",
+                        "step": 2,
+                        "fence": 6,
+                        "output": "ok",
+                        "created_at": long_ago,
+                        "finished_at": long_ago,
+                        "updated_at": long_ago,
                     }
                     for rid in ids
                 ],
@@ -59,10 +67,22 @@ def fill(store: Store, retained: int, due: int) -> list[str]:
                 insert(tool_calls),
                 [
                     {
-                        "effect_key": f"{rid}:0:0", "run_id": rid, "thread_id": "t-bench", "step": 0,
-                        "idx": 0, "calls_in_step": 1, "call_id": "c", "tool": "noop", "args": "{}",
-                        "args_hash": "h", "effect": "unguarded", "status": "completed", "attempt": 1,
-                        "is_error": False, "created_at": long_ago, "finished_at": long_ago,
+                        "effect_key": f"{rid}:0:0",
+                        "run_id": rid,
+                        "thread_id": "t-bench",
+                        "step": 0,
+                        "idx": 0,
+                        "calls_in_step": 1,
+                        "call_id": "c",
+                        "tool": "noop",
+                        "args": "{}",
+                        "args_hash": "h",
+                        "effect": "unguarded",
+                        "status": "completed",
+                        "attempt": 1,
+                        "is_error": False,
+                        "created_at": long_ago,
+                        "finished_at": long_ago,
                     }
                     for rid in ids
                 ],
@@ -73,9 +93,17 @@ def fill(store: Store, retained: int, due: int) -> list[str]:
             insert(runs),
             [
                 {
-                    "id": rid, "thread_id": "t-bench", "agent": "bench", "status": "running",
-                    "input": "hi", "step": 0, "fence": 1, "lease_owner": "dead", "created_at": now,
-                    "updated_at": now, "lease_expires_at": now - timedelta(seconds=30),
+                    "id": rid,
+                    "thread_id": "t-bench",
+                    "agent": "bench",
+                    "status": "running",
+                    "input": "hi",
+                    "step": 0,
+                    "fence": 1,
+                    "lease_owner": "dead",
+                    "created_at": now,
+                    "updated_at": now,
+                    "lease_expires_at": now - timedelta(seconds=30),
                 }
                 for rid in due_ids
             ],
@@ -87,9 +115,7 @@ def fill(store: Store, retained: int, due: int) -> list[str]:
 def make_due_again(store: Store, due_ids: list[str]) -> None:
     past = utcnow() - timedelta(seconds=30)
     with store.transaction() as tx:
-        tx.conn.execute(
-            update(runs).where(runs.c.id.in_(due_ids)).values(lease_owner="dead", lease_expires_at=past)
-        )
+        tx.conn.execute(update(runs).where(runs.c.id.in_(due_ids)).values(lease_owner="dead", lease_expires_at=past))
         tx.conn.execute(delete(outbox))
 
 

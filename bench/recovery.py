@@ -92,7 +92,9 @@ def one_trial(threads: Threads, env: dict[str, str], broker_url: str, *, backlog
         WorkerProcess(f"a{name}", env=env, log_path=workdir / f"a{name}.log", concurrency=2),
         WorkerProcess(f"b{name}", env=env, log_path=workdir / f"b{name}.log", concurrency=2),
     ]
-    beat = BeatProcess(f"beat{name}", env=env, log_path=workdir / f"beat{name}.log", schedule_path=workdir / f"beat{name}")
+    beat = BeatProcess(
+        f"beat{name}", env=env, log_path=workdir / f"beat{name}.log", schedule_path=workdir / f"beat{name}"
+    )
     try:
         for process in (*workers, beat):
             process.start()
@@ -130,7 +132,9 @@ def one_trial(threads: Threads, env: dict[str, str], broker_url: str, *, backlog
         def rerun() -> bool:
             with threads.store.read() as tx:
                 return (
-                    tx.conn.execute(select(tool_calls.c.attempt).where(tool_calls.c.run_id == handle.run_id)).scalar_one()
+                    tx.conn.execute(
+                        select(tool_calls.c.attempt).where(tool_calls.c.run_id == handle.run_id)
+                    ).scalar_one()
                     >= 2
                 )
 
@@ -150,7 +154,11 @@ def main() -> None:
     args = parser.parse_args()
     exit_cleanly_on_sigterm()
 
-    with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp, PrivatePostgres() as postgres, PrivateRedis() as broker:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp,
+        PrivatePostgres() as postgres,
+        PrivateRedis() as broker,
+    ):
         database_url = postgres.create_database("bench_recovery")
         broker_url = broker.url(0)
         env = subprocess_env(
@@ -170,7 +178,9 @@ def main() -> None:
         threads.register(agent)
         try:
             load = os.getloadavg()[0]
-            trials = [one_trial(threads, env, broker_url, backlog=args.backlog, workdir=Path(tmp)) for _ in range(args.repeat)]
+            trials = [
+                one_trial(threads, env, broker_url, backlog=args.backlog, workdir=Path(tmp)) for _ in range(args.repeat)
+            ]
         finally:
             threads.close()
     target = args.lease + 2 * args.tick
@@ -181,7 +191,9 @@ def main() -> None:
     print(f"re-dispatch: median {redispatch:.2f} s  {[round(t.redispatch_s, 2) for t in trials]}")
     print(f"re-run:      median {rerun:.2f} s  {[round(t.rerun_s, 2) for t in trials]}")
     print(f"queued at kill {[t.queued_at_kill for t in trials]}, at re-run {[t.queued_at_rerun for t in trials]}")
-    print(f"target lease + 2 ticks = {target:.2f} s; re-dispatch / target = {redispatch / target:.2f}, re-run / target = {rerun / target:.2f}")
+    print(
+        f"target lease + 2 ticks = {target:.2f} s; re-dispatch / target = {redispatch / target:.2f}, re-run / target = {rerun / target:.2f}"
+    )
 
 
 if __name__ == "__main__":

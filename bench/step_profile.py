@@ -78,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     from threads_celery.transitions import runs
     from threads_celery.transitions.publishing import open_store
 
-    print(f"step profile: turns={args.turns} date={time.strftime('%Y-%m-%d %H:%M:%S %z')} "
-          f"load={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"step profile: turns={args.turns} date={time.strftime('%Y-%m-%d %H:%M:%S %z')} "
+        f"load={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     early_range = range(10, 10 + args.window)
     late_range = range(args.turns - args.window, args.turns)
     profiles = {"early": cProfile.Profile(time.process_time), "late": cProfile.Profile(time.process_time)}
@@ -96,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         with store.transaction() as tx:
             tx.upsert_agent(bench_turns.name, bench_turns.config_hash(), bench_turns.describe(), runs.utcnow())
             _run, entries = runs.submit_run(
-                tx, agent=bench_turns.name, config_hash=bench_turns.config_hash(),
-                message=f"turns {args.turns}", now=runs.utcnow(),
+                tx,
+                agent=bench_turns.name,
+                config_hash=bench_turns.config_hash(),
+                message=f"turns {args.turns}",
+                now=runs.utcnow(),
             )
         queue.extend(entries)
         turn = 0
@@ -129,10 +134,15 @@ def main(argv: list[str] | None = None) -> int:
                 turn += 1
         store.dispose()
 
-    print(f"\nper turn (model step + tool call), in-process, no broker: CPU ms median (min) over {args.window // 2} turns")
+    print(
+        f"\nper turn (model step + tool call), in-process, no broker: CPU ms median (min) over {args.window // 2} turns"
+    )
     for name in ("early", "late"):
-        label = f"turns {early_range.start + 1}-{early_range.stop}" if name == "early" else \
-            f"turns {late_range.start + 1}-{late_range.stop}"
+        label = (
+            f"turns {early_range.start + 1}-{early_range.stop}"
+            if name == "early"
+            else f"turns {late_range.start + 1}-{late_range.stop}"
+        )
         print(f"  {label:<22}{statistics.median(cpu[name]):7.2f} ({min(cpu[name]):.2f})")
     print(f"  late / early: {statistics.median(cpu['late']) / statistics.median(cpu['early']):.2f}")
     runtime = {name: [c - m for c, m in zip(cpu[name], model_cpu[name], strict=True)] for name in cpu}

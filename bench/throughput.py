@@ -159,19 +159,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=5, help="turns per run; chains have 2K+1 tasks (default 5)")
     parser.add_argument("--repeat", type=int, default=3, help="measured rounds of each side (default 3)")
     parser.add_argument("--concurrency", type=int, default=4, help="worker prefork processes (default 4)")
-    parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/12",
-                        help="broker (a Redis DB is flushed; amqp://guest:guest@127.0.0.1:5672// for RabbitMQ)")
-    parser.add_argument("--done-url", default="redis://127.0.0.1:6379/12",
-                        help="Redis for the finished signals (the broker's DB when the broker is Redis)")
+    parser.add_argument(
+        "--broker-url",
+        default="redis://127.0.0.1:6379/12",
+        help="broker (a Redis DB is flushed; amqp://guest:guest@127.0.0.1:5672// for RabbitMQ)",
+    )
+    parser.add_argument(
+        "--done-url",
+        default="redis://127.0.0.1:6379/12",
+        help="Redis for the finished signals (the broker's DB when the broker is Redis)",
+    )
     parser.add_argument("--pg-host", default="127.0.0.1")
     parser.add_argument("--pg-port", type=int, default=5432)
     parser.add_argument("--pg-user", default="postgres")
-    parser.add_argument("--pg-options", default="",
-                        help="query string added to the database URL, e.g. prepare_threshold=none behind PgBouncer")
+    parser.add_argument(
+        "--pg-options",
+        default="",
+        help="query string added to the database URL, e.g. prepare_threshold=none behind PgBouncer",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for one round")
     parser.add_argument("--json", metavar="PATH", help="also write the samples as JSON")
-    parser.add_argument("--profile", metavar="DIR",
-                        help="cProfile (CPU time) each pool process over the durable rounds only; stats to DIR")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="cProfile (CPU time) each pool process over the durable rounds only; stats to DIR",
+    )
     args = parser.parse_args(argv)
 
     import redis
@@ -187,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     results: dict[str, list[Sample]] = {"bare": [], "durable": []}
     connections = 0
-    with fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url, \
-            tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir:
+    with (
+        fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url,
+        tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir,
+    ):
         if args.pg_options:
             database_url = f"{database_url}?{args.pg_options}"
         env = {
@@ -256,22 +270,32 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"{args.runs} at once, {2 * args.turns + 1} tasks each ({tasks} tasks), median (min) of {args.repeat}:")
     print(f"{'':<34}{'wall s':>14}{'runs/s':>9}{'cpu ms/task':>16}")
-    for kind, label in (("bare", f"bare chains of {2 * args.turns}"), ("durable", f"durable runs of {args.turns} turns")):
+    for kind, label in (
+        ("bare", f"bare chains of {2 * args.turns}"),
+        ("durable", f"durable runs of {args.turns} turns"),
+    ):
         print(
             f"{label:<34}{med(kind, 'wall_s'):>7.2f} ({low(kind, 'wall_s'):.2f}){args.runs / med(kind, 'wall_s'):>9.1f}"
             f"{med(kind, 'cpu_ms_per_task'):>8.2f} ({low(kind, 'cpu_ms_per_task'):.2f})"
         )
     print(f"{'':<34}{'server cpu ms/task: PostgreSQL':>31}{'broker':>9}")
-    for kind, label in (("bare", f"bare chains of {2 * args.turns}"), ("durable", f"durable runs of {args.turns} turns")):
+    for kind, label in (
+        ("bare", f"bare chains of {2 * args.turns}"),
+        ("durable", f"durable runs of {args.turns} turns"),
+    ):
         pg_ms = statistics.median(s.server_ms_per_task("postgres") for s in results[kind])
         broker_ms = statistics.median(s.server_ms_per_task("broker") for s in results[kind])
         print(f"{label:<34}{pg_ms:>31.2f}{broker_ms:>9.2f}")
     ratios = [d.wall_s / b.wall_s for b, d in zip(results["bare"], results["durable"], strict=True)]
     cpu_ratios = [d.cpu_s / b.cpu_s for b, d in zip(results["bare"], results["durable"], strict=True)]
     ratio = statistics.median(ratios)
-    print(f"ratio durable / bare: wall {ratio:.2f} (min {min(ratios):.2f}), worker cpu {statistics.median(cpu_ratios):.2f}"
-          f" (min {min(cpu_ratios):.2f}); target wall <= {TARGET_RATIO}: {'ok' if ratio <= TARGET_RATIO else 'MISSED'}")
-    print(f"PostgreSQL sessions open on the database at the end (worker of {args.concurrency} and driver): {connections}")
+    print(
+        f"ratio durable / bare: wall {ratio:.2f} (min {min(ratios):.2f}), worker cpu {statistics.median(cpu_ratios):.2f}"
+        f" (min {min(cpu_ratios):.2f}); target wall <= {TARGET_RATIO}: {'ok' if ratio <= TARGET_RATIO else 'MISSED'}"
+    )
+    print(
+        f"PostgreSQL sessions open on the database at the end (worker of {args.concurrency} and driver): {connections}"
+    )
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         Path(args.json).write_text(json.dumps({k: [vars(s) for s in v] for k, v in results.items()}, indent=1))

@@ -160,7 +160,9 @@ def run_bare(app: Any, redis_client: Any, trace_dir: str, n: int, timeout: float
 
     key = f"chain_{uuid.uuid4().hex}"
     started = time.time()
-    app.send_task(STORED_CHAIN_TASK if stored else CHAIN_TASK, args=[n, key], task_id=f"{key}:{n}", argsrepr=f"{key}:{n}")
+    app.send_task(
+        STORED_CHAIN_TASK if stored else CHAIN_TASK, args=[n, key], task_id=f"{key}:{n}", argsrepr=f"{key}:{n}"
+    )
     done = wait_done(redis_client, key, timeout)
     finished = time.time()
     records = read_traces(trace_dir, key)
@@ -266,16 +268,21 @@ def report(results: dict[str, list[Sample]], explained: dict[str, list[str]], n:
     bare, stored = m("bare", "per_call_ms"), m("bare_stored", "per_call_ms")
     print()
     print(f"per call, median of {repeat} runs of {n}:")
-    print(f"{'':<24}{'ms':>8}{'ratio':>7}{'vs stored':>10}{'in task':>9}{'cpu':>7}"
-          f"{'stmts':>7}{'commits':>8}{'round trips':>12}{'runs':>6}")
+    print(
+        f"{'':<24}{'ms':>8}{'ratio':>7}{'vs stored':>10}{'in task':>9}{'cpu':>7}"
+        f"{'stmts':>7}{'commits':>8}{'round trips':>12}{'runs':>6}"
+    )
     for kind, label in ROWS:
         per_call = m(kind, "per_call_ms")
         sql = kind.startswith("noop")
         print(
             f"{label:<24}{per_call:>8.2f}{per_call / bare:>7.2f}{per_call / stored:>10.2f}"
             f"{m(kind, 'in_task_ms'):>9.2f}{m(kind, 'cpu_ms'):>7.2f}"
-            + (f"{m(kind, 'statements'):>7.1f}{m(kind, 'commits'):>8.1f}{m(kind, 'round_trips'):>12.1f}" if sql
-               else f"{'':>7}{'':>8}{'':>12}")
+            + (
+                f"{m(kind, 'statements'):>7.1f}{m(kind, 'commits'):>8.1f}{m(kind, 'round_trips'):>12.1f}"
+                if sql
+                else f"{'':>7}{'':>8}{'':>12}"
+            )
             + f"{m(kind, 'executions'):>6.0f}"
         )
     print()
@@ -283,8 +290,10 @@ def report(results: dict[str, list[Sample]], explained: dict[str, list[str]], n:
     print(f"  bare chain of {n + 1} tasks:                   {m('bare', 'total_ms'):9.1f} ms")
     print(f"  the same, results stored:                {m('bare_stored', 'total_ms'):9.1f} ms")
     for kind in ("noop_ro", "noop_ug"):
-        print(f"  durable {kind}, 2 model steps + {n} calls: {m(kind, 'total_ms'):9.1f} ms"
-              f" (the model steps: {m(kind, 'model_steps_ms'):.1f} ms)")
+        print(
+            f"  durable {kind}, 2 model steps + {n} calls: {m(kind, 'total_ms'):9.1f} ms"
+            f" (the model steps: {m(kind, 'model_steps_ms'):.1f} ms)"
+        )
     print()
     print("  ms: between task ends inside the worker. ratio: over the bare chain as the project")
     print("  configures Celery (results ignored, as by the durable tasks); vs stored: over a bare")
@@ -347,8 +356,10 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, list[Sample]] = {"bare": [], "bare_stored": [], "noop_ro": [], "noop_ug": []}
     explained: dict[str, list[str]] = {}
-    with fresh_database(args.pg_host, args.pg_port, args.pg_user, args.keep_db) as database_url, \
-            tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir:
+    with (
+        fresh_database(args.pg_host, args.pg_port, args.pg_user, args.keep_db) as database_url,
+        tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir,
+    ):
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),

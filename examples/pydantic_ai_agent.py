@@ -64,12 +64,7 @@ def make_shop() -> Shop:
 
 def play_support(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """A scripted model: look the order up, refund it, email the customer, then answer."""
-    done = [
-        p.tool_name
-        for m in messages
-        for p in getattr(m, "parts", ())
-        if isinstance(p, ToolReturnPart)
-    ]
+    done = [p.tool_name for m in messages for p in getattr(m, "parts", ()) if isinstance(p, ToolReturnPart)]
     if "lookup_order" not in done:
         return ModelResponse(parts=[ToolCallPart("lookup_order", {"order_id": 42})])
     if "refund_order" not in done:

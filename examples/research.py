@@ -159,7 +159,13 @@ class ResearchIn(BaseModel):
     topic: str = Field(description="One topic to research, e.g. HTTP/3")
 
 
-research = agent_tool(Researcher, "Research one topic in a separate agent run; returns a summary.", display_name="researcher", input=ResearchIn, name="research")
+research = agent_tool(
+    Researcher,
+    "Research one topic in a separate agent run; returns a summary.",
+    display_name="researcher",
+    input=ResearchIn,
+    name="research",
+)
 
 
 # -- the importer: an agent started in the background by a tool ---------------------------------

@@ -99,7 +99,9 @@ def sse_frame(seq: int, type: str, data: dict[str, Any]) -> str:
     return f"id: {seq}\nevent: {type}\ndata: {json.dumps(data, default=str)}\n\n"
 
 
-def run_event_stream(threads: Threads, thread_id: str, run_id: str, after: int, *, tail_s: float = TAIL_S) -> Iterator[str]:
+def run_event_stream(
+    threads: Threads, thread_id: str, run_id: str, after: int, *, tail_s: float = TAIL_S
+) -> Iterator[str]:
     """The run's events after ``after`` (replay, then live), as SSE frames, forever.
 
     Events of other runs on the same thread (``thread="accumulate"`` schedules, queued messages)
@@ -131,6 +133,7 @@ def create_app(threads: Threads, *, agent_names: Sequence[str] = (), principal: 
         if _wants_json(request) or request.url.path.endswith("/events"):
             return JSONResponse({"error": message}, status_code=503, headers={"Retry-After": "1"})
         return HTMLResponse(f"<p>{html.escape(message)}</p>", status_code=503, headers={"Retry-After": "1"})
+
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     names = list(agent_names)
 

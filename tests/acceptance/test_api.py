@@ -188,7 +188,10 @@ def test_start_a_run_then_read_it_list_it_and_its_messages(client: TestClient, t
     assert started["run_id"] not in [r["id"] for r in aborted]
 
     messages = client.get(f"/v1/threads/{started['thread_id']}/messages", headers=AUTH).json()
-    assert [(m["seq"], m["role"], m["text"]) for m in messages] == [(0, "user", "hello?"), (1, "assistant", "Hello from the API.")]
+    assert [(m["seq"], m["role"], m["text"]) for m in messages] == [
+        (0, "user", "hello?"),
+        (1, "assistant", "Hello from the API."),
+    ]
     later = client.get(f"/v1/threads/{started['thread_id']}/messages", params={"after": 0}, headers=AUTH).json()
     assert [m["seq"] for m in later] == [1]
 
@@ -204,16 +207,28 @@ def test_a_second_message_continues_the_thread_and_a_run_id_is_idempotent(client
     texts = [m["text"] for m in client.get(f"/v1/threads/{first['thread_id']}/messages", headers=AUTH).json()]
     assert texts == ["one", "Hello from the API.", "two", "Hello from the API."]
     # A thread belongs to its agent.
-    assert_error(client.post("/v1/runs", json={"agent": "api_mailer", "message": "x", "thread_id": first["thread_id"]}, headers=AUTH), 409, "conflict")
+    assert_error(
+        client.post(
+            "/v1/runs", json={"agent": "api_mailer", "message": "x", "thread_id": first["thread_id"]}, headers=AUTH
+        ),
+        409,
+        "conflict",
+    )
 
 
 def test_unknown_agent_run_thread_and_call_are_404(client: TestClient) -> None:
-    assert_error(client.post("/v1/runs", json={"agent": "no_such_agent", "message": "x"}, headers=AUTH), 404, "unknown_agent")
+    assert_error(
+        client.post("/v1/runs", json={"agent": "no_such_agent", "message": "x"}, headers=AUTH), 404, "unknown_agent"
+    )
     assert_error(client.get("/v1/runs/run_nope", headers=AUTH), 404, "run_not_found")
     assert_error(client.post("/v1/runs/run_nope/cancel", headers=AUTH), 404, "run_not_found")
     assert_error(client.get("/v1/threads/thread_nope/messages", headers=AUTH), 404, "thread_not_found")
     assert_error(client.get("/v1/threads/thread_nope/events", headers=AUTH), 404, "thread_not_found")
-    for action, body in (("approve", {"principal": "ops"}), ("deny", {"reason": "no"}), ("resolve", {"resolution": "assume_done", "principal": "ops"})):
+    for action, body in (
+        ("approve", {"principal": "ops"}),
+        ("deny", {"reason": "no"}),
+        ("resolve", {"resolution": "assume_done", "principal": "ops"}),
+    ):
         assert_error(client.post(f"/v1/calls/run_nope:0:0/{action}", json=body, headers=AUTH), 404, "call_not_found")
     assert_error(client.get("/v1/no-such-route", headers=AUTH), 404, "not_found")
 
@@ -225,7 +240,9 @@ def test_cancel_aborts_a_waiting_run_and_leaves_an_ended_one_alone(client: TestC
     again = client.post(f"/v1/runs/{started['run_id']}/cancel", headers=AUTH)
     assert again.status_code == 200 and again.json() == response.json()
     # Its call can no longer be approved: the run ended.
-    assert_error(client.post(f"/v1/calls/{key}/approve", json={"principal": "ops"}, headers=AUTH), 409, "call_state_conflict")
+    assert_error(
+        client.post(f"/v1/calls/{key}/approve", json={"principal": "ops"}, headers=AUTH), 409, "call_state_conflict"
+    )
     assert threads.get_run(started["run_id"]).status == "aborted"
 
 
@@ -290,16 +307,24 @@ def test_approve_runs_the_call_and_a_second_approval_is_409(client: TestClient, 
     assert response.json() == {"effect_key": key, "decision": "approved"}
     run = threads.wait(started["run_id"], 20)
     assert (run.status, run.output) == ("completed", "Sent.")
-    assert_error(client.post(f"/v1/calls/{key}/approve", json={"principal": "ops"}, headers=AUTH), 409, "call_state_conflict")
-    assert_error(client.post(f"/v1/calls/{key}/deny", json={"reason": "late"}, headers=AUTH), 409, "call_state_conflict")
+    assert_error(
+        client.post(f"/v1/calls/{key}/approve", json={"principal": "ops"}, headers=AUTH), 409, "call_state_conflict"
+    )
+    assert_error(
+        client.post(f"/v1/calls/{key}/deny", json={"reason": "late"}, headers=AUTH), 409, "call_state_conflict"
+    )
 
 
 def test_approve_with_edited_arguments_validates_them(client: TestClient, threads: Threads) -> None:
     started, key = awaiting_approval(client, threads)
-    bad = client.post(f"/v1/calls/{key}/approve", json={"principal": "ops", "override_args": {"to": "x", "cc": "nope"}}, headers=AUTH)
+    bad = client.post(
+        f"/v1/calls/{key}/approve", json={"principal": "ops", "override_args": {"to": "x", "cc": "nope"}}, headers=AUTH
+    )
     assert "override arguments" in assert_error(bad, 422, "invalid_arguments")["message"]
     assert threads.get_run(started["run_id"]).status == "awaiting_approval"  # nothing changed
-    good = client.post(f"/v1/calls/{key}/approve", json={"principal": "ops", "override_args": {"to": "bob@example.com"}}, headers=AUTH)
+    good = client.post(
+        f"/v1/calls/{key}/approve", json={"principal": "ops", "override_args": {"to": "bob@example.com"}}, headers=AUTH
+    )
     assert good.status_code == 200
     assert threads.wait(started["run_id"], 20).status == "completed"
     with SENT_LOCK:
@@ -319,7 +344,9 @@ def test_a_childs_pending_call_is_listed_at_the_parent_run_and_approved_through_
     [entry] = eventually(child_entry, timeout=20, what="the child's call showing at the parent")
     assert (entry["tool"], entry["agent"], entry["status"]) == ("send_email", "api_child_mailer", "awaiting_approval")
     assert entry["via"].startswith("agent-tool:")
-    approved = client.post(f"/v1/calls/{entry['effect_key']}/approve", json={"principal": "ops", "remember": True}, headers=AUTH)
+    approved = client.post(
+        f"/v1/calls/{entry['effect_key']}/approve", json={"principal": "ops", "remember": True}, headers=AUTH
+    )
     assert approved.json() == {"effect_key": entry["effect_key"], "decision": "approved"}
     assert threads.wait(started["run_id"], 20).status == "completed"
     assert [g.tool for g in threads.permission_grants(entry["thread_id"])] == ["send_email"]
@@ -338,12 +365,22 @@ def test_pending_of_an_unknown_run_is_404_and_remember_must_be_a_bool(client: Te
 def test_deny_shows_the_model_the_reason(client: TestClient, threads: Threads) -> None:
     started, key = awaiting_approval(client, threads)
     assert_error(client.post(f"/v1/calls/{key}/deny", json={}, headers=AUTH), 422, "validation_error")
-    assert_error(client.post(f"/v1/calls/{key}/resolve", json={"resolution": "assume_done", "principal": "ops"}, headers=AUTH), 409, "call_state_conflict")
-    response = client.post(f"/v1/calls/{key}/deny", json={"reason": "no mail on Sundays", "principal": "ops"}, headers=AUTH)
+    assert_error(
+        client.post(f"/v1/calls/{key}/resolve", json={"resolution": "assume_done", "principal": "ops"}, headers=AUTH),
+        409,
+        "call_state_conflict",
+    )
+    response = client.post(
+        f"/v1/calls/{key}/deny", json={"reason": "no mail on Sundays", "principal": "ops"}, headers=AUTH
+    )
     assert response.json() == {"effect_key": key, "decision": "denied"}
     run = threads.wait(started["run_id"], 20)
     assert run.status == "completed"
-    tool_texts = [m["text"] for m in client.get(f"/v1/threads/{run.thread_id}/messages", headers=AUTH).json() if m["role"] == "tool"]
+    tool_texts = [
+        m["text"]
+        for m in client.get(f"/v1/threads/{run.thread_id}/messages", headers=AUTH).json()
+        if m["role"] == "tool"
+    ]
     assert tool_texts == ["denied: no mail on Sundays"]
 
 
@@ -366,9 +403,19 @@ def test_resolve_settles_a_parked_call(client: TestClient, threads: Threads) -> 
     started, key = _park(client, threads)
     [pending] = [p for p in client.get("/v1/parked", headers=AUTH).json() if p["effect_key"] == key]
     assert pending["status"] == "parked" and pending["attempt"] == 1
-    assert_error(client.post(f"/v1/calls/{key}/resolve", json={"resolution": "maybe", "principal": "ann"}, headers=AUTH), 422, "validation_error")
-    assert_error(client.post(f"/v1/calls/{key}/resolve", json={"resolution": "assume_done", "principal": ""}, headers=AUTH), 422, "validation_error")
-    assert_error(client.post(f"/v1/calls/{key}/approve", json={"principal": "ann"}, headers=AUTH), 409, "call_state_conflict")
+    assert_error(
+        client.post(f"/v1/calls/{key}/resolve", json={"resolution": "maybe", "principal": "ann"}, headers=AUTH),
+        422,
+        "validation_error",
+    )
+    assert_error(
+        client.post(f"/v1/calls/{key}/resolve", json={"resolution": "assume_done", "principal": ""}, headers=AUTH),
+        422,
+        "validation_error",
+    )
+    assert_error(
+        client.post(f"/v1/calls/{key}/approve", json={"principal": "ann"}, headers=AUTH), 409, "call_state_conflict"
+    )
     body = {"resolution": "assume_done", "principal": "ann", "result": {"message_id": "m-1"}}
     response = client.post(f"/v1/calls/{key}/resolve", json=body, headers=AUTH)
     assert response.json() == {"effect_key": key, "decision": "assume_done"}
@@ -437,18 +484,34 @@ def test_a_message_over_the_runtime_limit_is_413(client: TestClient, threads: Th
 
 
 def test_malformed_or_mistyped_bodies_are_422_without_echoing_the_input(client: TestClient) -> None:
-    malformed = client.post("/v1/runs", content=b'{"agent": "api_greeter", "message": ', headers={**AUTH, "Content-Type": "application/json"})
+    malformed = client.post(
+        "/v1/runs",
+        content=b'{"agent": "api_greeter", "message": ',
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
     assert "not valid JSON" in assert_error(malformed, 422, "validation_error")["message"]
-    wrong_type = assert_error(client.post("/v1/runs", json={"agent": 5, "message": ["x"]}, headers=AUTH), 422, "validation_error")
+    wrong_type = assert_error(
+        client.post("/v1/runs", json={"agent": 5, "message": ["x"]}, headers=AUTH), 422, "validation_error"
+    )
     assert {tuple(d["loc"]) for d in wrong_type["details"]} == {("body", "agent"), ("body", "message")}
     secret = "sk-live-do-not-echo-1234"
     extra = client.post("/v1/runs", json={"agent": "api_greeter", "message": "x", "api_key": secret}, headers=AUTH)
     assert "api_key" in assert_error(extra, 422, "validation_error")["message"]
     assert secret not in extra.text
-    missing = assert_error(client.post("/v1/runs", json={"agent": "api_greeter"}, headers=AUTH), 422, "validation_error")
+    missing = assert_error(
+        client.post("/v1/runs", json={"agent": "api_greeter"}, headers=AUTH), 422, "validation_error"
+    )
     assert "message" in missing["message"]
-    assert_error(client.post("/v1/runs", json={"agent": "api_greeter", "message": "x", "thread_id": "../etc"}, headers=AUTH), 422, "validation_error")
-    assert_error(client.post("/v1/runs", json={"agent": "api_greeter", "message": "nul\x00"}, headers=AUTH), 422, "validation_error")
+    assert_error(
+        client.post("/v1/runs", json={"agent": "api_greeter", "message": "x", "thread_id": "../etc"}, headers=AUTH),
+        422,
+        "validation_error",
+    )
+    assert_error(
+        client.post("/v1/runs", json={"agent": "api_greeter", "message": "nul\x00"}, headers=AUTH),
+        422,
+        "validation_error",
+    )
     assert_error(client.get("/v1/runs", params={"status": "sleeping"}, headers=AUTH), 422, "validation_error")
     assert_error(client.get("/v1/runs", params={"limit": 0}, headers=AUTH), 422, "validation_error")
 
@@ -456,7 +519,9 @@ def test_malformed_or_mistyped_bodies_are_422_without_echoing_the_input(client: 
 # -- readiness and failures --------------------------------------------------------------------
 
 
-def test_readyz_says_which_service_is_down(client: TestClient, threads: Threads, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readyz_says_which_service_is_down(
+    client: TestClient, threads: Threads, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert client.get("/readyz").json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok"}}
 
     def broker_down(*_: Any, **__: Any) -> None:
@@ -479,9 +544,12 @@ def test_readyz_says_which_service_is_down(client: TestClient, threads: Threads,
     assert client.get("/healthz").status_code == 200  # the process is still up
 
 
-def test_service_and_unexpected_failures_carry_no_secret_and_no_trace(threads: Threads, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_service_and_unexpected_failures_carry_no_secret_and_no_trace(
+    threads: Threads, monkeypatch: pytest.MonkeyPatch
+) -> None:
     app = create_api(threads, tokens={TOKEN})
     with TestClient(app, raise_server_exceptions=False) as c:
+
         def store_down(**_: Any) -> None:
             raise StoreUnavailable("cannot reach the database at postgresql://app:hunter2@db/threads")
 
@@ -533,7 +601,9 @@ def test_the_api_command_refuses_to_start_without_tokens(tmp_path: Path) -> None
 def test_the_api_command_serves_the_api(tmp_path: Path) -> None:
     port = free_port()
     env = _cli_env(THREADS_API_TOKENS="cli-token", THREADS_AGENTS="examples.demo")
-    proc = ManagedProcess("api", [THREADS_CELERY, "api", "--port", str(port)], env=env, log_path=tmp_path / "api.log", cwd=tmp_path)
+    proc = ManagedProcess(
+        "api", [THREADS_CELERY, "api", "--port", str(port)], env=env, log_path=tmp_path / "api.log", cwd=tmp_path
+    )
     proc.start()
     base = f"http://127.0.0.1:{port}"
     try:
@@ -589,7 +659,9 @@ def test_no_request_the_schema_allows_or_forbids_is_a_server_error(client: TestC
     for operation in fuzzed:
 
         @given(case=operation.as_strategy(generation_mode=schemathesis.GenerationMode(mode)))
-        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
+        @settings(
+            max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
+        )
         def no_server_error(case: Any) -> None:
             # Called right below, within this iteration: the loop variable is the current one.
             calls[operation.label] = calls.get(operation.label, 0) + 1  # noqa: B023
@@ -599,6 +671,8 @@ def test_no_request_the_schema_allows_or_forbids_is_a_server_error(client: TestC
             no_server_error()
         except Unsatisfiable:
             # Only an operation with nothing to get wrong (no parameter, no body) has no negative case.
-            assert mode == "negative" and "{" not in operation.path and operation.method.upper() == "GET", operation.label
+            assert mode == "negative" and "{" not in operation.path and operation.method.upper() == "GET", (
+                operation.label
+            )
     with_inputs = {op.label for op in fuzzed if "{" in op.path or op.method.upper() == "POST"}
     assert with_inputs <= {label for label, n in calls.items() if n > 0}

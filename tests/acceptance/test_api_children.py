@@ -23,12 +23,18 @@ class In(BaseModel):
 
 
 lookup = tool(
-    name="lookup", description="x", input=In, effect="read_only",
-    execute=lambda i, c: f"region={c.env('REGION')}", variables=[Variable("REGION", required=True)],
+    name="lookup",
+    description="x",
+    input=In,
+    effect="read_only",
+    execute=lambda i, c: f"region={c.env('REGION')}",
+    variables=[Variable("REGION", required=True)],
 )
 researcher = Agent(name="api-researcher", instructions="x", model=ScriptedModel([say("QUIC is UDP-based.")], per="run"))
 parent = Agent(
-    name="api-parent", instructions="x", tools=[agent_tool(researcher, "Research."), lookup],
+    name="api-parent",
+    instructions="x",
+    tools=[agent_tool(researcher, "Research."), lookup],
     model=ScriptedModel([call("api_researcher", message="HTTP/3"), call("lookup", q="x"), say("done")]),
 )
 
@@ -37,7 +43,10 @@ parent = Agent(
 def client() -> Iterator[tuple[TestClient, Threads]]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("THREADS_SECRET_KEY", Fernet.generate_key().decode())
-        with Threads.embedded() as threads, TestClient(create_api(threads, tokens={TOKEN}, keepalive_s=0.2, poll_interval_s=0.02)) as c:
+        with (
+            Threads.embedded() as threads,
+            TestClient(create_api(threads, tokens={TOKEN}, keepalive_s=0.2, poll_interval_s=0.02)) as c,
+        ):
             yield c, threads
 
 

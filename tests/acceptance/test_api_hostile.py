@@ -49,7 +49,9 @@ send_email = tool(name="send_email", description="Send an email.", input=EmailIn
 chatty_mailer = Agent(
     name="chatty_mailer",
     instructions="Send what you are asked to.",
-    model=ScriptedModel([Reply(text="Sure, sending it now.", calls=(("send_email", '{"to": "ann@example.com"}'),)), say("Sent.")]),
+    model=ScriptedModel(
+        [Reply(text="Sure, sending it now.", calls=(("send_email", '{"to": "ann@example.com"}'),)), say("Sent.")]
+    ),
     tools=[send_email],
 )
 
@@ -134,7 +136,11 @@ def test_each_measured_hostile_input_is_a_4xx(client: TestClient, threads: Threa
         assert_4xx(client.get(events, params={"after": after}, headers=AUTH))
     assert_4xx(client.get(f"/v1/threads/{thread}/agent-tool-runs?status=%00", headers=AUTH))
     assert_4xx(client.delete(f"/v1/threads/{thread}/agent-tool-runs?status=%00", headers=AUTH))
-    assert_4xx(client.delete(f"/v1/threads/{thread}/agent-tool-runs", params={"older_than": "2026-01-01T00:00:00"}, headers=AUTH))
+    assert_4xx(
+        client.delete(
+            f"/v1/threads/{thread}/agent-tool-runs", params={"older_than": "2026-01-01T00:00:00"}, headers=AUTH
+        )
+    )
     for body in [
         {"agent": "chatty\x00mailer", "message": "hi"},
         {"agent": "chatty_mailer", "message": "hi \ud800 there"},
@@ -143,15 +149,22 @@ def test_each_measured_hostile_input_is_a_4xx(client: TestClient, threads: Threa
         raw = json.dumps(body)  # escapes the NUL and the surrogate as JSON allows
         assert_4xx(client.post("/v1/runs", content=raw, headers={**AUTH, "Content-Type": "application/json"}))
     # A timezone-aware older_than is accepted; nothing earlier in the thread was touched.
-    ok = client.delete(f"/v1/threads/{thread}/agent-tool-runs", params={"older_than": "2026-01-01T00:00:00Z"}, headers=AUTH)
+    ok = client.delete(
+        f"/v1/threads/{thread}/agent-tool-runs", params={"older_than": "2026-01-01T00:00:00Z"}, headers=AUTH
+    )
     assert ok.status_code == 200, ok.text
-    assert [m["role"] for m in client.get(f"/v1/threads/{thread}/messages", headers=AUTH).json()] == ["user", "assistant"]
+    assert [m["role"] for m in client.get(f"/v1/threads/{thread}/messages", headers=AUTH).json()] == [
+        "user",
+        "assistant",
+    ]
 
 
 # -- state that tells the truth ----------------------------------------------------------------
 
 
-def test_the_started_event_carries_the_calls_own_key_and_approving_from_it_works(client: TestClient, threads: Threads) -> None:
+def test_the_started_event_carries_the_calls_own_key_and_approving_from_it_works(
+    client: TestClient, threads: Threads
+) -> None:
     started = start(client)
     frames = read_events(client, started["thread_id"], until=run_status("awaiting_approval"))
     [started_event] = [f["payload"] for f in frames if f["type"] == "tool_call_started"]
@@ -188,7 +201,11 @@ def test_cancelling_a_run_settles_its_pending_approvals(client: TestClient, thre
 def test_a_shortened_result_is_fetched_whole_over_http(client: TestClient, threads: Threads) -> None:
     started = start(client, "reporter", "report")
     assert threads.wait(started["run_id"], DEADLINE_S).status == "completed"
-    [assistant] = [m for m in client.get(f"/v1/threads/{started['thread_id']}/messages", headers=AUTH).json() if m["role"] == "assistant" and m["tool_calls"]]
+    [assistant] = [
+        m
+        for m in client.get(f"/v1/threads/{started['thread_id']}/messages", headers=AUTH).json()
+        if m["role"] == "assistant" and m["tool_calls"]
+    ]
     key = assistant["tool_calls"][0]["effect_key"]
     shown = next(m for m in threads.messages(started["thread_id"]) if m.role == "tool").text
     assert "[result shortened: it is 300000 bytes, over the limit of 100000;" in shown
@@ -220,7 +237,12 @@ def test_no_sequence_of_linked_requests_is_a_server_error(client: TestClient, th
     class Workflow(schema.as_state_machine()):  # type: ignore[misc]
         def before_call(self, case: Any) -> None:
             # Random agent names are all unknown (404): name a registered one, so runs start.
-            if case.method == "POST" and case.path == "/v1/runs" and isinstance(case.body, dict) and "agent" in case.body:
+            if (
+                case.method == "POST"
+                and case.path == "/v1/runs"
+                and isinstance(case.body, dict)
+                and "agent" in case.body
+            ):
                 case.body["agent"] = "chatty_mailer"
 
         def get_call_kwargs(self, case: Any) -> dict[str, Any]:

@@ -45,13 +45,20 @@ class Q(BaseModel):
     q: str
 
 
-send = tool(name="send", description="Send mail.", input=Mail, execute=lambda i, c: f"sent to {i.to}")  # unguarded: asks
+send = tool(
+    name="send", description="Send mail.", input=Mail, execute=lambda i, c: f"sent to {i.to}"
+)  # unguarded: asks
 lookup = tool(
     name="lookup", description="x", input=Q, effect="read_only",
     execute=lambda i, c: f"region={c.env('REGION')}", variables=[Variable("REGION", required=True)],
 )  # fmt: skip
 greeter = Agent(name="t-greeter", instructions="x", model=ScriptedModel([say("hello")], per="run"))
-mailer = Agent(name="t-mailer", instructions="x", model=ScriptedModel([call("send", to="ann@acme.test"), say("sent")], per="run"), tools=[send])
+mailer = Agent(
+    name="t-mailer",
+    instructions="x",
+    model=ScriptedModel([call("send", to="ann@acme.test"), say("sent")], per="run"),
+    tools=[send],
+)
 researcher = Agent(name="t-researcher", instructions="x", model=ScriptedModel([say("found it")], per="run"))
 parent = Agent(
     name="t-parent", instructions="x", tools=[agent_tool(researcher, "Research."), lookup],
@@ -130,7 +137,9 @@ def snapshot(threads: Threads, acme: dict[str, str]) -> Any:
     )
 
 
-def test_another_tenant_gets_404_for_everything_and_changes_nothing(world: tuple[TestClient, Threads], acme: dict[str, str]) -> None:
+def test_another_tenant_gets_404_for_everything_and_changes_nothing(
+    world: tuple[TestClient, Threads], acme: dict[str, str]
+) -> None:
     http, threads = world
     before = snapshot(threads, acme)
     run, thread, key = acme["run"], acme["thread"], acme["call"]
@@ -162,7 +171,11 @@ def test_another_tenant_gets_404_for_everything_and_changes_nothing(world: tuple
         not_found_like_an_unknown_id(response, kind)
         # The same request for an id that exists nowhere answers the same way.
         if ("{" in route and method != "POST") or route.endswith(("/approve", "/deny", "/resolve", "/cancel", "/env")):
-            unknown = path.replace(run, "run_nowhere").replace(acme["asking_run"], "run_nowhere").replace(key, "run_nowhere:0:0")
+            unknown = (
+                path.replace(run, "run_nowhere")
+                .replace(acme["asking_run"], "run_nowhere")
+                .replace(key, "run_nowhere:0:0")
+            )
             for own in (child_thread, parent_thread, thread):
                 unknown = unknown.replace(own, "thread_nowhere")
             assert http.request(method, unknown, headers=headers, **kwargs).status_code == 404
@@ -177,23 +190,35 @@ def test_listings_show_only_the_callers_tenant(world: tuple[TestClient, Threads]
         assert (acme_runs <= {r["id"] for r in runs}) is sees
         if not sees:
             assert not acme_runs & {r["id"] for r in runs}
-            assert request(http, "GET", "/v1/runs", "/v1/runs", headers, params={"thread_id": acme["thread"]}).json() == []
+            assert (
+                request(http, "GET", "/v1/runs", "/v1/runs", headers, params={"thread_id": acme["thread"]}).json() == []
+            )
         parked = request(http, "GET", "/v1/parked", "/v1/parked", headers).json()
         assert (acme["call"] in {p["effect_key"] for p in parked}) is sees
-        own = request(http, "GET", f"/v1/threads/{acme['child_thread']}/messages", "/v1/threads/{thread_id}/messages", headers)
+        own = request(
+            http, "GET", f"/v1/threads/{acme['child_thread']}/messages", "/v1/threads/{thread_id}/messages", headers
+        )
         assert own.status_code == (200 if sees else 404)  # a child thread belongs to its parent's tenant
         usage = request(http, "GET", "/v1/usage", "/v1/usage", headers, params={"agent": "t-greeter"}).json()
         assert (usage["requests"] > 0) is sees, usage  # another tenant's model usage is not summed in
 
 
-def test_another_tenants_ids_start_a_run_of_the_callers_own(world: tuple[TestClient, Threads], acme: dict[str, str]) -> None:
+def test_another_tenants_ids_start_a_run_of_the_callers_own(
+    world: tuple[TestClient, Threads], acme: dict[str, str]
+) -> None:
     """An id of acme's, given by globex, is an unused id: globex gets a run and thread of its own."""
     http, threads = world
     before = [(r.id, r.status) for r in threads.runs(limit=1000, tenant="acme")]
     messages = [len(threads.messages(t)) for t in (acme["thread"], acme["parent_thread"])]
     # The last one is globex's own run of the one before, returned as it is (idempotent).
-    for ids in ({"thread_id": acme["thread"]}, {"run_id": acme["run"], "thread_id": acme["thread"]}, {"run_id": acme["run"]}):
-        response = request(http, "POST", "/v1/runs", "/v1/runs", BOB, json={"agent": "t-greeter", "message": "x", **ids})
+    for ids in (
+        {"thread_id": acme["thread"]},
+        {"run_id": acme["run"], "thread_id": acme["thread"]},
+        {"run_id": acme["run"]},
+    ):
+        response = request(
+            http, "POST", "/v1/runs", "/v1/runs", BOB, json={"agent": "t-greeter", "message": "x", **ids}
+        )
         assert response.status_code == 202, response.text
         started = response.json()
         assert {k: started[k] for k in ids} == ids and "acme" not in response.text
@@ -203,7 +228,9 @@ def test_another_tenants_ids_start_a_run_of_the_callers_own(world: tuple[TestCli
             timeout=20,
             what=f"globex's run {started['run_id']} completed",
         )
-    assert request(http, "GET", f"/v1/runs/{acme['run']}", "/v1/runs/{run_id}", BOB).json()["thread_id"] == acme["thread"]
+    assert (
+        request(http, "GET", f"/v1/runs/{acme['run']}", "/v1/runs/{run_id}", BOB).json()["thread_id"] == acme["thread"]
+    )
     assert [(r.id, r.status) for r in threads.runs(limit=1000, tenant="acme")] == before
     assert [len(threads.messages(t)) for t in (acme["thread"], acme["parent_thread"])] == messages
 
@@ -222,21 +249,34 @@ def test_each_tenant_works_in_its_own_space(world: tuple[TestClient, Threads]) -
     assert threads.tenant_of(thread_id=mine["thread_id"]) == "globex"
 
 
-def test_decisions_record_the_tokens_principal_not_the_bodys(world: tuple[TestClient, Threads], acme: dict[str, str]) -> None:
+def test_decisions_record_the_tokens_principal_not_the_bodys(
+    world: tuple[TestClient, Threads], acme: dict[str, str]
+) -> None:
     http, threads = world
     key = acme["call"]
-    response = request(http, "POST", f"/v1/calls/{key}/approve", "/v1/calls/{effect_key}/approve", CAROL, json={"principal": "the-ceo"})
+    response = request(
+        http, "POST", f"/v1/calls/{key}/approve", "/v1/calls/{effect_key}/approve", CAROL, json={"principal": "the-ceo"}
+    )
     assert response.status_code == 200, response.text
     with threads.store.read() as tx:
         approved_by = tx.conn.execute(select(tool_calls.c.approved_by).where(tool_calls.c.effect_key == key)).scalar()
     assert approved_by == "carol"
     wait_for(threads, acme["asking_run"], "completed")
-    env = request(http, "POST", f"/v1/threads/{acme['parent_thread']}/env", "/v1/threads/{thread_id}/env", ALICE, json={"name": "REGION", "value": "eu"})
+    env = request(
+        http,
+        "POST",
+        f"/v1/threads/{acme['parent_thread']}/env",
+        "/v1/threads/{thread_id}/env",
+        ALICE,
+        json={"name": "REGION", "value": "eu"},
+    )
     assert env.status_code == 200 and env.json()["resumed_calls"] == 1
     wait_for(threads, acme["waiting_run"], "completed")
 
 
-def test_fleet_metrics_hold_counts_never_another_tenants_ids(world: tuple[TestClient, Threads], acme: dict[str, str]) -> None:
+def test_fleet_metrics_hold_counts_never_another_tenants_ids(
+    world: tuple[TestClient, Threads], acme: dict[str, str]
+) -> None:
     http, _ = world
     response = request(http, "GET", "/v1/metrics", "/v1/metrics", BOB)
     if response.status_code == 501:
@@ -249,6 +289,8 @@ def test_fleet_metrics_hold_counts_never_another_tenants_ids(world: tuple[TestCl
 def test_every_v1_route_was_exercised_across_tenants(world: tuple[TestClient, Threads]) -> None:
     http, _ = world
     paths = http.app.openapi()["paths"]  # type: ignore[attr-defined]
-    routes = {(method.upper(), path) for path, operations in paths.items() if path.startswith("/v1/") for method in operations}
+    routes = {
+        (method.upper(), path) for path, operations in paths.items() if path.startswith("/v1/") for method in operations
+    }
     assert len(routes) >= 15
     assert routes - EXERCISED == set(), "a /v1 route has no cross-tenant check in this module"

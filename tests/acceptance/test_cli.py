@@ -81,7 +81,16 @@ def test_run_json_prints_one_object_and_runs_list_finds_the_run(workdir: Path) -
     assert payload["status"] == "completed" and payload["timed_out"] is False
     assert payload["error"] is None
     assert payload["output"].startswith("Your evening in Oslo is planned.")
-    assert [m["role"] for m in payload["messages"]] == ["user", "assistant", "tool", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert [m["role"] for m in payload["messages"]] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     called = [c["name"] for m in payload["messages"] for c in m["tool_calls"]]
     assert called == ["get_weather", "book_table", "send_email"]
 
@@ -124,7 +133,9 @@ def research(workdir: Path) -> dict[str, Any]:
     return payload
 
 
-def test_the_research_demo_completes_with_both_research_results_and_the_background_import(research: dict[str, Any], workdir: Path) -> None:
+def test_the_research_demo_completes_with_both_research_results_and_the_background_import(
+    research: dict[str, Any], workdir: Path
+) -> None:
     assert research["status"] == "completed" and research["timed_out"] is False
     results = [m["tool_result"] for m in research["messages"] if m["tool_result"]]
     found = [r["content"] for r in results if r["name"] == "research"]
@@ -136,7 +147,9 @@ def test_the_research_demo_completes_with_both_research_results_and_the_backgrou
 
     children = research["agent_tool_runs"]
     researchers = [c for c in children if c["agent_type"] == "researcher"]
-    assert [c["status"] for c in researchers] == ["completed", "completed"] and not any(c["detached"] for c in researchers)
+    assert [c["status"] for c in researchers] == ["completed", "completed"] and not any(
+        c["detached"] for c in researchers
+    )
     assert all([m["name"] for m in c["milestones"]] == ["sources_read"] for c in researchers)
     assert all(c["progress"]["fraction"] == 1.0 and c["progress"]["phase"] == "reading" for c in researchers)
     [imported] = [c for c in children if c["run_id"] == handle["run_id"]]
@@ -171,15 +184,32 @@ def test_the_research_demo_shows_each_child_run_with_its_progress_bar_and_milest
     assert "Traceback" not in result.stderr
 
 
-def test_events_replays_a_thread_as_json_lines_from_a_cursor_and_as_a_live_view(research: dict[str, Any], workdir: Path) -> None:
+def test_events_replays_a_thread_as_json_lines_from_a_cursor_and_as_a_live_view(
+    research: dict[str, Any], workdir: Path
+) -> None:
     thread = research["thread_id"]
     replayed = cli("events", thread, "--json", cwd=workdir)
     assert replayed.returncode == 0, explain(replayed)
     events = [json.loads(line) for line in replayed.stdout.splitlines()]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-    assert {"run", "message", "agent_tool.started", "agent_tool.progress", "agent_tool.milestone", "agent_tool.finished"} <= {e["type"] for e in events}
-    handle = next(json.loads(e["payload"]["tool_result"]["content"]) for e in events if e["type"] == "message" and (e["payload"].get("tool_result") or {}).get("name") == "start_import")
-    fractions = [e["payload"]["fraction"] for e in events if e["type"] == "agent_tool.progress" and e["payload"]["run_id"] == handle["run_id"]]
+    assert {
+        "run",
+        "message",
+        "agent_tool.started",
+        "agent_tool.progress",
+        "agent_tool.milestone",
+        "agent_tool.finished",
+    } <= {e["type"] for e in events}
+    handle = next(
+        json.loads(e["payload"]["tool_result"]["content"])
+        for e in events
+        if e["type"] == "message" and (e["payload"].get("tool_result") or {}).get("name") == "start_import"
+    )
+    fractions = [
+        e["payload"]["fraction"]
+        for e in events
+        if e["type"] == "agent_tool.progress" and e["payload"]["run_id"] == handle["run_id"]
+    ]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(fractions) > 1
 
     cursor = events[len(events) // 2]["seq"]
@@ -258,7 +288,18 @@ def worker_process(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[dict
     assert upgraded.returncode == 0, explain(upgraded)
     process = ManagedProcess(
         "cli-worker",
-        [THREADS_CELERY, "worker", "--agents", DEMO, "--pool", "threads", "--concurrency", "2", "--loglevel", "WARNING"],
+        [
+            THREADS_CELERY,
+            "worker",
+            "--agents",
+            DEMO,
+            "--pool",
+            "threads",
+            "--concurrency",
+            "2",
+            "--loglevel",
+            "WARNING",
+        ],
         env=cli_env(**env),
         log_path=tmp_path / "worker.log",
         cwd=tmp_path,
@@ -270,8 +311,12 @@ def worker_process(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[dict
         process.terminate(timeout=20)
 
 
-def test_with_a_database_and_broker_run_enqueues_to_a_real_worker(worker_process: dict[str, str], tmp_path: Path) -> None:
-    result = cli("run", DEMO, "plan a dinner in Vienna", "--approve", "--json", "--timeout", "60", cwd=tmp_path, **worker_process)
+def test_with_a_database_and_broker_run_enqueues_to_a_real_worker(
+    worker_process: dict[str, str], tmp_path: Path
+) -> None:
+    result = cli(
+        "run", DEMO, "plan a dinner in Vienna", "--approve", "--json", "--timeout", "60", cwd=tmp_path, **worker_process
+    )
 
     assert result.returncode == 0, explain(result) + "\n--- worker\n" + (tmp_path / "worker.log").read_text()
     payload = json.loads(result.stdout)

@@ -53,7 +53,7 @@ def explain(result: subprocess.CompletedProcess[str]) -> str:
 
 # An agent whose worker dies in the middle of its first charge, after the money moved: the
 # call is left started, and the next process that looks at it parks it for a person.
-CHARGER = '''
+CHARGER = """
 import os
 from pathlib import Path
 
@@ -95,11 +95,11 @@ agent = Agent(
     tools=[tool(name="charge", description="Charge the card.", input=ChargeIn, effect="unguarded", execute=_charge)],
     permissions=Permissions(allow=["charge"]),
 )
-'''
+"""
 
 # The next process that loads the agent: its reconcile tick finds the dead worker's expired lease
 # and re-dispatches the call, whose recovery decision (unguarded, started) is to park it.
-NOTICE_THE_CRASH = '''
+NOTICE_THE_CRASH = """
 import sys, time
 sys.path.insert(0, ".")
 import charger
@@ -115,7 +115,7 @@ while not [c for c in threads.parked() if c.status == "parked"]:
     threads.reconcile()
     time.sleep(0.1)
 threads.close()
-'''
+"""
 
 
 def pending(cwd: Path, **env: str) -> list[dict[str, Any]]:
@@ -145,7 +145,11 @@ def test_a_call_awaiting_approval_is_listed_approved_denied_and_the_run_continue
     assert json.loads(booking["args"])["restaurant"] == "Le Baratin" and booking["attempt"] == 0
     assert "asks for approval" in booking["reason"]
     listed = cli("parked", cwd=tmp_path)
-    assert booking["effect_key"] in listed.stdout and "book_table" in listed.stdout and "awaiting_approval" in listed.stdout
+    assert (
+        booking["effect_key"] in listed.stdout
+        and "book_table" in listed.stdout
+        and "awaiting_approval" in listed.stdout
+    )
 
     approved = cli("approve", booking["effect_key"], "--principal", "alice", "--agent", DEMO, cwd=tmp_path)
     # The booking ran here; the email then asks for approval in turn: exit 3 again.
@@ -162,7 +166,9 @@ def test_a_call_awaiting_approval_is_listed_approved_denied_and_the_run_continue
 
     assert pending(tmp_path) == []
     run = shown(run_id, tmp_path)
-    assert run["status"] == "completed" and "I could not email you the details (denied: no emails today)" in run["output"]
+    assert (
+        run["status"] == "completed" and "I could not email you the details (denied: no emails today)" in run["output"]
+    )
     results = {m["tool_result"]["name"]: m["tool_result"] for m in run["messages"] if m["tool_result"]}
     assert results["send_email"]["is_error"] and results["send_email"]["content"] == "denied: no emails today"
     assert not (tmp_path / ".threads-celery" / "demo-outbox.jsonl").exists()  # the email never went out
@@ -182,7 +188,9 @@ def test_without_agent_an_approval_is_recorded_and_the_command_says_how_to_conti
     assert shown(run_id, tmp_path)["status"] == "running"
     again = cli("approve", booking["effect_key"], "--principal", "alice", cwd=tmp_path)
     assert again.returncode == 2, explain(again)
-    assert again.stderr.startswith("error: ") and "is pending, not awaiting_approval; nothing was changed" in again.stderr
+    assert (
+        again.stderr.startswith("error: ") and "is pending, not awaiting_approval; nothing was changed" in again.stderr
+    )
 
 
 @pytest.fixture(scope="module")
@@ -202,10 +210,16 @@ def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["resolve", "run_nope:0:0", "assume_done", "--principal", "alice"], "no tool call has effect key"),
         (["approve", "k", "--principal", "alice", "--args", "{not json"], "--args is not valid JSON"),
         (["approve", "k", "--principal", "alice", "--args", "[1, 2]"], "--args must be a JSON object"),
-        (["approve", "k", "--principal", "alice", "--args", '{"party_size": 4}'], "--args is checked against the tool's input"),
+        (
+            ["approve", "k", "--principal", "alice", "--args", '{"party_size": 4}'],
+            "--args is checked against the tool's input",
+        ),
         (["approve", "k", "--principal", " "], "--principal must name who decides"),
         (["deny", "k", "--reason", "  "], "--reason must say why"),
-        (["resolve", "k", "assume_not_done", "--principal", "alice", "--result", "1"], "--result goes with assume_done"),
+        (
+            ["resolve", "k", "assume_not_done", "--principal", "alice", "--result", "1"],
+            "--result goes with assume_done",
+        ),
         (["resolve", "k", "assume_maybe", "--principal", "alice"], "assume_maybe"),
         (["approve", "k"], "Missing option '--principal'"),
         (["events", "thread_nope"], "no thread has id 'thread_nope'"),
@@ -230,7 +244,15 @@ def test_a_call_parked_after_a_crash_is_resolved_assume_done_or_run_again_with_a
         (tmp_path / "crashed").unlink(missing_ok=True)
         crashed = cli("run", "charger.py:agent", message, cwd=tmp_path, THREADS_TOOL_LEASE_S="1")
         assert crashed.returncode == 137, explain(crashed)
-        noticed = subprocess.run([sys.executable, "notice.py"], cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=90, check=False)
+        noticed = subprocess.run(
+            [sys.executable, "notice.py"],
+            cwd=tmp_path,
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
         assert noticed.returncode == 0, noticed.stdout + noticed.stderr
         [call] = pending(tmp_path)
         assert call["status"] == "parked" and call["tool"] == "charge" and call["attempt"] == 1
@@ -238,7 +260,18 @@ def test_a_call_parked_after_a_crash_is_resolved_assume_done_or_run_again_with_a
         return call
 
     first = crash_and_park("charge me")
-    done = cli("resolve", first["effect_key"], "assume_done", "--principal", "alice", "--result", '{"charged": 5, "by": "hand"}', "--agent", "charger.py:agent", cwd=tmp_path)
+    done = cli(
+        "resolve",
+        first["effect_key"],
+        "assume_done",
+        "--principal",
+        "alice",
+        "--result",
+        '{"charged": 5, "by": "hand"}',
+        "--agent",
+        "charger.py:agent",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, explain(done)
     assert f"resolved {first['effect_key']} (charge) as assume_done by alice" in done.stdout
     assert 'charge result: {"charged":5,"by":"hand"}' in done.stdout and "✔ completed" in done.stdout
@@ -246,9 +279,21 @@ def test_a_call_parked_after_a_crash_is_resolved_assume_done_or_run_again_with_a
     assert ledger.read_text().count(first["effect_key"]) == 1  # assumed done: not charged again
 
     second = crash_and_park("charge me again")
-    again = cli("resolve", second["effect_key"], "assume_not_done", "--principal", "bob", "--agent", "charger.py:agent", cwd=tmp_path)
+    again = cli(
+        "resolve",
+        second["effect_key"],
+        "assume_not_done",
+        "--principal",
+        "bob",
+        "--agent",
+        "charger.py:agent",
+        cwd=tmp_path,
+    )
     assert again.returncode == 0, explain(again)
-    assert "warning: bob accepts the risk of a duplicate: charge may already have run (attempt 1) and runs again." in again.stderr
+    assert (
+        "warning: bob accepts the risk of a duplicate: charge may already have run (attempt 1) and runs again."
+        in again.stderr
+    )
     assert 'charge result: {"charged":5}' in again.stdout
     assert ledger.read_text().count(second["effect_key"]) == 2  # the duplicate bob accepted
     assert pending(tmp_path) == []
@@ -282,7 +327,18 @@ def worker_process(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[dict
     assert upgraded.returncode == 0, explain(upgraded)
     process = ManagedProcess(
         "cli-worker",
-        [THREADS_CELERY, "worker", "--agents", DEMO, "--pool", "threads", "--concurrency", "2", "--loglevel", "WARNING"],
+        [
+            THREADS_CELERY,
+            "worker",
+            "--agents",
+            DEMO,
+            "--pool",
+            "threads",
+            "--concurrency",
+            "2",
+            "--loglevel",
+            "WARNING",
+        ],
         env=cli_env(**env),
         log_path=tmp_path / "worker.log",
         cwd=tmp_path,
@@ -305,7 +361,9 @@ def wait_for_call(tool: str, cwd: Path, env: dict[str, str], timeout: float = 60
     return found[0]
 
 
-def test_with_a_real_worker_each_approval_lets_the_workers_carry_the_run_to_its_end(worker_process: dict[str, str], tmp_path: Path) -> None:
+def test_with_a_real_worker_each_approval_lets_the_workers_carry_the_run_to_its_end(
+    worker_process: dict[str, str], tmp_path: Path
+) -> None:
     env = worker_process
     started = cli("run", DEMO, "plan a dinner in Vienna", "--json", "--timeout", "60", cwd=tmp_path, **env)
     assert started.returncode == 3, explain(started) + "\n--- worker\n" + (tmp_path / "worker.log").read_text()

@@ -40,9 +40,7 @@ def quickstart() -> str:
     return block.removeprefix("```bash\n").removesuffix("\n```") + "\n"
 
 
-def adapt(
-    script: str, *, database: str, redis_url: str, api_port: int, flower_port: int, logs: Path
-) -> str:
+def adapt(script: str, *, database: str, redis_url: str, api_port: int, flower_port: int, logs: Path) -> str:
     """The README's script with the few values a shared machine needs changed, and only those."""
     replacements = [
         ("127.0.0.1:5432/threads\n", f"127.0.0.1:5432/{database}\n"),
@@ -55,9 +53,7 @@ def adapt(
         (".threads-celery/logs", str(logs)),
     ]
     for old, new in replacements:
-        assert old in script, (
-            f"the quick-start no longer contains {old!r}: update this test with it"
-        )
+        assert old in script, f"the quick-start no longer contains {old!r}: update this test with it"
         script = script.replace(old, new)
     return script
 
@@ -103,11 +99,7 @@ def test_the_quickstart_runs_as_written(pg_server: Any, redis_url: str, tmp_path
     )  # fmt: skip
     path = tmp_path / "quickstart.sh"
     path.write_text("set -euo pipefail\n" + script)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("THREADS_", "FLOWER_", "BATCH_", "OPENAI_"))
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("THREADS_", "FLOWER_", "BATCH_", "OPENAI_"))}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     script = ManagedProcess(
         "the quick-start", ["bash", str(path)], env=env, log_path=tmp_path / "quickstart.out", cwd=REPO_ROOT
@@ -119,9 +111,7 @@ def test_the_quickstart_runs_as_written(pg_server: Any, redis_url: str, tmp_path
             proc.wait(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             script.kill()
-            pytest.fail(
-                f"the quick-start did not finish within {RUN_TIMEOUT_S}s:\n{script.log_text()}\n{_logs(logs)}"
-            )
+            pytest.fail(f"the quick-start did not finish within {RUN_TIMEOUT_S}s:\n{script.log_text()}\n{_logs(logs)}")
         output = script.log_text()
         assert proc.returncode == 0, f"the quick-start failed:\n{output}\n{_logs(logs)}"
         # The approvals were accepted, the events streamed, the run completed, the schedule fired.
@@ -145,7 +135,4 @@ def test_the_quickstart_runs_as_written(pg_server: Any, redis_url: str, tmp_path
 def _logs(folder: Path) -> str:
     if not folder.exists():
         return "(no logs)"
-    return "\n".join(
-        f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-        for p in sorted(folder.glob("*.log"))
-    )
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(folder.glob("*.log")))

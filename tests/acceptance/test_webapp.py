@@ -138,14 +138,18 @@ def run_ended(frame: dict[str, Any]) -> bool:
 # -- HTTP -------------------------------------------------------------------------------------
 
 
-def test_a_denied_call_is_reported_and_the_stream_resumes_after_last_event_id(webapp: WebApp, http: httpx.Client) -> None:
+def test_a_denied_call_is_reported_and_the_stream_resumes_after_last_event_id(
+    webapp: WebApp, http: httpx.Client
+) -> None:
     run_id = start(http, "trip-planner", "Plan dinner in Rome")
     page = http.get(f"/runs/{run_id}")
     assert page.status_code == 200 and run_id in page.text and "trip-planner" in page.text
     # The booking asks for approval; the form's Deny answers 303 back to the run's page.
     call = eventually(lambda: pending(http, run_id), what="the booking awaiting approval")[0]
     assert call["tool"] == "book_table" and call["status"] == "awaiting_approval"
-    response = http.post(f"/calls/{quote(call['effect_key'], safe='')}/deny", data={"run_id": run_id, "reason": "not tonight"})
+    response = http.post(
+        f"/calls/{quote(call['effect_key'], safe='')}/deny", data={"run_id": run_id, "reason": "not tonight"}
+    )
     assert response.status_code == 303 and response.headers["location"] == f"/runs/{run_id}"
 
     frames = read_frames(webapp, run_id, until=run_ended)
@@ -154,7 +158,11 @@ def test_a_denied_call_is_reported_and_the_stream_resumes_after_last_event_id(we
     final = frames[-1]["data"]["payload"]
     assert final["status"] == "completed"
     assert "could not book" in final["output"] and "denied: not tonight" in final["output"]
-    results = [f["data"]["payload"]["tool_result"] for f in frames if f["event"] == "message" and f["data"]["payload"]["role"] == "tool"]
+    results = [
+        f["data"]["payload"]["tool_result"]
+        for f in frames
+        if f["event"] == "message" and f["data"]["payload"]["role"] == "tool"
+    ]
     booking = [r for r in results if r["name"] == "book_table"]
     assert len(booking) == 1 and "denied: not tonight" in booking[0]["content"]
     assert "send_email" not in [r["name"] for r in results]  # nothing booked, nothing to email
@@ -173,7 +181,11 @@ def test_a_child_runs_pending_approval_shows_on_the_parents_page_and_is_answered
     [entry] = eventually(
         lambda: [c for c in pending(http, run_id) if c["kind"] == "child"], what="the child's call at the parent"
     )
-    assert (entry["tool"], entry["agent"], entry["status"]) == ("send_note", "child_approval_child", "awaiting_approval")
+    assert (entry["tool"], entry["agent"], entry["status"]) == (
+        "send_note",
+        "child_approval_child",
+        "awaiting_approval",
+    )
     frames = read_frames(webapp, run_id, until=lambda f: f["event"] == "pending.child")
     assert frames[-1]["data"]["payload"]["effect_key"] == entry["effect_key"]
 
@@ -191,10 +203,24 @@ def test_the_app_module_imports_no_agent_code_and_no_model_layer() -> None:
     code = "import json, sys, examples.webapp.app; print(json.dumps(sorted(sys.modules)))"
     env = {k: v for k, v in os.environ.items() if not k.startswith("THREADS_")}
     env["PYTHONPATH"] = str(REPO_ROOT)
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     modules = json.loads(out.stdout)
-    leaked = [m for m in modules if m.startswith(("pydantic_ai", "examples.demo", "examples.research", "threads_celery.runtime.models", "threads_celery.testing"))]
+    leaked = [
+        m
+        for m in modules
+        if m.startswith(
+            (
+                "pydantic_ai",
+                "examples.demo",
+                "examples.research",
+                "threads_celery.runtime.models",
+                "threads_celery.testing",
+            )
+        )
+    ]
     assert leaked == []
 
 
@@ -258,7 +284,9 @@ def test_the_run_page_shows_progress_moving_and_the_final_answer(webapp: WebApp,
         if time.monotonic() > deadline:
             shot = webapp.workdir / "timeout.png"
             browser.save_screenshot(str(shot))
-            raise AssertionError(f"no final answer within {WAIT_S:g}s (screenshot {shot}); bars: {values}\n{webapp.log_tail()}")
+            raise AssertionError(
+                f"no final answer within {WAIT_S:g}s (screenshot {shot}); bars: {values}\n{webapp.log_tail()}"
+            )
         for button in browser.find_elements(By.CSS_SELECTOR, "#approvals button.button-approve"):
             try:
                 if button.is_displayed() and button.is_enabled():
@@ -308,7 +336,9 @@ def test_a_child_runs_approval_is_shown_and_approved_on_the_parents_page(webapp:
         # came in), the entry is looked up again rather than pressed through a stale reference.
         try:
             items = browser.find_elements(By.CSS_SELECTOR, "#approvals .pending")
-            item = next((i for i in items if i.is_displayed() and "in child run of child_approval_child" in i.text), None)
+            item = next(
+                (i for i in items if i.is_displayed() and "in child run of child_approval_child" in i.text), None
+            )
             buttons = item.find_elements(By.CSS_SELECTOR, "button.button-approve") if item is not None else []
             if item is None or not buttons:
                 return None

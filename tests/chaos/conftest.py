@@ -62,9 +62,7 @@ DEFAULT_CHAOS_ENV: dict[str, str] = {
 }
 
 _names = itertools.count(1)
-RECONCILE_RESULT = re.compile(
-    r"threads\.reconcile\[[^\]]+\] succeeded in [\d.e-]+s: '(\{.*\})'$", re.MULTILINE
-)
+RECONCILE_RESULT = re.compile(r"threads\.reconcile\[[^\]]+\] succeeded in [\d.e-]+s: '(\{.*\})'$", re.MULTILINE)
 FENCE_REFUSED = re.compile(r"threads\.(?:tool|step)\[([^\]]+)\] succeeded in [\d.e-]+s: 'fence lost'")
 
 
@@ -236,9 +234,7 @@ class ChaosCluster:
 
     def wait_status(self, run_id: str, status: str, timeout: float = 30.0) -> Any:
         run = self.wait_settled(run_id, timeout)
-        assert run.status == status, (
-            f"run {run_id} is {run.status}, expected {status} (error: {run.error})"
-        )
+        assert run.status == status, f"run {run_id} is {run.status}, expected {status} (error: {run.error})"
         return run
 
     def call(self, effect_key: str) -> Any:
@@ -252,9 +248,7 @@ class ChaosCluster:
         return [
             m.tool_result
             for m in self.threads.messages(thread_id)
-            if m.role == "tool"
-            and m.tool_result is not None
-            and (call_id is None or m.tool_result.call_id == call_id)
+            if m.role == "tool" and m.tool_result is not None and (call_id is None or m.tool_result.call_id == call_id)
         ]
 
     def outbox_keys(self) -> list[str]:

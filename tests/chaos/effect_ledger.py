@@ -101,7 +101,9 @@ class Ledger:
 
     def wait_for(self, predicate: Callable[[list[Entry]], Entry | None], *, timeout: float, what: str) -> Entry:
         """Poll the file until ``predicate(entries)`` returns an entry; AssertionError after ``timeout``."""
-        return eventually(lambda: predicate(self.entries()), timeout=timeout, what=f"the ledger showing {what}", interval=0.02)
+        return eventually(
+            lambda: predicate(self.entries()), timeout=timeout, what=f"the ledger showing {what}", interval=0.02
+        )
 
     def wait_for_line(self, kind: str, effect_key: str, *, timeout: float = 30.0, nth: int = 1) -> Entry:
         """The ``nth`` line of ``kind`` for ``effect_key``, once it is written."""
@@ -111,4 +113,3 @@ class Ledger:
             return matching[nth - 1] if len(matching) >= nth else None
 
         return self.wait_for(pick, timeout=timeout, what=f"{kind} #{nth} of {effect_key}")
-

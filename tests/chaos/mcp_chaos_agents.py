@@ -22,9 +22,7 @@ EFFECTS = ("read_only", "idempotent", "unguarded")
 
 
 def _agent(effect: str) -> Agent:
-    server = stdio_server(
-        LEDGER, name=f"chaos-{effect}", effects={"slow_once": effect}, dedup_window_ms=120_000
-    )
+    server = stdio_server(LEDGER, name=f"chaos-{effect}", effects={"slow_once": effect}, dedup_window_ms=120_000)
     return Agent(
         f"mcp_chaos_{effect}",
         "Call slow_once.",

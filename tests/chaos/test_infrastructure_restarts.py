@@ -36,9 +36,7 @@ if TYPE_CHECKING:  # the conftest is pytest's to import; tests only name its typ
     from tests.chaos.conftest import BeatProcess, ChaosCluster, ChaosServices, WorkerProcess
 
 SETTLE_S = 60.0
-RESULT_COMMIT_FAILED = (
-    "cannot commit its result yet"  # threads_celery.runtime.machine, riding out an outage
-)
+RESULT_COMMIT_FAILED = "cannot commit its result yet"  # threads_celery.runtime.machine, riding out an outage
 PUBLISH_FAILED = "left for the reconcile backbone"  # threads_celery.transitions.publishing.Publisher's warning
 
 # Every class of effect, plus a reply with two calls. Without kills, nothing needs a rerun.
@@ -88,16 +86,12 @@ def start_mix(cluster: ChaosCluster, seconds: float) -> list[tuple[Any, str]]:
     started = []
     for effect_class in MIX:
         ref = uuid.uuid4().hex[:12]
-        handle = cluster.threads.start(
-            chaos_agents.AGENTS[effect_class], chaos_agents.message(ref, seconds=seconds)
-        )
+        handle = cluster.threads.start(chaos_agents.AGENTS[effect_class], chaos_agents.message(ref, seconds=seconds))
         started.append((handle, ref))
     ref = uuid.uuid4().hex[:12]
     started.append(
         (
-            cluster.threads.start(
-                chaos_agents.mixed_agent, chaos_agents.message(ref, seconds=seconds)
-            ),
+            cluster.threads.start(chaos_agents.mixed_agent, chaos_agents.message(ref, seconds=seconds)),
             ref,
         )
     )
@@ -106,12 +100,7 @@ def start_mix(cluster: ChaosCluster, seconds: float) -> list[tuple[Any, str]]:
 
 def calls_of(cluster: ChaosCluster, thread_id: str) -> list[Any]:
     """The tool calls the model asked for in a thread (with their effect keys)."""
-    return [
-        c
-        for m in cluster.threads.messages(thread_id)
-        if m.role == "assistant"
-        for c in m.tool_calls
-    ]
+    return [c for m in cluster.threads.messages(thread_id) if m.role == "assistant" for c in m.tool_calls]
 
 
 def assert_completed_exactly_once(cluster: ChaosCluster, started: list[tuple[Any, str]]) -> None:
@@ -129,14 +118,10 @@ def assert_completed_exactly_once(cluster: ChaosCluster, started: list[tuple[Any
             if effect_class == "read_only":
                 assert counts[c.effect_key] >= 1
             else:
-                assert counts[c.effect_key] == 1, (
-                    f"{c.name} ({c.effect_key}) ran {counts[c.effect_key]} times"
-                )
+                assert counts[c.effect_key] == 1, f"{c.name} ({c.effect_key}) ran {counts[c.effect_key]} times"
 
 
-def wait_for_running_tools(
-    cluster: ChaosCluster, started: list[tuple[Any, str]], count: int
-) -> None:
+def wait_for_running_tools(cluster: ChaosCluster, started: list[tuple[Any, str]], count: int) -> None:
     """Wait until ``count`` calls of these runs have started (every pool process is busy)."""
     refs = {ref for _, ref in started}
 
@@ -153,9 +138,7 @@ def queue_length(cluster: ChaosCluster) -> int:
 # -- 5. Redis restarted mid-run ------------------------------------------------------------------
 
 
-def test_redis_restart_mid_run_loses_nothing(
-    cluster: ChaosCluster, workers: Any, beat: BeatProcess
-) -> None:
+def test_redis_restart_mid_run_loses_nothing(cluster: ChaosCluster, workers: Any, beat: BeatProcess) -> None:
     running = workers(2)
     redis_server = services(cluster).redis
     before = cluster.backbone_totals()
@@ -185,9 +168,7 @@ def test_redis_restart_mid_run_loses_nothing(
 # -- 6. PostgreSQL restarted mid-run -------------------------------------------------------------
 
 
-def test_postgres_restart_mid_run_loses_nothing(
-    cluster: ChaosCluster, workers: Any, beat: BeatProcess
-) -> None:
+def test_postgres_restart_mid_run_loses_nothing(cluster: ChaosCluster, workers: Any, beat: BeatProcess) -> None:
     # Leases longer than the restart, so a worker that keeps working through it keeps its calls:
     # the point here is reconnecting, not lease expiry (that is what the kill tests are for).
     running = workers(2, THREADS_TOOL_LEASE_S="8", THREADS_STEP_LEASE_S="8")
@@ -247,14 +228,9 @@ def _two_beats_scenario(
     runs: dict[str, tuple[Any, str, str]] = {}
     for effect_class in AFTER_WHOLE_KILL:
         ref = uuid.uuid4().hex[:12]
-        handle = cluster.threads.start(
-            chaos_agents.AGENTS[effect_class], chaos_agents.message(ref, seconds=4.0)
-        )
+        handle = cluster.threads.start(chaos_agents.AGENTS[effect_class], chaos_agents.message(ref, seconds=4.0))
         runs[effect_class] = (handle, effect_key_for(handle.run_id, 0, 0), ref)
-    lines = {
-        cls: cluster.ledger.wait_for_line("effect", key, timeout=SETTLE_S)
-        for cls, (_, key, _) in runs.items()
-    }
+    lines = {cls: cluster.ledger.wait_for_line("effect", key, timeout=SETTLE_S) for cls, (_, key, _) in runs.items()}
 
     victim = cluster.worker_running(lines["unguarded"].pid, [first, second])
     victim_pids = set(victim.child_pids())
@@ -265,24 +241,14 @@ def _two_beats_scenario(
         run = cluster.wait_settled(handle.run_id, SETTLE_S)
         held_by_victim = lines[effect_class].pid in victim_pids
         status, count = AFTER_WHOLE_KILL[effect_class] if held_by_victim else ("completed", 1)
-        assert run.status == status, (
-            f"{effect_class} (on the killed worker: {held_by_victim}) is {run.status}"
-        )
-        assert cluster.ledger.effect_count(key) == count, (
-            f"{effect_class}: {cluster.ledger.effects(key)}"
-        )
+        assert run.status == status, f"{effect_class} (on the killed worker: {held_by_victim}) is {run.status}"
+        assert cluster.ledger.effect_count(key) == count, f"{effect_class}: {cluster.ledger.effects(key)}"
         results = Counter(r.call_id for r in cluster.tool_results(handle.thread_id))
-        assert all(n == 1 for n in results.values()), (
-            f"{effect_class}: duplicate tool results {results}"
-        )
+        assert all(n == 1 for n in results.values()), f"{effect_class}: duplicate tool results {results}"
         assert len(results) == (0 if status == "parked" else 1)
 
     unguarded_key = runs["unguarded"][1]
     logs = "".join(w.log_text() for w in (first, second, replacement))
-    assert len(re.findall(rf"parked at call {re.escape(unguarded_key)} ", logs)) == 1, (
-        "parked more than once"
-    )
+    assert len(re.findall(rf"parked at call {re.escape(unguarded_key)} ", logs)) == 1, "parked more than once"
     for beat in beats:
-        assert "Sending due task threads-reconcile" in beat.log_text(), (
-            f"{beat.name} never scheduled a tick"
-        )
+        assert "Sending due task threads-reconcile" in beat.log_text(), f"{beat.name} never scheduled a tick"

@@ -54,7 +54,10 @@ def _lines(ledger: Path, effect: str) -> list[str]:
 
 def _caller_of_first_call(ledger: Path, effect: str) -> int:
     lines = eventually(
-        lambda: _lines(ledger, effect), timeout=SETTLE_S, what=f"the {effect} call reaching the MCP server", interval=0.05
+        lambda: _lines(ledger, effect),
+        timeout=SETTLE_S,
+        what=f"the {effect} call reaching the MCP server",
+        interval=0.05,
     )
     found = re.search(r"caller=(\d+)", lines[0])
     assert found is not None, lines[0]

@@ -37,9 +37,7 @@ def test_a_worker_killed_mid_group_reruns_only_the_unrecorded_reads_through_beat
 ) -> None:
     cluster.start_beat()
     ref = uuid.uuid4().hex[:12]
-    handle = cluster.threads.start(
-        chaos_agents.parallel_agent, chaos_agents.message(ref, seconds=LONG)
-    )
+    handle = cluster.threads.start(chaos_agents.parallel_agent, chaos_agents.message(ref, seconds=LONG))
     keys = [effect_key_for(handle.run_id, 0, i) for i in range(chaos_agents.PARALLEL_CALLS)]
     slow = [keys[i] for i in chaos_agents.PARALLEL_SLOW]
     quick = [k for k in keys if k not in slow]
@@ -57,8 +55,7 @@ def test_a_worker_killed_mid_group_reruns_only_the_unrecorded_reads_through_beat
     assert cluster.call(quick[1]).status == "finished"
 
     victims = {
-        cluster.worker_running(line.pid, workers).name: cluster.worker_running(line.pid, workers)
-        for line in slow_lines
+        cluster.worker_running(line.pid, workers).name: cluster.worker_running(line.pid, workers) for line in slow_lines
     }
     for victim in victims.values():
         victim.kill()
@@ -70,12 +67,8 @@ def test_a_worker_killed_mid_group_reruns_only_the_unrecorded_reads_through_beat
     counts = cluster.ledger.effect_counts(keys)
     assert {k: counts[k] for k in keys} == {k: (2 if k in slow else 1) for k in keys}
     killed = {line.pid for line in slow_lines}
-    assert all(e.pid not in killed for k in slow for e in cluster.ledger.effects(k)[1:]), (
-        "reruns ran elsewhere"
-    )
+    assert all(e.pid not in killed for k in slow for e in cluster.ledger.effects(k)[1:]), "reruns ran elsewhere"
     results = cluster.tool_results(handle.thread_id)
     assert [r.content for r in results] == [f"done:fetch_quote_concurrently:{ref}"] * len(keys)
     assert [r.call_id for r in results] == [c.call_id for c in (cluster.call(k) for k in keys)]
     assert run.output == "done"
-
-

@@ -271,9 +271,7 @@ class Chaos:
 def _soak(cluster: ChaosCluster, runs: int) -> None:
     rng = random.Random(SEED)
     deadline_s = DEADLINE_S * max(1.0, runs / RUNS)  # a bigger soak gets proportionally longer
-    print(
-        f"\nchaos soak: {runs} runs, seed {SEED} (CHAOS_SOAK_SEED={SEED} replays the plan and the chaos)"
-    )
+    print(f"\nchaos soak: {runs} runs, seed {SEED} (CHAOS_SOAK_SEED={SEED} replays the plan and the chaos)")
     assert cluster.services is not None, "the soak restarts the private Redis and PostgreSQL"
     # Workers and Beat boot while every run is started at once: a backlog from the first second.
     workers = [cluster.start_worker(wait=False) for _ in range(2)]
@@ -287,9 +285,7 @@ def _soak(cluster: ChaosCluster, runs: int) -> None:
         sleep_first = kind.startswith("reconcilable") and rng.random() < 0.5
         handle = cluster.threads.start(
             agents[kind],
-            chaos_agents.message(
-                ref, seconds=seconds, repeat_seconds=seconds, sleep_first=sleep_first
-            ),
+            chaos_agents.message(ref, seconds=seconds, repeat_seconds=seconds, sleep_first=sleep_first),
         )
         started[handle.run_id] = (kind, ref)
     chaos = Chaos(cluster, workers, random.Random(SEED + 1))
@@ -321,21 +317,12 @@ def _soak(cluster: ChaosCluster, runs: int) -> None:
     late = _late_writes(cluster, chaos)
     recovery = _recovery_times(cluster, chaos)
     print(_table(report, chaos, late, recovery, elapsed))
-    assert not pending, (
-        f"{len(pending)} runs unsettled after {deadline_s:g} s:\n"
-        + _describe_stuck(cluster, pending)
-    )
+    assert not pending, f"{len(pending)} runs unsettled after {deadline_s:g} s:\n" + _describe_stuck(cluster, pending)
     assert not report["problems"], "\n".join(report["problems"][:40])
-    assert chaos.whole_kills >= 1 and chaos.child_kills >= 1, (
-        "the soak must kill whole workers and pool processes"
-    )
-    assert chaos.redis_restarts == 1 and chaos.postgres_restarts == 1, (
-        "Redis and PostgreSQL restart mid-soak"
-    )
+    assert chaos.whole_kills >= 1 and chaos.child_kills >= 1, "the soak must kill whole workers and pool processes"
+    assert chaos.redis_restarts == 1 and chaos.postgres_restarts == 1, "Redis and PostgreSQL restart mid-soak"
     assert chaos.freezes, "a worker must be frozen while it holds calls"
-    assert chaos.peak_queued >= 100, (
-        f"hundreds of messages should wait in Redis (peak {chaos.peak_queued})"
-    )
+    assert chaos.peak_queued >= 100, f"hundreds of messages should wait in Redis (peak {chaos.peak_queued})"
     if runs > RUNS:
         # The large soak freezes (up to MAX_FREEZES times) until a late write meets the fence.
         # The CI-sized one settles in about 30 s and its freeze does not always catch a call in
@@ -349,9 +336,7 @@ def test_soak_backlog_under_kills_freezes_and_restarts(cluster: ChaosCluster) ->
     _soak(cluster, RUNS)
 
 
-@pytest.mark.skipif(
-    not os.environ.get("CHAOS_SOAK_LARGE"), reason="the large soak runs with CHAOS_SOAK_LARGE=1"
-)
+@pytest.mark.skipif(not os.environ.get("CHAOS_SOAK_LARGE"), reason="the large soak runs with CHAOS_SOAK_LARGE=1")
 def test_large_soak_backlog_under_kills_freezes_and_restarts(cluster: ChaosCluster) -> None:
     _soak(cluster, LARGE_RUNS)
 
@@ -410,9 +395,7 @@ def _recovery_times(cluster: ChaosCluster, chaos: Chaos) -> list[float]:
     redispatched: dict[str, list[float]] = {}
     for worker in cluster.workers():
         for stamp, owner in REDISPATCHED_AT.findall(worker.log_text()):
-            at = (
-                time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:]) / 1000
-            )
+            at = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:]) / 1000
             redispatched.setdefault(owner, []).append(at)
     times = []
     for killed_at, owners in chaos.whole_kill_log:
@@ -427,15 +410,11 @@ def _describe_stuck(cluster: ChaosCluster, run_ids: set[str], limit: int = 10) -
     with cluster.threads.store.engine.connect() as conn:
         for run_id in sorted(run_ids)[:limit]:
             run = conn.execute(
-                text(
-                    "select status, step, fence, lease_owner, lease_expires_at from runs where id = :id"
-                ),
+                text("select status, step, fence, lease_owner, lease_expires_at from runs where id = :id"),
                 {"id": run_id},
             ).one()
             calls = conn.execute(
-                text(
-                    "select effect_key, tool, status, attempt, lease_expires_at from tool_calls where run_id = :id"
-                ),
+                text("select effect_key, tool, status, attempt, lease_expires_at from tool_calls where run_id = :id"),
                 {"id": run_id},
             ).all()
             outbox = conn.execute(
@@ -456,17 +435,13 @@ def _statuses(cluster: ChaosCluster, run_ids: set[str]) -> dict[str, str]:
         return {}
     try:
         with cluster.threads.store.engine.connect() as conn:
-            rows = conn.execute(
-                text("select id, status from runs where id = any(:ids)"), {"ids": list(run_ids)}
-            )
+            rows = conn.execute(text("select id, status from runs where id = any(:ids)"), {"ids": list(run_ids)})
             return {row.id: row.status for row in rows}
     except DBAPIError:
         return {}
 
 
-def _check(
-    cluster: ChaosCluster, started: dict[str, tuple[str, str]], final: dict[str, str]
-) -> dict[str, Any]:
+def _check(cluster: ChaosCluster, started: dict[str, tuple[str, str]], final: dict[str, str]) -> dict[str, Any]:
     problems: list[str] = []
     engine = cluster.threads.store.engine
     with engine.connect() as conn:
@@ -522,17 +497,13 @@ def _check(
         if cls in AT_MOST_ONCE and n and any(st.at > effects[key][0].at for st in starts[key]):
             problems.append(f"{cls} call {key} was executed again after its effect happened")
         if by_ref[(call["tool"], ref)] - {key}:
-            problems.append(
-                f"{call['tool']} for ref {ref} ran under another key: {by_ref[(call['tool'], ref)]}"
-            )
+            problems.append(f"{call['tool']} for ref {ref} ran under another key: {by_ref[(call['tool'], ref)]}")
         if cls == "idempotent" and n > 1:
             window_s = chaos_agents.TOOLS[cls].dedup_window_ms / 1000
             first = call["first_started_at"].timestamp()
             late = [e for e in effects[key] if e.at - first >= window_s]
             if late:
-                problems.append(
-                    f"idempotent call {key} repeated outside its {window_s:g} s window: {late}"
-                )
+                problems.append(f"idempotent call {key} repeated outside its {window_s:g} s window: {late}")
         status, result = call["status"], call["result"] or ""
         if status == "parked":
             parks[cls] += 1
@@ -541,9 +512,7 @@ def _check(
             if not call["park_reason"]:
                 problems.append(f"call {key} parked without a reason")
             if cls == "reconcilable_nonfinal" and n:
-                problems.append(
-                    f"nonfinal call {key} parked although its lookup could find its effect"
-                )
+                problems.append(f"nonfinal call {key} parked although its lookup could find its effect")
         elif status == "completed":
             if result.startswith("found:"):
                 found[cls] += 1
@@ -551,9 +520,7 @@ def _check(
                     problems.append(f"call {key} recorded {result!r} by lookup with {n} effects")
             elif result.startswith("done:"):
                 if n < 1:
-                    problems.append(
-                        f"call {key} completed as {result!r} but its effect never happened"
-                    )
+                    problems.append(f"call {key} completed as {result!r} but its effect never happened")
             else:
                 problems.append(f"call {key} completed with an unexpected result {result!r}")
         elif final.get(call["run_id"]) == "completed":
@@ -611,10 +578,7 @@ def _table(
         ("whole-worker kill to re-dispatch of its runs", recovered),
         *[(f"reruns (effect > 1): {c}", report["reruns"][c]) for c in classes],
         *[(f"parks: {c}", report["parks"][c]) for c in classes],
-        *[
-            (f"settled by lookup: {c}", report["found"][c])
-            for c in ("reconcilable", "reconcilable_nonfinal")
-        ],
+        *[(f"settled by lookup: {c}", report["found"][c]) for c in ("reconcilable", "reconcilable_nonfinal")],
         ("duplicate unguarded effects (must be 0)", report["unguarded_duplicates"]),
         ("elapsed", f"{elapsed:.1f} s"),
     ]

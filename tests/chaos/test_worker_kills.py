@@ -53,9 +53,7 @@ def beat(cluster: ChaosCluster) -> BeatProcess:
 
 
 @pytest.fixture(autouse=True)
-def healthy_workers(
-    cluster: ChaosCluster, workers: list[WorkerProcess], beat: BeatProcess
-) -> list[WorkerProcess]:
+def healthy_workers(cluster: ChaosCluster, workers: list[WorkerProcess], beat: BeatProcess) -> list[WorkerProcess]:
     """Each test begins with two live, running workers (replacing any a previous test killed)
     and Beat ticking."""
     assert beat.alive(), f"Beat died:\n{beat.log_tail()}"
@@ -97,9 +95,7 @@ def only_tool_result(cluster: ChaosCluster, thread_id: str) -> Any:
     return results[0]
 
 
-def kill_child_running(
-    cluster: ChaosCluster, workers: list[WorkerProcess], key: str, *, kind: str = "effect"
-) -> int:
+def kill_child_running(cluster: ChaosCluster, workers: list[WorkerProcess], key: str, *, kind: str = "effect") -> int:
     """Wait for the call's ledger line, then SIGKILL the pool process that wrote it."""
     line = cluster.ledger.wait_for_line(kind, key, timeout=SETTLE_S)
     cluster.worker_running(line.pid, workers).kill_child(line.pid)
@@ -124,9 +120,7 @@ def frozen_until_settled(
 # -- 1. the pool process is SIGKILLed mid-call -------------------------------------------------
 
 
-def test_child_kill_read_only_runs_again(
-    cluster: ChaosCluster, healthy_workers: list[WorkerProcess]
-) -> None:
+def test_child_kill_read_only_runs_again(cluster: ChaosCluster, healthy_workers: list[WorkerProcess]) -> None:
     handle, key, ref = start(cluster, "read_only")
     killed = kill_child_running(cluster, healthy_workers, key)
 
@@ -148,9 +142,7 @@ def test_child_kill_idempotent_runs_again_with_the_same_key(
     cluster.wait_status(handle.run_id, "completed", SETTLE_S)
 
     effects = effects_of_ref(cluster, ref)
-    assert [e.effect_key for e in effects] == [key, key], (
-        "the resend must carry the first attempt's key"
-    )
+    assert [e.effect_key for e in effects] == [key, key], "the resend must carry the first attempt's key"
     assert effects[1].pid != killed
     assert [e.attempt for e in effects] == [1, 2]
     call = cluster.call(key)
@@ -166,9 +158,7 @@ def test_child_kill_idempotent_outside_its_window_parks(
 
     cluster.wait_status(handle.run_id, "parked", SETTLE_S)
 
-    assert len(effects_of_ref(cluster, ref)) == 1, (
-        "a resend outside the dedup window must not happen"
-    )
+    assert len(effects_of_ref(cluster, ref)) == 1, "a resend outside the dedup window must not happen"
     call = cluster.call(key)
     assert call.status == "parked"
     assert "dedup window of 1 ms has passed" in (call.park_reason or "")
@@ -186,9 +176,7 @@ def test_child_kill_reconcilable_found_records_the_result_without_running_again(
     cluster.wait_status(handle.run_id, "completed", SETTLE_S)
 
     assert len(effects_of_ref(cluster, ref)) == 1
-    assert len(cluster.ledger.starts(key)) == 1, (
-        "the lookup settled it: the tool must not run again"
-    )
+    assert len(cluster.ledger.starts(key)) == 1, "the lookup settled it: the tool must not run again"
     assert only_tool_result(cluster, handle.thread_id).content == f"found:{key}"
     assert cluster.call(key).attempt == 1
 
@@ -202,9 +190,7 @@ def test_child_kill_reconcilable_before_its_effect_runs_again(
 
     cluster.wait_status(handle.run_id, "completed", SETTLE_S)
 
-    assert len(cluster.ledger.starts(key)) == 2, (
-        "a final not-found proves it never happened: run it again"
-    )
+    assert len(cluster.ledger.starts(key)) == 2, "a final not-found proves it never happened: run it again"
     effects = effects_of_ref(cluster, ref)
     assert [e.effect_key for e in effects] == [key] and effects[0].attempt == 2
     assert only_tool_result(cluster, handle.thread_id).content == f"done:charge_checked:{ref}"
@@ -254,9 +240,7 @@ def test_child_kill_unguarded_parks_then_assume_not_done_runs_it_again(
     cluster.wait_status(handle.run_id, "completed", SETTLE_S)
 
     effects = effects_of_ref(cluster, ref)
-    assert [e.effect_key for e in effects] == [key, key], (
-        "a person accepted the duplicate: it ran twice"
-    )
+    assert [e.effect_key for e in effects] == [key, key], "a person accepted the duplicate: it ran twice"
     assert only_tool_result(cluster, handle.thread_id).content == f"done:send_email:{ref}"
     assert cluster.call(key).resolution == "assume_not_done"
 
@@ -295,13 +279,9 @@ def test_whole_worker_kill_recovers_through_the_backbone(
         assert cluster.tool_results(handle.thread_id) == []
         assert "unguarded tool interrupted mid-call" in (cluster.call(key).park_reason or "")
     else:
-        assert only_tool_result(cluster, handle.thread_id).content == content.format(
-            ref=ref, key=key
-        )
+        assert only_tool_result(cluster, handle.thread_id).content == content.format(ref=ref, key=key)
     # Beat's ticks moved it: a run lease expired (claimed calls) or an outbox row was due (read_only).
-    moved = (after["expired_runs"] - before["expired_runs"]) + (
-        after["republished"] - before["republished"]
-    )
+    moved = (after["expired_runs"] - before["expired_runs"]) + (after["republished"] - before["republished"])
     assert moved >= 1, (before, after)
 
 
@@ -336,9 +316,7 @@ def test_crash_between_commit_and_publish_is_recovered_by_the_outbox(
     before = cluster.backbone_totals()
     cluster.wait_status(run_id, "completed", SETTLE_S)
 
-    assert cluster.backbone_totals()["republished"] > before["republished"], (
-        "Beat's tick republished the row"
-    )
+    assert cluster.backbone_totals()["republished"] > before["republished"], "Beat's tick republished the row"
     assert len(effects_of_ref(cluster, ref)) == 1, "the unguarded effect must happen exactly once"
     assert only_tool_result(cluster, handle.thread_id).content == f"done:send_email:{ref}"
     assert lost not in cluster.outbox_keys()
@@ -385,9 +363,7 @@ def test_frozen_worker_is_fenced_off_when_it_resumes(
         assert results == [], "the frozen worker's late result must not be recorded"
         cluster.threads.resolve(key, "assume_done", principal=PRINCIPAL)
         cluster.wait_status(handle.run_id, "completed", SETTLE_S)
-        assert [r.content for r in cluster.tool_results(handle.thread_id)] == [
-            f"assumed done by {PRINCIPAL}"
-        ]
+        assert [r.content for r in cluster.tool_results(handle.thread_id)] == [f"assumed done by {PRINCIPAL}"]
     else:
         assert [r.content for r in results] == [content.format(ref=ref, key=key)]
 

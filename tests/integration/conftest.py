@@ -75,7 +75,11 @@ def worker(
 ) -> Iterator[WorkerProcess]:
     """A real prefork worker (2 processes) running the test agents; stopped at module end."""
     env = subprocess_env(
-        {"THREADS_DATABASE_URL": migrated_pg_url, "THREADS_BROKER_URL": integration_redis_url, "THREADS_AGENTS": worker_agents}
+        {
+            "THREADS_DATABASE_URL": migrated_pg_url,
+            "THREADS_BROKER_URL": integration_redis_url,
+            "THREADS_AGENTS": worker_agents,
+        }
     )
     process = WorkerProcess("w1", env=env, log_path=tmp_path_factory.mktemp("worker") / "w1.log", concurrency=2)
     process.start()

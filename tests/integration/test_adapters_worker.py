@@ -69,9 +69,7 @@ def test_an_adapted_agent_runs_on_the_worker_with_its_deps_and_output_type(clien
     run = client.wait(handle.run_id, WAIT_S)
     assert run.status == "completed", run.error
     assert isinstance(durable_weather.parse_output(run.output), Forecast)
-    results = [
-        m.tool_result for m in client.messages(handle.thread_id) if m.tool_result is not None
-    ]
+    results = [m.tool_result for m in client.messages(handle.thread_id) if m.tool_result is not None]
     assert (results[0].name, results[0].content) == (
         "temperature",
         "21",
@@ -98,9 +96,7 @@ def test_deps_that_cannot_be_built_on_the_worker_fail_the_run_at_its_first_step(
     assert [m.role for m in client.messages(handle.thread_id)] == ["user"]
 
 
-def test_mcp_calls_run_on_the_worker_each_with_its_effect_key_and_permission_check(
-    client: Any, ledger: Path
-) -> None:
+def test_mcp_calls_run_on_the_worker_each_with_its_effect_key_and_permission_check(client: Any, ledger: Path) -> None:
     handle = client.start("mcp_worker_notes", "Tell Gus about Oslo")
     run = client.wait(handle.run_id, WAIT_S)
     assert run.status == "awaiting_approval", run.error
@@ -110,18 +106,14 @@ def test_mcp_calls_run_on_the_worker_each_with_its_effect_key_and_permission_che
     client.approve(pending.effect_key, principal="tester")
     run = client.wait(handle.run_id, WAIT_S)
     assert run.status == "completed", run.error
-    results = [
-        m.tool_result for m in client.messages(handle.thread_id) if m.tool_result is not None
-    ]
+    results = [m.tool_result for m in client.messages(handle.thread_id) if m.tool_result is not None]
     assert [r.content for r in results] == ["Oslo: 2100000 people", "sent to gus"]
     keys = [c.effect_key for m in client.messages(handle.thread_id) for c in m.tool_calls]
     assert len(set(keys)) == 2 and pending.effect_key in keys
     assert ledger_lines(ledger).count("send_note gus: from a worker") == 1
 
 
-def test_an_mcp_server_dying_mid_call_parks_the_unguarded_call_on_the_worker(
-    client: Any, ledger: Path
-) -> None:
+def test_an_mcp_server_dying_mid_call_parks_the_unguarded_call_on_the_worker(client: Any, ledger: Path) -> None:
     handle = client.start("mcp_worker_dies", "Message Hal")
     run = client.wait(handle.run_id, WAIT_S)
     assert run.status == "parked"

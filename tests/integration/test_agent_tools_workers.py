@@ -75,7 +75,9 @@ def race(*calls: Any) -> list[Any]:
     return results
 
 
-def test_two_concurrent_deliveries_of_one_finish_fire_on_finish_and_the_global_hook_once(ledger_threads: Threads) -> None:
+def test_two_concurrent_deliveries_of_one_finish_fire_on_finish_and_the_global_hook_once(
+    ledger_threads: Threads,
+) -> None:
     client = ledger_threads
     parent = RecordingParent(unique("pg_parent"))
     parent_thread = client.start(parent, "hello").thread_id  # nobody runs it: the thread just exists
@@ -134,7 +136,9 @@ def worker_broker_url(redis_url: str) -> str:
 
 
 @pytest.fixture
-def start_worker(migrated_pg_url: str, worker_broker_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+def start_worker(
+    migrated_pg_url: str, worker_broker_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Any]:
     started: list[WorkerProcess] = []
     env = subprocess_env(
         {
@@ -199,7 +203,11 @@ def test_a_parent_collects_its_childs_real_result_after_a_worker_is_killed_mid_c
     def follow() -> None:
         for event in client.events(handle.thread_id, follow=True, timeout=WAIT_S * 2):
             live.append(event)
-            if event.type == "run" and event.payload.get("run_id") == handle.run_id and event.payload.get("status") == "completed":
+            if (
+                event.type == "run"
+                and event.payload.get("run_id") == handle.run_id
+                and event.payload.get("status") == "completed"
+            ):
                 break
         finished.set()
 
@@ -235,7 +243,9 @@ def test_a_parent_collects_its_childs_real_result_after_a_worker_is_killed_mid_c
     assert (row.status, row.summary, row.delivered, row.reason) == ("completed", child_summary, ("completed",), None)
     child_messages = client.messages(row.child_thread_id)
     assert [m.tool_result.name for m in child_messages if m.tool_result] == ["write_files", "wait_for_gate"]
-    child_runs = [r for r in client.runs(limit=1000) if r.agent == "at_writer_child" and r.thread_id == row.child_thread_id]
+    child_runs = [
+        r for r in client.runs(limit=1000) if r.agent == "at_writer_child" and r.thread_id == row.child_thread_id
+    ]
     assert [r.status for r in child_runs] == ["completed"]
 
     # The live read and a replay after a cursor give the same events, in the same order.

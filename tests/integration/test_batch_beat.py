@@ -80,9 +80,7 @@ def batch_redis_url(redis_url: str) -> str:
 
 
 @pytest.fixture
-def services(
-    migrated_pg_url: str, batch_redis_url: str, tmp_path: Path
-) -> Iterator[Callable[..., ManagedProcess]]:
+def services(migrated_pg_url: str, batch_redis_url: str, tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
     """``start(kind, name, cwd=None)`` starts ``celery -A tasks <kind>``; all are stopped after the test."""
     modules = tmp_path / "modules"
     modules.mkdir()
@@ -105,7 +103,9 @@ def services(
         if kind == "worker":
             process = WorkerProcess(name, env=env, log_path=log_path, concurrency=2, cwd=workdir)
         else:
-            process = BeatProcess(name, env=env, log_path=log_path, schedule_path=workdir / "beat-schedule", cwd=workdir)
+            process = BeatProcess(
+                name, env=env, log_path=log_path, schedule_path=workdir / "beat-schedule", cwd=workdir
+            )
         process.start()
         started.append(process)
         return process

@@ -44,9 +44,7 @@ BACKLOG = 10_000
 INTERVAL_S = 0.5
 TICKS_TO_SEE = 4
 PILE = 6
-TICK_OUTCOME = re.compile(
-    r"threads\.reconcile\[[^\]]+\] succeeded in [\d.e-]+s: '(\{|covered by a later tick)"
-)
+TICK_OUTCOME = re.compile(r"threads\.reconcile\[[^\]]+\] succeeded in [\d.e-]+s: '(\{|covered by a later tick)")
 TEST_AGENTS = "tests.integration.agents_for_tests"
 
 pytestmark = pytest.mark.integration
@@ -92,9 +90,7 @@ def queue_backlog(broker_url: str, count: int) -> None:
 
 
 def ticks_run(worker: WorkerProcess) -> int:
-    return len(
-        re.findall(r"threads\.reconcile\[[^\]]+\] succeeded in [\d.e-]+s: '\{", worker.log_text())
-    )
+    return len(re.findall(r"threads\.reconcile\[[^\]]+\] succeeded in [\d.e-]+s: '\{", worker.log_text()))
 
 
 def test_ticks_keep_beats_pace_behind_ten_thousand_queued_tasks(
@@ -106,9 +102,7 @@ def test_ticks_keep_beats_pace_behind_ten_thousand_queued_tasks(
 ) -> None:
     # A lost outbox row (its publish never happened): only a tick republishes it.
     store = open_store(migrated_pg_url)
-    lost = OutboxEntry(
-        key="step:run_lost:0", task=STEP_TASK, args=("run_lost", 0), argsrepr="(lost)"
-    )
+    lost = OutboxEntry(key="step:run_lost:0", task=STEP_TASK, args=("run_lost", 0), argsrepr="(lost)")
     with store.transaction() as tx:
         tx.insert_outbox(lost, utcnow() - timedelta(hours=1))
 
@@ -116,9 +110,7 @@ def test_ticks_keep_beats_pace_behind_ten_thousand_queued_tasks(
     assert queued_messages(integration_redis_url, WORK_QUEUE) == BACKLOG
 
     worker = WorkerProcess("backlog", env=env, log_path=tmp_path / "worker.log", concurrency=2)
-    beat = BeatProcess(
-        "beat", env=env, log_path=tmp_path / "beat.log", schedule_path=tmp_path / "beat-schedule"
-    )
+    beat = BeatProcess("beat", env=env, log_path=tmp_path / "beat.log", schedule_path=tmp_path / "beat-schedule")
     try:
         worker.start()
         worker.wait_ready()
@@ -126,9 +118,7 @@ def test_ticks_keep_beats_pace_behind_ten_thousand_queued_tasks(
 
         def republished() -> bool:
             with store.read() as tx:
-                count = tx.conn.execute(
-                    select(outbox.c.publish_count).where(outbox.c.key == lost.key)
-                ).scalar()
+                count = tx.conn.execute(select(outbox.c.publish_count).where(outbox.c.key == lost.key)).scalar()
             return bool(count)
 
         eventually(
@@ -137,20 +127,14 @@ def test_ticks_keep_beats_pace_behind_ten_thousand_queued_tasks(
             what="the lost outbox row republished by a tick",
             detail=worker.log_tail,
         )
-        eventually(
-            lambda: ticks_run(worker) >= TICKS_TO_SEE, timeout=60, what=f"{TICKS_TO_SEE} ticks run"
-        )
+        eventually(lambda: ticks_run(worker) >= TICKS_TO_SEE, timeout=60, what=f"{TICKS_TO_SEE} ticks run")
         # Read Beat's count first: a tick it sends after this read cannot inflate ``ran``.
         sent = beat.ticks_sent()
         ran = ticks_run(worker)
         remaining = queued_messages(integration_redis_url, WORK_QUEUE)
         print(f"\nticks sent {sent}, run {ran}, work still queued {remaining} of {BACKLOG}")
-        assert remaining >= BACKLOG // 2, (
-            f"the backlog drained first ({remaining} left): the ticks waited behind it"
-        )
-        assert ran >= sent - 1, (
-            f"Beat sent {sent} ticks, only {ran} ran: ticks wait behind the work"
-        )
+        assert remaining >= BACKLOG // 2, f"the backlog drained first ({remaining} left): the ticks waited behind it"
+        assert ran >= sent - 1, f"Beat sent {sent} ticks, only {ran} ran: ticks wait behind the work"
         log = worker.log_text()
         assert "covered by a later tick" not in log  # on time, so none was skipped
         assert "Discarding revoked task: threads.reconcile" not in log  # and none expired
@@ -175,9 +159,7 @@ def test_a_pile_of_late_ticks_costs_one_real_tick_per_worker_process(
         worker.start()
         worker.wait_ready()
         outcomes = eventually(
-            lambda: (
-                (found := TICK_OUTCOME.findall(worker.log_text())) and len(found) == PILE and found
-            ),
+            lambda: (found := TICK_OUTCOME.findall(worker.log_text())) and len(found) == PILE and found,
             timeout=60,
             what=f"all {PILE} ticks handled",
             detail=worker.log_tail,

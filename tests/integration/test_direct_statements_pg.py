@@ -53,15 +53,23 @@ def _start(store: Store, agent: Agent, message: str) -> tuple[Runtime, Run, list
     now = run_ledger.utcnow()
     with store.transaction() as tx:
         tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), now)
-        run, entries = run_ledger.submit_run(tx, agent=agent.name, config_hash=agent.config_hash(), message=message, now=now)
+        run, entries = run_ledger.submit_run(
+            tx, agent=agent.name, config_hash=agent.config_hash(), message=message, now=now
+        )
     queue.extend(entries)
     return runtime, run, queue
 
 
 def _reply_of_three(store: Store) -> tuple[str, list[str]]:
     """A run whose model reply asked for three calls: (run id, their effect keys in order)."""
-    noop = tool(name="noop", description="x", input=In, effect="idempotent", dedup_window_ms=60_000,
-                execute=lambda inp, ctx: "ok")
+    noop = tool(
+        name="noop",
+        description="x",
+        input=In,
+        effect="idempotent",
+        dedup_window_ms=60_000,
+        execute=lambda inp, ctx: "ok",
+    )
     agent = Agent(name="direct", instructions="x", tools=[noop], permissions=Permissions.allow_all(),
                   model=ScriptedModel([calls(*[("noop", {"n": n}) for n in range(3)]), say("done")]))  # fmt: skip
     runtime, run, entries = _start(store, agent, "go")
@@ -116,7 +124,10 @@ def test_a_claim_and_a_commit_are_fenced_and_write_storable_text(store: Store) -
     call, run = store.call_and_run(keys[0])  # type: ignore[misc]
     now = datetime.now(UTC)
     until = now + timedelta(seconds=30)
-    assert store.claim_call_and_run(run_id, call.effect_key, fence=run.fence + 7, owner="w", lease_until=until, now=now) is None
+    assert (
+        store.claim_call_and_run(run_id, call.effect_key, fence=run.fence + 7, owner="w", lease_until=until, now=now)
+        is None
+    )
     claimed = store.claim_call_and_run(run_id, call.effect_key, fence=run.fence, owner="w", lease_until=until, now=now)
     assert claimed == run.fence + 1
     with store.read() as tx:
@@ -133,7 +144,9 @@ def test_a_claim_and_a_commit_are_fenced_and_write_storable_text(store: Store) -
     moved = store.commit_call_result(fence=claimed, content="a\x00b\ud800c", **common)
     assert moved == claimed + 1
     with store.read() as tx:
-        result = tx.conn.execute(select(tool_calls.c.result).where(tool_calls.c.effect_key == call.effect_key)).scalar_one()
+        result = tx.conn.execute(
+            select(tool_calls.c.result).where(tool_calls.c.effect_key == call.effect_key)
+        ).scalar_one()
         texts = tx.conn.execute(select(messages.c.text).where(messages.c.role == "tool")).scalars().all()
         payloads = [p for p in tx.conn.execute(select(events.c.payload)).scalars() if p.get("role") == "tool"]
         queued = tx.conn.execute(select(outbox.c.key, outbox.c.task)).all()
@@ -192,7 +205,9 @@ def test_threads_each_take_a_connection_of_their_own(store: Store) -> None:
 
     def work() -> None:
         # Two statements per thread, one of them while all four threads hold a connection.
-        pids.append(direct.scalar(text("SELECT pg_backend_pid() FROM pg_sleep(0) WHERE :go"), {"go": bool(inside.wait() + 1)}))
+        pids.append(
+            direct.scalar(text("SELECT pg_backend_pid() FROM pg_sleep(0) WHERE :go"), {"go": bool(inside.wait() + 1)})
+        )
 
     threads = [threading.Thread(target=work) for _ in range(4)]
     for t in threads:
@@ -296,7 +311,10 @@ def test_a_step_claim_takes_the_lease_consumes_the_step_and_says_running_once(ei
         released = tx.advance_run(run_id, fence=fence, now=now, lease_owner=None, lease_expires_at=None)
     again = store.run(run_id)
     assert again is not None and again.fence == released
-    assert store.claim_step(again, "step:other", owner="w1", lease_until=now + timedelta(seconds=30), now=now) == released + 1  # type: ignore[operator]
+    assert (
+        store.claim_step(again, "step:other", owner="w1", lease_until=now + timedelta(seconds=30), now=now)
+        == released + 1
+    )  # type: ignore[operator]
     assert _outbox_and_run_events(store, run_id)[1].count({"run_id": run_id, "status": "running"}) == 1
 
 
@@ -318,7 +336,10 @@ def test_a_step_claim_on_a_moved_fence_or_a_live_lease_writes_nothing(either_sto
     assert after == current  # nothing written
     # Once w1's lease has expired, w2 takes the run over.
     later = lease + timedelta(seconds=1)
-    assert store.claim_step(current, step_key, owner="w2", lease_until=later + timedelta(seconds=30), now=later) == current.fence + 1
+    assert (
+        store.claim_step(current, step_key, owner="w2", lease_until=later + timedelta(seconds=30), now=later)
+        == current.fence + 1
+    )
     assert _outbox_and_run_events(store, run_id)[1].count({"run_id": run_id, "status": "running"}) == 1
 
 

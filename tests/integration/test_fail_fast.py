@@ -53,12 +53,8 @@ def closed_port_url() -> str:
 
 
 def start(argv: list[str], cwd: Path, **env_vars: str | None) -> subprocess.CompletedProcess[str]:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("THREADS_", "CELERY_", "OPENAI_"))
-    }
-    env.update(
-        PYTHONPATH=f"{REPO_ROOT}{os.pathsep}{cwd}", PYTHONUNBUFFERED="1", THREADS_API_TOKENS="t"
-    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("THREADS_", "CELERY_", "OPENAI_"))}
+    env.update(PYTHONPATH=f"{REPO_ROOT}{os.pathsep}{cwd}", PYTHONUNBUFFERED="1", THREADS_API_TOKENS="t")
     env.update({k: v for k, v in env_vars.items() if v is not None})
     extra = ["-s", str(cwd / "beat-schedule")] if argv[-3:-1] == ["beat", "-l"] else []
     return subprocess.run(
@@ -83,9 +79,7 @@ def assert_refused(result: subprocess.CompletedProcess[str], *fragments: str) ->
 
 
 def test_worker_without_a_database_url_refuses(agents_dir: Path, redis_url: str) -> None:
-    result = start(
-        WORKER, agents_dir, THREADS_BROKER_URL=redis_url, THREADS_AGENTS="scripted_agents"
-    )
+    result = start(WORKER, agents_dir, THREADS_BROKER_URL=redis_url, THREADS_AGENTS="scripted_agents")
     assert_refused(result, "worker cannot start", "THREADS_DATABASE_URL is not set")
 
 
@@ -98,9 +92,7 @@ def test_worker_with_an_unreachable_database_refuses(agents_dir: Path, redis_url
     assert "nothing_listens_here" in line
 
 
-def test_worker_on_an_unmigrated_database_refuses(
-    agents_dir: Path, pg_url: str, redis_url: str
-) -> None:
+def test_worker_on_an_unmigrated_database_refuses(agents_dir: Path, pg_url: str, redis_url: str) -> None:
     result = start(WORKER, agents_dir, THREADS_DATABASE_URL=pg_url, THREADS_BROKER_URL=redis_url,
                    THREADS_AGENTS="scripted_agents")  # fmt: skip
     assert_refused(result, "is at migration none", "threads-celery db upgrade")
@@ -111,22 +103,16 @@ def test_worker_whose_agent_module_fails_to_import_refuses(
 ) -> None:
     result = start(WORKER, agents_dir, THREADS_DATABASE_URL=migrated_pg_url, THREADS_BROKER_URL=redis_url,
                    THREADS_AGENTS="broken_agents")  # fmt: skip
-    assert_refused(
-        result, "cannot import agent module 'broken_agents'", "agent module exploded at import"
-    )
+    assert_refused(result, "cannot import agent module 'broken_agents'", "agent module exploded at import")
 
 
-def test_worker_whose_agent_module_is_missing_refuses(
-    agents_dir: Path, migrated_pg_url: str, redis_url: str
-) -> None:
+def test_worker_whose_agent_module_is_missing_refuses(agents_dir: Path, migrated_pg_url: str, redis_url: str) -> None:
     result = start(WORKER, agents_dir, THREADS_DATABASE_URL=migrated_pg_url, THREADS_BROKER_URL=redis_url,
                    THREADS_AGENTS="no_such_agents")  # fmt: skip
     assert_refused(result, "cannot import agent module 'no_such_agents'")
 
 
-def test_worker_without_the_model_providers_key_refuses(
-    agents_dir: Path, migrated_pg_url: str, redis_url: str
-) -> None:
+def test_worker_without_the_model_providers_key_refuses(agents_dir: Path, migrated_pg_url: str, redis_url: str) -> None:
     pytest.importorskip("openai", reason="the openai extra is part of the test extra")
     result = start(WORKER, agents_dir, THREADS_DATABASE_URL=migrated_pg_url, THREADS_BROKER_URL=redis_url,
                    THREADS_AGENTS="keyed_agents")  # fmt: skip
@@ -190,9 +176,7 @@ def test_every_service_refuses_a_missing_model_key(
 
 
 @pytest.mark.parametrize("argv", [BEAT, CLI_BEAT], ids=["beat", "cli-beat"])
-def test_beat_refuses_an_unreachable_database(
-    argv: list[str], agents_dir: Path, redis_url: str
-) -> None:
+def test_beat_refuses_an_unreachable_database(argv: list[str], agents_dir: Path, redis_url: str) -> None:
     result = start(argv, agents_dir, THREADS_DATABASE_URL=closed_port_url(), THREADS_BROKER_URL=redis_url,
                    THREADS_AGENTS="scripted_agents")  # fmt: skip
     assert_refused(result, "cannot reach the database")

@@ -38,11 +38,15 @@ DEADLINE_S = 60.0
 
 
 def service_env(database_url: str, broker_url: str) -> dict[str, str]:
-    return subprocess_env({"THREADS_DATABASE_URL": database_url, "THREADS_BROKER_URL": broker_url, "THREADS_AGENTS": TEST_AGENTS})
+    return subprocess_env(
+        {"THREADS_DATABASE_URL": database_url, "THREADS_BROKER_URL": broker_url, "THREADS_AGENTS": TEST_AGENTS}
+    )
 
 
 @pytest.fixture(scope="module")
-def worker(migrated_pg_url: str, integration_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+def worker(
+    migrated_pg_url: str, integration_redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
     """Overrides the package's worker: one with task events switched on explicitly (``-E``)."""
     process = WorkerProcess(
         "flower-w1",

@@ -64,7 +64,9 @@ def _big_result(inp: TextIn, ctx: Any) -> str:
 
 echo = tool(name="echo", description="Echo.", input=TextIn, effect="read_only", execute=_echo)
 nul_result = tool(name="nul_result", description="x", input=TextIn, effect="read_only", execute=_nul_result)
-surrogate_result = tool(name="surrogate_result", description="x", input=TextIn, effect="read_only", execute=_surrogate_result)
+surrogate_result = tool(
+    name="surrogate_result", description="x", input=TextIn, effect="read_only", execute=_surrogate_result
+)
 unprintable = tool(name="unprintable", description="x", input=TextIn, effect="read_only", execute=_raise_unprintable)
 big_result = tool(name="big_result", description="x", input=TextIn, effect="read_only", execute=_big_result)
 
@@ -235,7 +237,10 @@ def test_a_result_over_the_limit_reaches_the_model_shortened_and_is_kept_whole(t
     [shown] = seen
     head, _, note = shown.partition("\n\n[result shortened: ")
     assert len(head.encode()) <= LIMIT and head.startswith("éxxx")
-    assert note == f"it is {BIG} bytes, over the limit of {LIMIT}; only the first {len(head.encode())} bytes are shown. The whole result is kept for the user.]"
+    assert (
+        note
+        == f"it is {BIG} bytes, over the limit of {LIMIT}; only the first {len(head.encode())} bytes are shown. The whole result is kept for the user.]"
+    )
     assert tool_texts(threads, run)[1] == shown  # the thread holds what the model saw
     key = threads.messages(run.thread_id)[3].tool_calls[0].effect_key
     whole = threads.tool_result(key)
@@ -247,7 +252,9 @@ def test_a_result_over_the_limit_reaches_the_model_shortened_and_is_kept_whole(t
 # -- a task that fails the same way every time -----------------------------------------------
 
 
-def test_a_tool_task_that_always_fails_ends_the_run_after_the_bound(threads: Threads, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tool_task_that_always_fails_ends_the_run_after_the_bound(
+    threads: Threads, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tries: list[str] = []
     lock = threading.Lock()
     original = Runtime._execute

@@ -63,9 +63,7 @@ def test_a_run_completes_on_postgresql_and_redis_with_an_in_process_worker(
     assert not threads.is_embedded
     ran_on.clear()
     with start_worker(threads, reconcile_interval=None):
-        run = threads.wait(
-            threads.start("in-process-doubler", "double 21").run_id, timeout=RUN_TIMEOUT_S
-        )
+        run = threads.wait(threads.start("in-process-doubler", "double 21").run_id, timeout=RUN_TIMEOUT_S)
     assert run.status == "completed", run
     results = [m.tool_result for m in threads.messages(run.thread_id) if m.tool_result is not None]
     assert len(results) == 1 and not results[0].is_error and "42" in results[0].content

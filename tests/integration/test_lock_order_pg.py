@@ -70,7 +70,9 @@ def _three_levels(store: Store) -> dict[str, Any]:
 
 def _waiting_on_a_lock(store: Store, pid: int) -> bool:
     with store.read() as tx:
-        row = tx.conn.execute(text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).first()
+        row = tx.conn.execute(
+            text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+        ).first()
     return row is not None and row.wait_event_type == "Lock"
 
 
@@ -109,21 +111,28 @@ def test_a_child_step_commit_and_the_reconcile_tick_do_not_deadlock(store: Store
         # The middle run's step commit, as _commit_step makes it: the run, its thread ...
         moved = commit.advance_run(middle_run.id, fence=middle_run.fence, now=now, step=1)
         assert moved is not None
-        commit.insert_message(thread_id=middle_run.thread_id, run_id=middle_run.id, role="assistant", text="thinking", now=now)
+        commit.insert_message(
+            thread_id=middle_run.thread_id, run_id=middle_run.id, role="assistant", text="thinking", now=now
+        )
         # ... and, before its agent-tool row, the tick runs into it.
         store.transaction = remember_pid  # type: ignore[method-assign]
         try:
             ticker.start()
+
             def tick_waits_on_the_commit() -> bool:
                 if tick_pids and _waiting_on_a_lock(store, tick_pids[-1]):
                     return True
                 assert ticker.is_alive(), f"the tick ended without waiting on the commit: {tick_errors or tick_result}"
                 return False
 
-            eventually(tick_waits_on_the_commit, timeout=WAIT_S, interval=0.02, what="the tick reaching the commit's locks")
+            eventually(
+                tick_waits_on_the_commit, timeout=WAIT_S, interval=0.02, what="the tick reaching the commit's locks"
+            )
         finally:
             store.transaction = original_begin  # type: ignore[method-assign]
-        agent_tools.child_signal(commit, rows["middle_row"].run_id, now, chunk={"role": "assistant", "text": "thinking"})
+        agent_tools.child_signal(
+            commit, rows["middle_row"].run_id, now, chunk={"role": "assistant", "text": "thinking"}
+        )
     ticker.join(WAIT_S)
     assert not ticker.is_alive()
     assert tick_errors == []
@@ -167,18 +176,25 @@ def test_a_child_step_commit_and_cancelling_its_agent_tool_run_do_not_deadlock(s
         with store.transaction() as commit:
             moved = commit.advance_run(middle_run.id, fence=middle_run.fence, now=now, step=1)
             assert moved is not None
-            commit.insert_message(thread_id=middle_run.thread_id, run_id=middle_run.id, role="assistant", text="thinking", now=now)
+            commit.insert_message(
+                thread_id=middle_run.thread_id, run_id=middle_run.id, role="assistant", text="thinking", now=now
+            )
             client.store.transaction = remember_pid  # type: ignore[method-assign]
             canceller.start()
+
             def cancel_waits_on_the_commit() -> bool:
                 if pids and _waiting_on_a_lock(store, pids[-1]):
                     return True
                 assert canceller.is_alive(), f"the cancel ended without waiting on the commit: {errors}"
                 return False
 
-            eventually(cancel_waits_on_the_commit, timeout=WAIT_S, interval=0.02, what="the cancel reaching the commit's locks")
+            eventually(
+                cancel_waits_on_the_commit, timeout=WAIT_S, interval=0.02, what="the cancel reaching the commit's locks"
+            )
             client.store.transaction = original_begin  # type: ignore[method-assign]
-            agent_tools.child_signal(commit, rows["middle_row"].run_id, now, chunk={"role": "assistant", "text": "thinking"})
+            agent_tools.child_signal(
+                commit, rows["middle_row"].run_id, now, chunk={"role": "assistant", "text": "thinking"}
+            )
         canceller.join(WAIT_S)
         assert not canceller.is_alive() and errors == []
         with store.read() as tx:

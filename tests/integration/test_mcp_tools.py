@@ -49,9 +49,7 @@ def server(module_ledger: Path) -> MCPServer:
     return stdio_server(module_ledger, timeout_s=HANG_TIMEOUT_S)
 
 
-def agent_with(
-    server: MCPServer, *replies: object, permissions: Permissions | None = None
-) -> Agent:
+def agent_with(server: MCPServer, *replies: object, permissions: Permissions | None = None) -> Agent:
     return Agent(
         f"mcp_agent_{next(_names)}",
         "Use the tools.",
@@ -92,9 +90,7 @@ def test_an_idempotent_tool_without_a_window_is_a_config_error_naming_it() -> No
 
 def test_include_and_prefix_pick_and_name_the_tools(threads: Threads, ledger: Path) -> None:
     # The server's idempotent tools are left out, so no dedup window is needed.
-    server = stdio_server(
-        ledger, include=["lookup_city", "send_note"], prefix="town", dedup_window_ms=None
-    )
+    server = stdio_server(ledger, include=["lookup_city", "send_note"], prefix="town", dedup_window_ms=None)
     assert [t.name for t in server.tools()] == ["town_lookup_city", "town_send_note"]
     agent = agent_with(server, call("town_lookup_city", city="Metz"), say("done"))
     handle = threads.start(agent, "Metz?")
@@ -132,9 +128,7 @@ def test_the_tool_list_is_pinned_with_the_threads_configuration(
 # -- calls over stdio ---------------------------------------------------------------------------
 
 
-def test_a_read_only_mcp_tool_runs_without_asking(
-    threads: Threads, ledger: Path, server: MCPServer
-) -> None:
+def test_a_read_only_mcp_tool_runs_without_asking(threads: Threads, ledger: Path, server: MCPServer) -> None:
     agent = agent_with(server, call("lookup_city", city="Paris"), say("done"))
     handle = threads.start(agent, "How many people live in Paris?")
     run = threads.wait(handle.run_id, WAIT_S)
@@ -145,9 +139,7 @@ def test_a_read_only_mcp_tool_runs_without_asking(
     assert not result.tool_result.is_error
 
 
-def test_an_unannotated_mcp_tool_asks_first_then_runs_once(
-    threads: Threads, ledger: Path, server: MCPServer
-) -> None:
+def test_an_unannotated_mcp_tool_asks_first_then_runs_once(threads: Threads, ledger: Path, server: MCPServer) -> None:
     agent = agent_with(server, call("send_note", to="ann", text="hi"), say("sent"))
     handle = threads.start(agent, "Tell Ann hi")
     run = threads.wait(handle.run_id, WAIT_S)
@@ -162,9 +154,7 @@ def test_an_unannotated_mcp_tool_asks_first_then_runs_once(
     assert assistant[0].tool_calls[0].effect_key == pending.effect_key
 
 
-def test_the_calls_effect_key_reaches_the_server_in_meta(
-    threads: Threads, ledger: Path, server: MCPServer
-) -> None:
+def test_the_calls_effect_key_reaches_the_server_in_meta(threads: Threads, ledger: Path, server: MCPServer) -> None:
     agent = agent_with(server, call("echo_effect_key"), say("done"))
     handle = threads.start(agent, "Which key?")
     assert threads.wait(handle.run_id, WAIT_S).status == "completed"
@@ -195,15 +185,11 @@ def test_arguments_that_fail_the_servers_schema_never_reach_it(
     assert threads.wait(handle.run_id, WAIT_S).status == "completed"
     [result] = tool_results(threads, handle.thread_id)
     assert result.tool_result is not None and result.tool_result.is_error
-    assert (
-        "invalid arguments" in result.tool_result.content and "'text'" in result.tool_result.content
-    )
+    assert "invalid arguments" in result.tool_result.content and "'text'" in result.tool_result.content
     assert ledger_lines(ledger) == []
 
 
-def test_an_error_result_from_the_server_is_a_tool_error(
-    threads: Threads, ledger: Path, server: MCPServer
-) -> None:
+def test_an_error_result_from_the_server_is_a_tool_error(threads: Threads, ledger: Path, server: MCPServer) -> None:
     agent = agent_with(server, call("broken_lookup", city="Oslo"), say("no data"))
     handle = threads.start(agent, "Oslo?")
     assert threads.wait(handle.run_id, WAIT_S).status == "completed"
@@ -252,9 +238,7 @@ def test_a_non_read_only_call_whose_server_fails_mid_call_parks(
     effect_line: str,
     server: MCPServer,
 ) -> None:
-    agent = agent_with(
-        server, call(tool_name, args), say("unreachable"), permissions=Permissions.allow_all()
-    )
+    agent = agent_with(server, call(tool_name, args), say("unreachable"), permissions=Permissions.allow_all())
     handle = threads.start(agent, "Go")
     run = threads.wait(handle.run_id, WAIT_S)
     assert run.status == "parked"
@@ -327,15 +311,11 @@ def test_a_call_that_never_reached_the_server_is_a_tool_error_even_when_unguarde
     assert run.status == "completed", run.error
     [result] = tool_results(threads, handle.thread_id)
     assert result.tool_result is not None and result.tool_result.is_error
-    assert result.tool_result.content.startswith(
-        "MCPUnreachable: MCP server 'test-http' could not be reached"
-    )
+    assert result.tool_result.content.startswith("MCPUnreachable: MCP server 'test-http' could not be reached")
     assert ledger_lines(ledger) == []
 
 
-def test_an_http_server_that_dies_mid_call_parks_the_unguarded_call(
-    threads: Threads, ledger: Path
-) -> None:
+def test_an_http_server_that_dies_mid_call_parks_the_unguarded_call(threads: Threads, ledger: Path) -> None:
     with http_server_process(ledger) as url:
         server = MCPServer("test-http", url=url, dedup_window_ms=10_000, timeout_s=HANG_TIMEOUT_S)
         agent = agent_with(
@@ -352,9 +332,7 @@ def test_an_http_server_that_dies_mid_call_parks_the_unguarded_call(
     assert ledger_lines(ledger) == ["die_after_sending ivy"]
 
 
-def test_an_adapted_pydantic_ai_agent_takes_mcp_servers(
-    threads: Threads, ledger: Path, server: MCPServer
-) -> None:
+def test_an_adapted_pydantic_ai_agent_takes_mcp_servers(threads: Threads, ledger: Path, server: MCPServer) -> None:
     from pydantic_ai import Agent as PydanticAgent
     from pydantic_ai.messages import (
         ModelMessage,
@@ -368,9 +346,7 @@ def test_an_adapted_pydantic_ai_agent_takes_mcp_servers(
     from threads_celery import from_pydantic_ai
 
     def look_up_then_answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        returned = [
-            p for m in messages for p in getattr(m, "parts", ()) if isinstance(p, ToolReturnPart)
-        ]
+        returned = [p for m in messages for p in getattr(m, "parts", ()) if isinstance(p, ToolReturnPart)]
         if not returned:
             return ModelResponse(parts=[ToolCallPart("lookup_city", {"city": "Nice"})])
         return ModelResponse(parts=[TextPart(f"found: {returned[0].content}")])

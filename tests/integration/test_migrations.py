@@ -41,9 +41,7 @@ def revisions_in_order() -> list[str]:
 
 def schema_differences(engine: Engine) -> list[Any]:
     with engine.connect() as conn:
-        context = MigrationContext.configure(
-            conn, opts={"compare_type": True, "compare_server_default": True}
-        )
+        context = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
         return compare_metadata(context, metadata)
 
 

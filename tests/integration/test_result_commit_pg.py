@@ -37,17 +37,30 @@ def runtime(pg_url: str):
 
 
 def _setup(store: Store, effect: str):
-    noop = tool(name="noop", description="x", input=In, effect=effect, execute=_maybe_fail,
-                **({"dedup_window_ms": 60_000} if effect == "idempotent" else {}))
-    agent = Agent(name=f"one-{effect}", instructions="x", tools=[noop], permissions=Permissions.allow_all(),
-                  model=ScriptedModel([calls(*[("noop", {"n": n}) for n in range(4)]), say("done")]))
+    noop = tool(
+        name="noop",
+        description="x",
+        input=In,
+        effect=effect,
+        execute=_maybe_fail,
+        **({"dedup_window_ms": 60_000} if effect == "idempotent" else {}),
+    )
+    agent = Agent(
+        name=f"one-{effect}",
+        instructions="x",
+        tools=[noop],
+        permissions=Permissions.allow_all(),
+        model=ScriptedModel([calls(*[("noop", {"n": n}) for n in range(4)]), say("done")]),
+    )
     registry = AgentRegistry()
     registry.add(agent)
     published: list = []
     rt = Runtime(store, registry, publish=published.extend, settings=Settings())
     with store.transaction() as tx:
         tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), run_ledger.utcnow())
-        run, entries = run_ledger.submit_run(tx, agent=agent.name, config_hash=agent.config_hash(), message="go", now=run_ledger.utcnow())
+        run, entries = run_ledger.submit_run(
+            tx, agent=agent.name, config_hash=agent.config_hash(), message="go", now=run_ledger.utcnow()
+        )
     published.extend(entries)
     return rt, run, published
 
@@ -65,15 +78,31 @@ def test_a_run_driven_through_the_one_statement_commit_has_a_consistent_ledger(r
         rows = tx.conn.execute(select(tool_calls.c.status, tool_calls.c.result).order_by(tool_calls.c.idx)).all()
         left = tx.conn.execute(select(outbox.c.key)).all()
     assert final.status == "completed" and final.output == "done"
-    assert [(m.seq, m.role) for m in messages] == [(0, "user"), (1, "assistant"), (2, "tool"), (3, "tool"), (4, "tool"), (5, "tool"), (6, "assistant")]
+    assert [(m.seq, m.role) for m in messages] == [
+        (0, "user"),
+        (1, "assistant"),
+        (2, "tool"),
+        (3, "tool"),
+        (4, "tool"),
+        (5, "tool"),
+        (6, "assistant"),
+    ]
     assert [m.text for m in messages if m.role == "tool"] == ["n=0", "n=1", "ValueError: two is not allowed", "n=3"]
     assert [m.tool_result.is_error for m in messages if m.role == "tool"] == [False, False, True, False]
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     tool_events = [e.payload for e in events if e.type == "message" and e.payload["role"] == "tool"]
     assert [(p["seq"], p["text"], p["tool_result"]["is_error"]) for p in tool_events] == [
-        (2, "n=0", False), (3, "n=1", False), (4, "ValueError: two is not allowed", True), (5, "n=3", False)
+        (2, "n=0", False),
+        (3, "n=1", False),
+        (4, "ValueError: two is not allowed", True),
+        (5, "n=3", False),
     ]
-    assert rows == [("completed", "n=0"), ("completed", "n=1"), ("error", "ValueError: two is not allowed"), ("completed", "n=3")]
+    assert rows == [
+        ("completed", "n=0"),
+        ("completed", "n=1"),
+        ("error", "ValueError: two is not allowed"),
+        ("completed", "n=3"),
+    ]
     assert left == []
 
 
@@ -117,7 +146,9 @@ def test_a_one_statement_claim_with_a_stale_fence_writes_nothing(runtime: Store)
     [entry] = queue
     with runtime.read() as tx:
         call, current = tx.get_call_and_run(entry.args[0])
-    stale = current.__class__(**{**{f: getattr(current, f) for f in current.__dataclass_fields__}, "fence": current.fence - 1})
+    stale = current.__class__(
+        **{**{f: getattr(current, f) for f in current.__dataclass_fields__}, "fence": current.fence - 1}
+    )
     assert rt._claim_call(stale, call, run_ledger.utcnow()) is None
     with runtime.read() as tx:
         after_call, after_run = tx.get_call_and_run(entry.args[0])

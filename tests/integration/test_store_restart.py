@@ -85,7 +85,9 @@ def test_a_stopped_store_is_503_and_unavailable_never_not_found(server: OwnPostg
     # Back: each caller sees the run again, after at most one failed try on a stale connection.
     found, failures = at_most_one_failure(lambda: threads.get_run(run.id), lambda r: r is None)
     assert found.id == run.id and failures <= 1
-    response, failures = at_most_one_failure(lambda: api.get(f"/v1/runs/{run.id}", headers=AUTH), lambda r: r.status_code == 503)
+    response, failures = at_most_one_failure(
+        lambda: api.get(f"/v1/runs/{run.id}", headers=AUTH), lambda r: r.status_code == 503
+    )
     assert response.status_code == 200 and failures <= 1
     page, failures = at_most_one_failure(lambda: web.get(f"/runs/{run.id}"), lambda r: r.status_code == 503)
     assert page.status_code == 200 and failures <= 1

@@ -20,7 +20,7 @@ from tests.support.waiting import Deadline
 READY_TIMEOUT_S = 90.0
 RUN_TIMEOUT_S = 60.0
 
-AGENTS = '''
+AGENTS = """
 import json, os
 from pydantic import BaseModel
 from threads_celery import Agent, tool
@@ -54,7 +54,7 @@ class EchoIn(BaseModel):
 
 echo = tool(name="echo", description="Echo.", input=EchoIn, effect="read_only", execute=lambda inp, ctx: inp.text)
 fleet = Agent(name="traced-fleet", instructions="Echo.", model=ScriptedModel([call("echo", text="hi"), say("done")]), tools=[echo])
-'''
+"""
 
 
 def _ensure_a_tracer_provider() -> None:

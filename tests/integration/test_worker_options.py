@@ -51,14 +51,13 @@ def test_autoscale_node_name_and_user_config_reach_the_worker(
             replies = app.control.inspect(timeout=1.0).stats() or {}
             return {name: value for name, value in replies.items() if name.startswith(f"{node}@")}
 
-        stats = eventually(node_stats, timeout=READY_TIMEOUT_S, what="the worker answering inspect", detail=proc.log_tail)
+        stats = eventually(
+            node_stats, timeout=READY_TIMEOUT_S, what="the worker answering inspect", detail=proc.log_tail
+        )
         ((name, worker_stats),) = stats.items()
         # --autoscale reached Celery: the autoscaler reports its bounds.
         assert worker_stats["autoscaler"]["max"] == 3 and worker_stats["autoscaler"]["min"] == 1  # type: ignore[index]
-        queues = {
-            q["name"]
-            for q in (app.control.inspect([name], timeout=2.0).active_queues() or {})[name]
-        }
+        queues = {q["name"] for q in (app.control.inspect([name], timeout=2.0).active_queues() or {})[name]}
         assert queues == {
             "threads",
             "slow-tools",

@@ -64,7 +64,9 @@ class Gate:
         assert self.entered.wait(timeout), f"the {self.name} tool never started"
 
     def tool(self) -> Any:
-        return tool(name=self.name, description="Wait for the gate.", input=NoInput, effect="read_only", execute=self.execute)
+        return tool(
+            name=self.name, description="Wait for the gate.", input=NoInput, effect="read_only", execute=self.execute
+        )
 
 
 class NoInput(BaseModel):
@@ -126,7 +128,10 @@ def quick_child(text: str = "child done") -> Agent:
 def gated_child(gate: Gate, text: str = "child done") -> Agent:
     """A child that calls the gate's tool, then answers ``text``."""
     return Agent(
-        name=unique("gated_child"), instructions="", model=ScriptedModel([call(gate.name), say(text)]), tools=[gate.tool()]
+        name=unique("gated_child"),
+        instructions="",
+        model=ScriptedModel([call(gate.name), say(text)]),
+        tools=[gate.tool()],
     )
 
 
@@ -218,7 +223,11 @@ write_files = tool(
     execute=_write_files,
 )
 wait_for_gate = tool(
-    name="wait_for_gate", description="Wait until the gate opens.", input=DirIn, effect="read_only", execute=_wait_for_gate
+    name="wait_for_gate",
+    description="Wait until the gate opens.",
+    input=DirIn,
+    effect="read_only",
+    execute=_wait_for_gate,
 )
 
 writer_child = Agent(
@@ -251,6 +260,8 @@ delegating_parent = Agent(
     permissions=Permissions("accept_edits"),
 )
 
-quick_worker_child = Agent(name="at_quick_child", instructions="Answer at once.", model=ScriptedModel([say("quick child done")]))
+quick_worker_child = Agent(
+    name="at_quick_child", instructions="Answer at once.", model=ScriptedModel([say("quick child done")])
+)
 
 ALL_AGENTS = (writer_child, delegating_parent, quick_worker_child)

@@ -28,9 +28,7 @@ def _send(inp: NoteIn, ctx: Any) -> str:
     return f"sent {inp.text}"
 
 
-send_note = tool(
-    name="send_note", description="Send a note (unguarded).", input=NoteIn, execute=_send
-)
+send_note = tool(name="send_note", description="Send a note (unguarded).", input=NoteIn, execute=_send)
 
 child = Agent(
     name="child_approval_child",

@@ -5,8 +5,7 @@ or a worker process configured with ``base_url``) at ``FakeOpenAI.base_url`` and
 decide in advance what the "model" answers::
 
     script = [
-        {"tool_calls": [{"id": "call_1", "name": "get_weather",
-                         "arguments": '{"city": "Paris"}'}]},
+        {"tool_calls": [{"id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}]},
         {"text": "It is sunny in Paris."},
     ]
     with FakeOpenAI(script) as fake:
@@ -75,7 +74,18 @@ Reply = Mapping[str, Any] | str
 Script = Sequence[Reply] | Callable[[dict[str, Any]], Reply]
 
 _REPLY_KEYS = frozenset(
-    {"text", "tool_calls", "finish_reason", "usage", "delay", "chunk_delay", "abort_after", "error", "status", "retry_after"}
+    {
+        "text",
+        "tool_calls",
+        "finish_reason",
+        "usage",
+        "delay",
+        "chunk_delay",
+        "abort_after",
+        "error",
+        "status",
+        "retry_after",
+    }
 )
 
 

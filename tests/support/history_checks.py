@@ -52,7 +52,9 @@ class RecordingModel:
         self.seen: list[list[ModelMessage]] = []
         self.model = FunctionModel(stream_function=self._stream, model_name="recording")
 
-    async def _stream(self, messages: list[ModelMessage], _info: AgentInfo) -> AsyncIterator[str | dict[int, DeltaToolCall]]:
+    async def _stream(
+        self, messages: list[ModelMessage], _info: AgentInfo
+    ) -> AsyncIterator[str | dict[int, DeltaToolCall]]:
         self.seen.append(list(messages))
         turn = len(self.seen)
         if turn > self.turns:

@@ -18,9 +18,7 @@ from threads_celery import MCPServer
 SERVER_MODULE = "tests.support.mcp_test_server"
 
 
-def stdio_server(
-    ledger: Path | None = None, *, extra_tool: bool = False, **options: Any
-) -> MCPServer:
+def stdio_server(ledger: Path | None = None, *, extra_tool: bool = False, **options: Any) -> MCPServer:
     """An MCPServer that starts the test server over stdio for each call."""
     env = {"PYTHONPATH": str(REPO_ROOT)}
     if ledger is not None:

@@ -58,7 +58,9 @@ class OwnPostgres:
 
     def start(self) -> None:
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._run(self.pg_ctl, "-D", str(self.data), "-o", options, "-l", str(self.root / "log"), "-w", "-t", "60", "start")
+        self._run(
+            self.pg_ctl, "-D", str(self.data), "-o", options, "-l", str(self.root / "log"), "-w", "-t", "60", "start"
+        )
 
     def stop(self) -> None:
         self._run(self.pg_ctl, "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop")
@@ -69,7 +71,9 @@ class OwnPostgres:
     def create_database(self, name: str) -> str:
         import psycopg
 
-        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True) as conn:
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True
+        ) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 

@@ -41,7 +41,9 @@ def _find_pg_bin() -> Path:
     if os.environ.get("THREADS_TEST_PG_BIN"):
         return Path(os.environ["THREADS_TEST_PG_BIN"])
     on_path = shutil.which("initdb")
-    debian = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
+    debian = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0
+    )
     for candidate in (Path("/usr/local/bin"), *([Path(on_path).parent] if on_path else []), *reversed(debian)):
         if (candidate / "initdb").exists() and (candidate / "postgres").exists():
             return candidate
@@ -197,9 +199,7 @@ class ManagedProcess:
     def log_tail(self, lines: int = 80) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
-    def wait_for_log(
-        self, pattern: str, *, timeout: float = 60.0, what: str | None = None
-    ) -> re.Match[str]:
+    def wait_for_log(self, pattern: str, *, timeout: float = 60.0, what: str | None = None) -> re.Match[str]:
         """Poll the log until ``pattern`` (a regex) matches; AssertionError after ``timeout`` or
         when the process exits first."""
         regex = re.compile(pattern)
@@ -209,9 +209,7 @@ class ManagedProcess:
             if found:
                 return found
             if not self.alive():
-                raise AssertionError(
-                    f"{self.name} exited before {what or pattern!r}:\n{self.log_tail()}"
-                )
+                raise AssertionError(f"{self.name} exited before {what or pattern!r}:\n{self.log_tail()}")
             if deadline.passed():
                 raise AssertionError(
                     f"{self.name}: {what or pattern!r} did not appear in its log within {timeout:g} s\n"
@@ -337,9 +335,7 @@ class WorkerProcess(ManagedProcess):
                 raise AssertionError(f"worker {self.name} has no pool process to kill")
             pid = children[0]
         elif pid not in children:
-            raise AssertionError(
-                f"pid {pid} is not a pool process of worker {self.name} ({children})"
-            )
+            raise AssertionError(f"pid {pid} is not a pool process of worker {self.name} ({children})")
         os.kill(pid, signal.SIGKILL)
         return pid
 
@@ -457,9 +453,7 @@ class PrivatePostgres:
             **as_user,
         )
         if result.returncode != 0:
-            raise RuntimeError(
-                f"initdb failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
-            )
+            raise RuntimeError(f"initdb failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
         return self.start()
 
     def start(self, timeout: float = 60.0) -> PrivatePostgres:
@@ -475,9 +469,7 @@ class PrivatePostgres:
         deadline = Deadline(timeout)
         while not self.accepts_connections():
             if not self.process.alive():
-                raise RuntimeError(
-                    f"postgres on port {self.port} exited:\n{self.process.log_tail()}"
-                )
+                raise RuntimeError(f"postgres on port {self.port} exited:\n{self.process.log_tail()}")
             deadline.check(f"postgres on port {self.port} accepting connections")
             time.sleep(0.1)
         return self
@@ -527,9 +519,7 @@ class PrivatePostgres:
         with psycopg.connect(
             host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True
         ) as conn:
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name))
-            )
+            conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name)))
         return self.url(name)
 
     def destroy(self) -> None:
@@ -553,9 +543,7 @@ class PrivateRedis:
     (or SIGKILL with ``kill=True``); ``start()`` brings it back on the same port.
     """
 
-    def __init__(
-        self, *, port: int | None = None, persistent: bool = False, log_dir: Path | None = None
-    ) -> None:
+    def __init__(self, *, port: int | None = None, persistent: bool = False, log_dir: Path | None = None) -> None:
         self.port = port or free_port()
         self.persistent = persistent
         self.directory = _service_dir("threads-test-redis-", None)
@@ -569,11 +557,7 @@ class PrivateRedis:
 
     def start(self, timeout: float = 30.0) -> PrivateRedis:
         """Start the server and wait until it answers PING."""
-        persistence = (
-            ["--appendonly", "yes", "--appendfsync", "always"]
-            if self.persistent
-            else ["--appendonly", "no"]
-        )
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
         argv = [
             str(shutil.which("redis-server")), "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", str(self.directory), "--save", "", *persistence, "--daemonize", "no",
@@ -584,9 +568,7 @@ class PrivateRedis:
         deadline = Deadline(timeout)
         while not self.answers():
             if not self.process.alive():
-                raise RuntimeError(
-                    f"redis-server on port {self.port} exited:\n{self.process.log_tail()}"
-                )
+                raise RuntimeError(f"redis-server on port {self.port} exited:\n{self.process.log_tail()}")
             deadline.check(f"redis-server on port {self.port} answering PING")
             time.sleep(0.05)
         return self
@@ -594,9 +576,7 @@ class PrivateRedis:
     def answers(self) -> bool:
         import redis
 
-        client = redis.Redis(
-            host="127.0.0.1", port=self.port, socket_timeout=1, socket_connect_timeout=1
-        )
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1, socket_connect_timeout=1)
         try:
             return bool(client.ping())
         except redis.RedisError:

@@ -76,9 +76,7 @@ def book_trip(city: str) -> str:
     return f"booked a trip to {city}"
 
 
-durable_weather = from_pydantic_ai(
-    weather, effects={"temperature": "read_only"}, deps=make_weather_deps
-)
+durable_weather = from_pydantic_ai(weather, effects={"temperature": "read_only"}, deps=make_weather_deps)
 
 broken_weather = from_pydantic_ai(
     weather, name="pai_weather_broken", effects={"temperature": "read_only"}, deps=broken_deps
@@ -90,25 +88,16 @@ broken_weather = from_pydantic_ai(
 
 def report_what_the_model_saw(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """First turn: call ``lookup``; second turn: describe the request the model received."""
-    returned = [
-        p for m in messages for p in getattr(m, "parts", ()) if isinstance(p, ToolReturnPart)
-    ]
+    returned = [p for m in messages for p in getattr(m, "parts", ()) if isinstance(p, ToolReturnPart)]
     if not returned:
         return ModelResponse(parts=[ToolCallPart("lookup", {"key": "alpha"})])
-    system = [
-        p.content
-        for m in messages
-        for p in getattr(m, "parts", ())
-        if isinstance(p, SystemPromptPart)
-    ]
+    system = [p.content for m in messages for p in getattr(m, "parts", ()) if isinstance(p, SystemPromptPart)]
     seen = {
         "system": system,
         "instructions": info.instructions,
         "settings": dict(info.model_settings or {}),
         "tools": sorted(t.name for t in info.function_tools),
-        "lookup_schema": next(
-            t.parameters_json_schema for t in info.function_tools if t.name == "lookup"
-        ),
+        "lookup_schema": next(t.parameters_json_schema for t in info.function_tools if t.name == "lookup"),
         "allow_text_output": info.allow_text_output,
         "returned": [str(p.content) for p in returned],
     }
@@ -142,9 +131,7 @@ def lookup(ctx: RunContext[WeatherDeps], key: str, limit: int = 3) -> str:
     return f"{key}:{limit}:{ctx.deps.offset}:{ctx.tool_call_id}"
 
 
-durable_reporter = from_pydantic_ai(
-    reporter, effects={"lookup": "read_only"}, deps=make_weather_deps
-)
+durable_reporter = from_pydantic_ai(reporter, effects={"lookup": "read_only"}, deps=make_weather_deps)
 
 
 # -- structured output that the model gets wrong once ----------------------------------------------
@@ -155,12 +142,8 @@ def wrong_then_right(messages: list[ModelMessage], info: AgentInfo) -> ModelResp
     [output_tool] = info.output_tools
     retried = any(isinstance(p, ToolReturnPart) for m in messages for p in getattr(m, "parts", ()))
     if not retried:
-        return ModelResponse(
-            parts=[ToolCallPart(output_tool.name, {"city": "Rome", "temperature": "warm"})]
-        )
-    return ModelResponse(
-        parts=[ToolCallPart(output_tool.name, {"city": "Rome", "temperature": 24})]
-    )
+        return ModelResponse(parts=[ToolCallPart(output_tool.name, {"city": "Rome", "temperature": "warm"})])
+    return ModelResponse(parts=[ToolCallPart(output_tool.name, {"city": "Rome", "temperature": 24})])
 
 
 fussy = Agent(FunctionModel(wrong_then_right), name="pai_fussy", output_type=Forecast)
@@ -171,9 +154,7 @@ durable_fussy = from_pydantic_ai(fussy)
 
 
 def call_picky_then_answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    returned = [
-        p for m in messages for p in getattr(m, "parts", ()) if isinstance(p, ToolReturnPart)
-    ]
+    returned = [p for m in messages for p in getattr(m, "parts", ()) if isinstance(p, ToolReturnPart)]
     if not returned:
         return ModelResponse(parts=[ToolCallPart("picky", {"word": "nope"})])
     return ModelResponse(parts=[TextPart(f"the tool said: {returned[0].content}")])

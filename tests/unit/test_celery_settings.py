@@ -81,7 +81,10 @@ def test_user_settings_win_over_ours_and_mappings_are_merged(config_module: str)
     assert config["worker_prefetch_multiplier"] == 2  # the variable wins over the module
     ours, theirs = config["task_routes"]
     assert theirs == {"threads.tool": {"queue": "threads"}}
-    assert ours["threads.reconcile"] == {"queue": "threads.control", "priority": 0}  # the backbone keeps its queue and lane
+    assert ours["threads.reconcile"] == {
+        "queue": "threads.control",
+        "priority": 0,
+    }  # the backbone keeps its queue and lane
     # The reconcile backbone stays scheduled next to the user's entries.
     assert set(config["beat_schedule"]) == {"threads-reconcile", "cleanup"}
     assert config["broker_transport_options"]["max_retries"] == 3
@@ -130,9 +133,7 @@ def test_variables_are_converted_to_the_settings_type() -> None:
         ({"THREADS_CELERY_CONFIG": "json:NoSuchThing"}, "has no attribute 'NoSuchThing'"),
     ],
 )
-def test_a_wrong_setting_or_configuration_module_is_a_config_error(
-    env: dict[str, str], fragment: str
-) -> None:
+def test_a_wrong_setting_or_configuration_module_is_a_config_error(env: dict[str, str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=None) as caught:
         Settings.from_env(env=env)
     assert fragment in caught.value.message
@@ -143,9 +144,7 @@ def test_a_configuration_module_that_raises_on_import_is_a_config_error(
 ) -> None:
     (tmp_path / "exploding_celery_config.py").write_text("raise RuntimeError('boom at import')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(
-        ConfigError, match="cannot import 'exploding_celery_config': RuntimeError: boom at import"
-    ):
+    with pytest.raises(ConfigError, match="cannot import 'exploding_celery_config': RuntimeError: boom at import"):
         user_celery_settings({"THREADS_CELERY_CONFIG": "exploding_celery_config"})
 
 

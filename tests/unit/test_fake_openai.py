@@ -133,9 +133,7 @@ def test_streaming_text_arrives_in_several_deltas_with_usage() -> None:
 def test_streaming_without_include_usage_sends_no_usage_frame() -> None:
     with FakeOpenAI(["short answer"]) as fake:
         chunks = list(
-            _client(fake).chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "q"}], stream=True
-            )
+            _client(fake).chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}], stream=True)
         )
     assert all(c.choices for c in chunks)
     assert chunks[-1].choices[0].finish_reason == "stop"
@@ -359,9 +357,7 @@ def test_pydantic_ai_non_streaming_text(allow_model_requests: None) -> None:
     from pydantic_ai.messages import ModelRequest, TextPart
 
     with FakeOpenAI(["Sunny, 21 degrees."]) as fake:
-        response = asyncio.run(
-            model_request(_pydantic_ai_model(fake), [ModelRequest.user_text_prompt("weather?")])
-        )
+        response = asyncio.run(model_request(_pydantic_ai_model(fake), [ModelRequest.user_text_prompt("weather?")]))
     assert [p.content for p in response.parts if isinstance(p, TextPart)] == ["Sunny, 21 degrees."]
     assert "stream" not in fake.requests[0] or fake.requests[0]["stream"] is False
 

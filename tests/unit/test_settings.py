@@ -58,7 +58,9 @@ def test_every_variable_is_parsed() -> None:
 
 
 def test_empty_values_mean_unset() -> None:
-    settings = Settings.from_env(env={"THREADS_DATABASE_URL": "", "THREADS_MAX_MESSAGE_BYTES": "", "THREADS_AGENTS": ""})
+    settings = Settings.from_env(
+        env={"THREADS_DATABASE_URL": "", "THREADS_MAX_MESSAGE_BYTES": "", "THREADS_AGENTS": ""}
+    )
     assert settings.database_url is None
     assert settings.max_message_bytes == 1_000_000
     assert settings.agents == ()
@@ -99,7 +101,9 @@ def test_a_soft_limit_follows_an_explicit_hard_limit() -> None:
 
 
 def test_a_time_limit_at_the_visibility_timeout_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match=r"task time limit \(3600s\) must be below the broker's visibility timeout \(3600s\)"):
+    with pytest.raises(
+        ConfigError, match=r"task time limit \(3600s\) must be below the broker's visibility timeout \(3600s\)"
+    ):
         Settings.from_env(env={"THREADS_TASK_TIME_LIMIT_S": "3600"})
 
 

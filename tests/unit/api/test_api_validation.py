@@ -58,13 +58,30 @@ class StubThreads:
     def tenant_of(self, **ids: str | None) -> str | None:
         return "default"  # every id is the (default-tenant) caller's; ownership is tested end to end
 
-    def start(self, agent: str, message: str, thread_id: str | None = None, *, run_id: str | None = None, tenant: str | None = None) -> RunHandle:
+    def start(
+        self,
+        agent: str,
+        message: str,
+        thread_id: str | None = None,
+        *,
+        run_id: str | None = None,
+        tenant: str | None = None,
+    ) -> RunHandle:
         self._call("start", agent, message, thread_id=thread_id, run_id=run_id)
         return RunHandle(run_id=run_id or "run_1", thread_id=thread_id or "thread_1")
 
     def get_run(self, run_id: str) -> Run:
         self._call("get_run", run_id)
-        return Run(id=run_id, thread_id="thread_1", agent="a", status="running", step=1, fence=3, input="hi", lease_owner="host-7")
+        return Run(
+            id=run_id,
+            thread_id="thread_1",
+            agent="a",
+            status="running",
+            step=1,
+            fence=3,
+            input="hi",
+            lease_owner="host-7",
+        )
 
     def runs(self, **kwargs: Any) -> list[Run]:
         self._call("runs", **kwargs)
@@ -140,7 +157,9 @@ json_values = st.recursive(
     max_leaves=12,
 )
 bodies = st.dictionaries(
-    st.sampled_from(["agent", "message", "thread_id", "run_id", "principal", "reason", "resolution", "result", "override_args", "x"]),
+    st.sampled_from(
+        ["agent", "message", "thread_id", "run_id", "principal", "reason", "resolution", "result", "override_args", "x"]
+    ),
     json_values,
     max_size=5,
 )
@@ -184,7 +203,11 @@ def test_nan_and_infinity_are_not_json_and_are_refused(client: TestClient, stub:
         response = client.post(path, content=raw, headers={**AUTH, "Content-Type": "application/json"})
         assert response.status_code == 422 and "NaN and Infinity" in response.json()["error"]["message"], raw
     assert stub.calls == []
-    finite = client.post("/v1/calls/k:0:0/resolve", content=b'{"resolution": "assume_done", "principal": "a", "result": {"x": [1.5e300]}}', headers={**AUTH, "Content-Type": "application/json"})
+    finite = client.post(
+        "/v1/calls/k:0:0/resolve",
+        content=b'{"resolution": "assume_done", "principal": "a", "result": {"x": [1.5e300]}}',
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
     assert finite.status_code == 200
 
 
@@ -204,13 +227,27 @@ def test_cursor_comes_from_last_event_id_first_then_after() -> None:
 
 def test_an_sse_frame_is_id_event_and_one_line_of_json() -> None:
     at = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
-    event = Event(thread_id="t", seq=42, type="message", payload={"text": "two\nlines", "role": "assistant"}, run_id="r", created_at=at)
+    event = Event(
+        thread_id="t",
+        seq=42,
+        type="message",
+        payload={"text": "two\nlines", "role": "assistant"},
+        run_id="r",
+        created_at=at,
+    )
     frame = sse_frame(event)
     assert frame.endswith("\n\n") and frame.count("\n") == 4
     lines = frame.rstrip("\n").split("\n")
     assert lines[0] == "id: 42" and lines[1] == "event: message"
     data = json.loads(lines[2].removeprefix("data: "))
-    assert data == {"thread_id": "t", "seq": 42, "type": "message", "run_id": "r", "payload": {"text": "two\nlines", "role": "assistant"}, "created_at": "2025-01-02T03:04:05Z"}
+    assert data == {
+        "thread_id": "t",
+        "seq": 42,
+        "type": "message",
+        "run_id": "r",
+        "payload": {"text": "two\nlines", "role": "assistant"},
+        "created_at": "2025-01-02T03:04:05Z",
+    }
 
 
 # -- configuration -----------------------------------------------------------------------------
@@ -249,7 +286,9 @@ LIBRARY_ERRORS = [
 
 
 @pytest.mark.parametrize(("exc", "status", "kind"), LIBRARY_ERRORS, ids=[type(e[0]).__name__ for e in LIBRARY_ERRORS])
-def test_each_library_error_has_its_status_and_a_clean_body(client: TestClient, stub: StubThreads, exc: Exception, status: int, kind: str) -> None:
+def test_each_library_error_has_its_status_and_a_clean_body(
+    client: TestClient, stub: StubThreads, exc: Exception, status: int, kind: str
+) -> None:
     stub.fail_with = exc
     response = client.post("/v1/calls/run_1:0:0/approve", json={"principal": "ops"}, headers=AUTH)
     assert response.status_code == status
@@ -263,12 +302,16 @@ def test_every_mapped_error_class_is_covered_above() -> None:
 
 
 def test_routes_pass_the_validated_fields_through(client: TestClient, stub: StubThreads) -> None:
-    started = client.post("/v1/runs", json={"agent": "a", "message": "m", "thread_id": "t1", "run_id": "r1"}, headers=AUTH)
+    started = client.post(
+        "/v1/runs", json={"agent": "a", "message": "m", "thread_id": "t1", "run_id": "r1"}, headers=AUTH
+    )
     assert started.status_code == 202 and started.json() == {"run_id": "r1", "thread_id": "t1", "status": "queued"}
     client.post("/v1/calls/k:0:0/approve", json={"principal": "ops", "override_args": {"n": 1}}, headers=AUTH)
     client.post("/v1/calls/k:0:1/approve", json={"principal": "ops", "remember": True}, headers=AUTH)
     client.post("/v1/calls/k:0:0/deny", json={"reason": "no"}, headers=AUTH)
-    client.post("/v1/calls/k:0:0/resolve", json={"resolution": "assume_done", "principal": "ann", "result": [1]}, headers=AUTH)
+    client.post(
+        "/v1/calls/k:0:0/resolve", json={"resolution": "assume_done", "principal": "ann", "result": [1]}, headers=AUTH
+    )
     client.get("/v1/runs", params={"status": "parked", "limit": 5}, headers=AUTH)
     # Decisions are recorded under the token's principal, never the name in the body.
     token_principal = parse_token_entry(TOKEN)[1].principal

@@ -20,7 +20,10 @@ def test_a_bare_token_is_an_anonymous_principal_of_the_default_tenant() -> None:
 
 def test_a_qualified_entry_names_principal_and_tenant() -> None:
     assert parse_token_entry("alice@acme=tok_a1") == ("tok_a1", Caller("alice", "acme"))
-    assert parse_token_entry("ci-bot.v2@acme-eu=abc==") == ("abc==", Caller("ci-bot.v2", "acme-eu"))  # padding stays in the token
+    assert parse_token_entry("ci-bot.v2@acme-eu=abc==") == (
+        "abc==",
+        Caller("ci-bot.v2", "acme-eu"),
+    )  # padding stays in the token
     # Without "@tenant" an "=" is part of a bare token (base64 padding), not a separator.
     token, caller = parse_token_entry("abc==")
     assert token == "abc==" and caller.tenant == DEFAULT_TENANT

@@ -50,7 +50,10 @@ def assistant(seq: int, text: str, *calls: tuple[str, str, dict[str, object]], r
         seq=seq,
         role="assistant",
         text=text,
-        tool_calls=tuple(ToolCall(id=cid, name=name, args=json.dumps(args), effect_key=f"{RUN}:{seq}:{cid}") for cid, name, args in calls),
+        tool_calls=tuple(
+            ToolCall(id=cid, name=name, args=json.dumps(args), effect_key=f"{RUN}:{seq}:{cid}")
+            for cid, name, args in calls
+        ),
         run_id=run_id,
     )
 
@@ -312,7 +315,14 @@ def research_turn() -> list[Event]:
 
 
 def started(seq: int, run_id: str, display: str, preview: str) -> Event:
-    payload = {"run_id": run_id, "agent_type": display, "display": display, "input_preview": preview, "order": 0, "sequence": 0}
+    payload = {
+        "run_id": run_id,
+        "agent_type": display,
+        "display": display,
+        "input_preview": preview,
+        "order": 0,
+        "sequence": 0,
+    }
     return event(seq, "agent_tool.started", payload)
 
 
@@ -323,7 +333,11 @@ def test_a_child_run_shows_under_its_call_with_a_bar_its_phase_and_its_milestone
         [
             *research_turn(),
             started(3, child, "researcher", '{"topic": "HTTP/3"}'),
-            event(4, "agent_tool.progress", {"run_id": child, "fraction": 0.5, "phase": "reading", "message": "source 2/4"}),
+            event(
+                4,
+                "agent_tool.progress",
+                {"run_id": child, "fraction": 0.5, "phase": "reading", "message": "source 2/4"},
+            ),
             event(5, "agent_tool.milestone", {"run_id": child, "sequence": 1, "name": "outline", "data": None}),
         ]
     )
@@ -342,7 +356,11 @@ def test_a_child_run_shows_under_its_call_with_a_bar_its_phase_and_its_milestone
 def test_terminal_child_states_are_coloured_green_red_and_yellow() -> None:
     view = RunView(run_id=RUN)
     view.add_events(research_turn())
-    ends = [("ok", "agent_tool.finished", {"summary": "done"}), ("bad", "agent_tool.error", {"error": "boom"}), ("late", "agent_tool.interrupted", {"error": "gone quiet", "reason": "no-progress"})]
+    ends = [
+        ("ok", "agent_tool.finished", {"summary": "done"}),
+        ("bad", "agent_tool.error", {"error": "boom"}),
+        ("late", "agent_tool.interrupted", {"error": "gone quiet", "reason": "no-progress"}),
+    ]
     seq = 3
     for name, kind, payload in ends:
         view.add_event(started(seq, f"run-{name}", name, '"x"'))
@@ -391,7 +409,9 @@ def test_child_events_of_other_runs_and_replayed_events_are_ignored() -> None:
     view.add_events(research_turn())
     view.add_event(started(3, "theirs", "someone-else", '"x"'))
     view.add_event(event(3, "agent_tool.started", {"run_id": "dup", "display": "dup"}))  # seq seen already
-    view.add_event(event(4, "agent_tool.started", {"run_id": "x", "display": "other-run-child"}, parent_run="run_other"))
+    view.add_event(
+        event(4, "agent_tool.started", {"run_id": "x", "display": "other-run-child"}, parent_run="run_other")
+    )
     view.update(run_in("waiting"))
 
     text = render(view.render())
@@ -407,7 +427,13 @@ def test_message_events_become_messages_and_a_narrated_milestone_is_a_note_not_a
 
     view = RunView(run_id=RUN)
     view.add_events(as_events(CONVERSATION[:3]))
-    narrated = Message(thread_id=THREAD, seq=3, role="assistant", text="[import] reached halfway", meta={"source": "agent-tool-milestone"})
+    narrated = Message(
+        thread_id=THREAD,
+        seq=3,
+        role="assistant",
+        text="[import] reached halfway",
+        meta={"source": "agent-tool-milestone"},
+    )
     view.add_event(message_event(4, narrated))
     view.update(run_in("completed"))
     text = render(view.render())

@@ -85,9 +85,7 @@ def imported_modules(code: str, *, extra_path: Path | None = None, env: dict[str
 
 def leaks(modules: list[str]) -> list[str]:
     return [
-        m
-        for m in modules
-        if m in FORBIDDEN_MODULES or any(m == p or m.startswith(p + ".") for p in FORBIDDEN_PREFIXES)
+        m for m in modules if m in FORBIDDEN_MODULES or any(m == p or m.startswith(p + ".") for p in FORBIDDEN_PREFIXES)
     ]
 
 

@@ -137,9 +137,7 @@ def test_a_lease_one_millisecond_from_expiry_is_still_live(effect: Effect) -> No
         ("unguarded", Park),
     ],
 )
-@pytest.mark.parametrize(
-    "lease_expires_at", [NOW - timedelta(seconds=1), None], ids=["expired", "no-lease"]
-)
+@pytest.mark.parametrize("lease_expires_at", [NOW - timedelta(seconds=1), None], ids=["expired", "no-lease"])
 def test_a_started_call_whose_lease_expired_is_settled_by_its_effect(
     effect: Effect, expected: type, lease_expires_at: datetime | None
 ) -> None:
@@ -154,9 +152,7 @@ def test_a_started_call_whose_lease_expired_is_settled_by_its_effect(
     [NOW - timedelta(seconds=1), NOW + timedelta(seconds=1), None],
     ids=["expired", "live", "none"],
 )
-def test_a_settled_call_needs_nothing(
-    effect: Effect, status: CallStatus, lease_expires_at: datetime | None
-) -> None:
+def test_a_settled_call_needs_nothing(effect: Effect, status: CallStatus, lease_expires_at: datetime | None) -> None:
     record = call(effect, status=status, lease_expires_at=lease_expires_at)
     decision = decide_recovery(record, now=NOW, lookup=NotFound())
     assert decision == AlreadySettled()
@@ -364,9 +360,7 @@ def test_decision_values_are_frozen() -> None:
 
 # --- properties ---------------------------------------------------------------------------------
 
-_instants = st.datetimes(
-    min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
-)
+_instants = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC))
 _answers = st.one_of(
     st.none(),
     st.builds(Found, st.integers()),
@@ -406,9 +400,7 @@ def started_calls(
 
 
 @given(started_calls(effect=st.just("unguarded"), lease_live=False), _answers)
-def test_property_an_interrupted_unguarded_call_always_parks(
-    case: tuple[CallRecord, datetime], answer: Any
-) -> None:
+def test_property_an_interrupted_unguarded_call_always_parks(case: tuple[CallRecord, datetime], answer: Any) -> None:
     record, now = case
     assert isinstance(decide_recovery(record, now=now, lookup=answer), Park)
 

@@ -107,10 +107,7 @@ def test_rules_name_only_their_tool() -> None:
 
 def test_the_new_modes_say_why_in_words_the_model_can_use() -> None:
     assert "plan mode" in decide_permission("write_file", "idempotent", Permissions("plan")).reason
-    assert (
-        "accept_edits"
-        in decide_permission("send_email", "unguarded", Permissions("accept_edits")).reason
-    )
+    assert "accept_edits" in decide_permission("send_email", "unguarded", Permissions("accept_edits")).reason
 
 
 # -- strictest and the ceiling -----------------------------------------------------------------
@@ -120,9 +117,7 @@ RANK = {Allow: 0, Ask: 1, Deny: 2}
 
 
 @pytest.mark.parametrize(("first", "second"), list(itertools.product(ANSWERS, ANSWERS)))
-def test_the_stricter_of_two_answers_wins_and_the_first_of_equals(
-    first: object, second: object
-) -> None:
+def test_the_stricter_of_two_answers_wins_and_the_first_of_equals(first: object, second: object) -> None:
     winner = strictest([first, second])  # type: ignore[list-item]
     if RANK[type(first)] >= RANK[type(second)]:
         assert winner is first
@@ -154,9 +149,7 @@ LAYER_PERMISSIONS = {
 def test_a_child_is_capped_by_its_parent(child: str, parent: str, effect: str) -> None:
     own = decide_permission("t", effect, LAYER_PERMISSIONS[child])
     cap = decide_permission("t", effect, LAYER_PERMISSIONS[parent])
-    decision = decide_with_ceiling(
-        "t", effect, [Layer(LAYER_PERMISSIONS[child]), Layer(LAYER_PERMISSIONS[parent])]
-    )
+    decision = decide_with_ceiling("t", effect, [Layer(LAYER_PERMISSIONS[child]), Layer(LAYER_PERMISSIONS[parent])])
     assert RANK[type(decision)] == max(RANK[type(own)], RANK[type(cap)])
     if RANK[type(cap)] > RANK[type(own)]:
         assert "a parent's permissions cap this child's" in decision.reason
@@ -173,13 +166,9 @@ def test_a_grandparent_caps_too() -> None:
 
 def test_an_approval_answers_the_ceilings_ask_but_never_lifts_a_deny() -> None:
     asked = [Layer(Permissions.allow_all()), Layer(Permissions())]
-    assert isinstance(
-        decide_with_ceiling("t", "unguarded", asked, approved_for_these_args=True), Allow
-    )
+    assert isinstance(decide_with_ceiling("t", "unguarded", asked, approved_for_these_args=True), Allow)
     denied = [Layer(Permissions.allow_all()), Layer(Permissions("dont_ask"))]
-    assert isinstance(
-        decide_with_ceiling("t", "unguarded", denied, approved_for_these_args=True), Deny
-    )
+    assert isinstance(decide_with_ceiling("t", "unguarded", denied, approved_for_these_args=True), Deny)
 
 
 def test_a_remembered_decision_counts_at_the_level_it_is_given_for() -> None:

@@ -31,7 +31,13 @@ record = tool(name="record", description="Record n.", input=In, effect="read_onl
 
 
 def _agent(name: str, *script) -> Agent:
-    return Agent(name=name, instructions="x", model=ScriptedModel(list(script)), tools=[record], permissions=Permissions.allow_all())
+    return Agent(
+        name=name,
+        instructions="x",
+        model=ScriptedModel(list(script)),
+        tools=[record],
+        permissions=Permissions.allow_all(),
+    )
 
 
 def _tool_messages(threads: Threads, thread_id: str) -> list[tuple[str, bool]]:
@@ -65,7 +71,9 @@ def test_must_persist_tool_results_as_messages_before_advancing() -> None:
 
     def second_turn(messages):
         # The model's next turn sees every result of the previous turn, already stored.
-        SEEN_HISTORY.append([p.content for m in messages for p in m.parts if getattr(p, "part_kind", "") == "tool-return"])
+        SEEN_HISTORY.append(
+            [p.content for m in messages for p in m.parts if getattr(p, "part_kind", "") == "tool-return"]
+        )
         return say("done")
 
     agent = _agent("c3", calls(("record", {"n": 1}), ("record", {"n": 2})), second_turn)

@@ -71,9 +71,7 @@ def test_an_empty_deny_reason_still_says_why() -> None:
     assert combine(ARGS, [Deny("")]).reason == "denied by a hook"
 
 
-@pytest.mark.parametrize(
-    "value", [True, "allow", {"city": "Rome"}, 0, Modify(["not", "a", "mapping"])]
-)  # type: ignore[arg-type]
+@pytest.mark.parametrize("value", [True, "allow", {"city": "Rome"}, 0, Modify(["not", "a", "mapping"])])  # type: ignore[arg-type]
 def test_anything_but_allow_deny_modify_or_none_is_a_failure(value: Any) -> None:
     assert isinstance(check_answer("before_tool", value), Failed)
 
@@ -143,9 +141,7 @@ def test_only_overridden_hook_methods_and_hook_objects_run_in_order() -> None:
 @pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "5", True])
 def test_a_hook_time_limit_that_is_not_a_positive_number_is_a_config_error(bad: Any) -> None:
     with pytest.raises(ConfigError, match="hook_timeout_s"):
-        Agent(
-            name=unique("a"), instructions="", model=ScriptedModel([say("x")]), hook_timeout_s=bad
-        )
+        Agent(name=unique("a"), instructions="", model=ScriptedModel([say("x")]), hook_timeout_s=bad)
 
 
 def test_a_hooks_entry_with_no_hook_method_is_a_config_error() -> None:
@@ -201,11 +197,7 @@ class HookedAgent(Agent):
     def before_tool(self, call: HookCall, ctx: HookContext) -> Any:
         self.seen.append(("before_tool", call.name, dict(call.args), ctx.run_id))
         answer = self.answer
-        return (
-            answer()
-            if callable(answer) and not isinstance(answer, (Allow, Deny, Modify))
-            else answer
-        )
+        return answer() if callable(answer) and not isinstance(answer, (Allow, Deny, Modify)) else answer
 
 
 def _run(threads: Threads, agent: Agent) -> tuple[Any, list[Any]]:
@@ -265,10 +257,7 @@ def test_changed_arguments_that_fail_validation_are_the_calls_error_and_it_never
     weather = Weather()
     run, [result] = _run(threads, HookedAgent(weather, answer=Modify({"town": "Rome"})))
     assert run.status == "completed" and result.tool_result.is_error
-    assert (
-        "before_tool hook changed the arguments to ones that fail validation"
-        in result.tool_result.content
-    )
+    assert "before_tool hook changed the arguments to ones that fail validation" in result.tool_result.content
     assert weather.ran == []
 
 
@@ -333,9 +322,7 @@ def test_a_later_hook_sees_the_arguments_an_earlier_one_changed(threads: Threads
             seen.append(dict(call.args))
             return Allow()
 
-    run, [result] = _run(
-        threads, HookedAgent(weather, answer=Modify({"city": "Rome"}), hooks=[Looker()])
-    )
+    run, [result] = _run(threads, HookedAgent(weather, answer=Modify({"city": "Rome"}), hooks=[Looker()]))
     assert run.status == "completed" and result.tool_result.content == "sunny in Rome"
     assert seen == [{"city": "Rome"}] and weather.ran == ["Rome"]
 
@@ -398,11 +385,7 @@ def test_a_failing_context_hook_stops_the_step_and_the_run_says_why(
 ) -> None:
     agent = ContextAgent(context)
     run, _ = _run(threads, agent)
-    assert (
-        run.status == "error"
-        and "hook before_step failed" in (run.error or "")
-        and reason in (run.error or "")
-    )
+    assert run.status == "error" and "hook before_step failed" in (run.error or "") and reason in (run.error or "")
     assert agent.prompts == []  # the model was never asked
 
 
@@ -488,19 +471,14 @@ def test_a_hanging_observing_hook_is_cut_at_its_limit_and_the_run_goes_on(
     assert run.status == "completed" and result.tool_result.content == "sunny in Lima"
 
 
-def test_a_failing_observing_hook_is_logged_and_ignored(
-    threads: Threads, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_failing_observing_hook_is_logged_and_ignored(threads: Threads, caplog: pytest.LogCaptureFixture) -> None:
     weather = Weather()
     observer = Observer(weather, fail=True)
     with caplog.at_level("WARNING", logger="threads_celery.runtime.hooks"):
         run, [result] = _run(threads, observer)
         eventually(lambda: "observer broke again" in caplog.text, what="the on_stop failure logged")
     assert run.status == "completed" and result.tool_result.content == "sunny in Oslo"
-    assert (
-        "observing hook after_tool failed and was ignored: RuntimeError: observer broke"
-        in caplog.text
-    )
+    assert "observing hook after_tool failed and was ignored: RuntimeError: observer broke" in caplog.text
 
 
 class Gatekeeper(Agent):

@@ -102,9 +102,7 @@ def test_a_server_that_cannot_start_is_a_config_error_naming_it() -> None:
 def test_describe_failure_names_timeouts_and_closed_connections_without_tracebacks() -> None:
     assert describe_failure(TimeoutError(), 3) == "did not answer within 3 s"
     grouped = ExceptionGroup("tg", [ExceptionGroup("inner", [RuntimeError("Connection closed")])])
-    assert (
-        describe_failure(grouped, 3) == "closed the connection (the server process may have died)"
-    )
+    assert describe_failure(grouped, 3) == "closed the connection (the server process may have died)"
     assert describe_failure(OSError("boom"), 3) == "failed (OSError: boom)"
 
 

@@ -142,7 +142,10 @@ def test_a_create_refused_by_the_concurrency_cap_lists_no_instance() -> None:
 
 
 def test_unknown_subagents_and_instances_are_errors_the_model_sees_and_the_run_goes_on() -> None:
-    boss = _boss(call("subagent_create", subagent="ghost", message="x"), call("subagent_message", instance_id="nope", message="x"))
+    boss = _boss(
+        call("subagent_create", subagent="ghost", message="x"),
+        call("subagent_message", instance_id="nope", message="x"),
+    )
     with Threads.embedded() as threads:
         run = threads.wait(threads.start(boss, "go").run_id, 30)
         assert run.status == "completed"

@@ -45,20 +45,14 @@ def test_a_testmodel_run_asks_before_the_unstated_tool_and_ends_with_the_output_
     assert run.status == "awaiting_approval"
     [pending] = [p for p in threads.parked() if p.run_id == handle.run_id]
     assert pending.tool == "book_trip"
-    results = [
-        m.tool_result for m in threads.messages(handle.thread_id) if m.tool_result is not None
-    ]
-    assert [(r.name, r.content) for r in results] == [
-        ("temperature", "21")
-    ]  # 11 + the worker's deps
+    results = [m.tool_result for m in threads.messages(handle.thread_id) if m.tool_result is not None]
+    assert [(r.name, r.content) for r in results] == [("temperature", "21")]  # 11 + the worker's deps
     threads.approve(pending.effect_key, principal="tester")
     run = threads.wait(handle.run_id, WAIT_S)
     assert run.status == "completed", run.error
     forecast = pai.durable_weather.parse_output(run.output)
     assert isinstance(forecast, pai.Forecast)
-    results = [
-        m.tool_result for m in threads.messages(handle.thread_id) if m.tool_result is not None
-    ]
+    results = [m.tool_result for m in threads.messages(handle.thread_id) if m.tool_result is not None]
     assert [r.name for r in results] == ["temperature", "book_trip"]
 
 
@@ -74,10 +68,7 @@ def test_instructions_tools_and_model_settings_reach_the_model(threads: Threads)
     assert seen["settings"] == {"temperature": 0.25, "max_tokens": 321}
     assert seen["tools"] == ["lookup"]
     schema = seen["lookup_schema"]
-    assert (
-        schema["required"] == ["key"]
-        and schema["properties"]["limit"]["description"] == "How many results at most."
-    )
+    assert schema["required"] == ["key"] and schema["properties"]["limit"]["description"] == "How many results at most."
     assert seen["allow_text_output"] is True
     # The tool got its dependencies and the call's effect key as its tool_call_id.
     [call] = [c for m in threads.messages(handle.thread_id) for c in m.tool_calls]
@@ -89,9 +80,7 @@ def test_output_that_fails_the_output_type_goes_back_to_the_model(threads: Threa
     run = threads.wait(handle.run_id, WAIT_S)
     assert run.status == "completed", run.error
     assert pai.durable_fussy.parse_output(run.output) == pai.Forecast(city="Rome", temperature=24)
-    [rejected] = [
-        m.tool_result for m in threads.messages(handle.thread_id) if m.tool_result is not None
-    ]
+    [rejected] = [m.tool_result for m in threads.messages(handle.thread_id) if m.tool_result is not None]
     assert rejected.is_error and "temperature" in rejected.content
 
 
@@ -109,9 +98,7 @@ def test_dependencies_that_cannot_be_built_fail_the_run_at_its_first_step(thread
     assert run.error is not None
     assert "cannot run in this worker" in run.error
     assert "tests.support.pydantic_ai_agents:broken_deps raised ConnectionError" in run.error
-    assert [m.role for m in threads.messages(handle.thread_id)] == [
-        "user"
-    ]  # no model turn, no call
+    assert [m.role for m in threads.messages(handle.thread_id)] == ["user"]  # no model turn, no call
 
 
 def test_a_factory_path_that_does_not_import_fails_the_run_with_a_clear_error(
@@ -125,10 +112,7 @@ def test_a_factory_path_that_does_not_import_fails_the_run_with_a_clear_error(
     )
     run = threads.wait(threads.start(agent, "Weather?").run_id, WAIT_S)
     assert run.status == "error"
-    assert (
-        run.error is not None
-        and "'no_such_module:make' cannot be imported in this worker" in run.error
-    )
+    assert run.error is not None and "'no_such_module:make' cannot be imported in this worker" in run.error
 
 
 def test_requires_approval_asks_first_whatever_the_stated_effect(threads: Threads) -> None:
@@ -165,20 +149,14 @@ def test_a_deps_type_without_a_factory_is_a_config_error() -> None:
 def test_a_lambda_factory_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="cannot be imported by name in a worker"):
         from_pydantic_ai(pai.weather, name="x", deps=lambda: pai.WeatherDeps(1, "C"))
-    assert (
-        factory_reference("a", pai.make_nothing) == "tests.support.pydantic_ai_agents:make_nothing"
-    )
+    assert factory_reference("a", pai.make_nothing) == "tests.support.pydantic_ai_agents:make_nothing"
 
 
 def test_effects_for_unknown_tools_and_idempotent_without_a_window_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="no tool of"):
-        from_pydantic_ai(
-            pai.weather, deps=pai.make_weather_deps, effects={"temprature": "read_only"}
-        )
+        from_pydantic_ai(pai.weather, deps=pai.make_weather_deps, effects={"temprature": "read_only"})
     with pytest.raises(ConfigError, match="dedup_window_ms"):
-        from_pydantic_ai(
-            pai.weather, deps=pai.make_weather_deps, effects={"book_trip": "idempotent"}
-        )
+        from_pydantic_ai(pai.weather, deps=pai.make_weather_deps, effects={"book_trip": "idempotent"})
     agent = from_pydantic_ai(
         pai.weather,
         deps=pai.make_weather_deps,
@@ -207,9 +185,7 @@ def test_the_example_agent_runs_with_its_effects(
     monkeypatch.setenv("SHOP_OUTBOX", str(outbox))
     from examples.pydantic_ai_agent import SupportReply, agent
 
-    effects = {
-        t.name: (t.effect, t.dedup_window_ms) for t in agent.tools if t.name != "final_result"
-    }
+    effects = {t.name: (t.effect, t.dedup_window_ms) for t in agent.tools if t.name != "final_result"}
     assert effects == {
         "lookup_order": ("read_only", None),
         "refund_order": ("idempotent", 86_400_000),
@@ -227,10 +203,7 @@ def test_the_example_agent_runs_with_its_effects(
     assert isinstance(agent.parse_output(run.output), SupportReply)
     records = [json.loads(line) for line in outbox.read_text().splitlines()]
     refund_key = next(
-        c.effect_key
-        for m in threads.messages(handle.thread_id)
-        for c in m.tool_calls
-        if c.name == "refund_order"
+        c.effect_key for m in threads.messages(handle.thread_id) for c in m.tool_calls if c.name == "refund_order"
     )
     assert [r["kind"] for r in records] == ["refund", "email"]
     assert records[0]["idempotency_key"] == refund_key

@@ -43,7 +43,9 @@ search = tool(
 
 
 def searcher(name: str, q: str = "docs") -> Agent:
-    return Agent(name=name, instructions="Search.", model=ScriptedModel([call("search", q=q), say("Found.")]), tools=[search])
+    return Agent(
+        name=name, instructions="Search.", model=ScriptedModel([call("search", q=q), say("Found.")]), tools=[search]
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +80,9 @@ def test_a_missing_required_variable_makes_the_run_wait_holding_no_worker_until_
         assert "searched vs_2" in next(m.text for m in threads.messages(run.thread_id) if m.role == "tool")
 
 
-def test_canary_secret_appears_in_no_message_event_log_line_outbox_or_raw_column(caplog: pytest.LogCaptureFixture) -> None:
+def test_canary_secret_appears_in_no_message_event_log_line_outbox_or_raw_column(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.DEBUG)
     with Threads.embedded() as threads:
         handle = threads.start(searcher("s3", q="leak"), "find it", env={"VECTOR_STORE_ID": "vs", "API_KEY": CANARY})
@@ -104,7 +108,9 @@ def test_reading_an_undeclared_variable_is_a_clear_error_the_model_sees() -> Non
     assert text.startswith("VariableError: variable 'OTHER' is not declared by tool 'sneaky'")
 
 
-def test_env_for_an_undeclared_name_or_a_secret_without_a_key_is_rejected_and_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_for_an_undeclared_name_or_a_secret_without_a_key_is_rejected_and_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     with Threads.embedded() as threads:
         agent = searcher("s5")
         with pytest.raises(ConfigError, match="not declared"):
@@ -122,8 +128,12 @@ def test_values_flow_down_to_child_threads_unless_the_child_declares_the_name_sc
     def _show(inp: ChildIn, ctx) -> str:
         return f"region={ctx.env('REGION')}"
 
-    show = tool(name="show", description="x", input=ChildIn, effect="read_only", execute=_show, variables=[Variable("REGION")])
-    inheriting = Agent(name="kid", instructions="x", model=ScriptedModel([call("show", message="m"), say("done")]), tools=[show])
+    show = tool(
+        name="show", description="x", input=ChildIn, effect="read_only", execute=_show, variables=[Variable("REGION")]
+    )
+    inheriting = Agent(
+        name="kid", instructions="x", model=ScriptedModel([call("show", message="m"), say("done")]), tools=[show]
+    )
     scoped = Agent(
         name="scoped-kid",
         instructions="x",

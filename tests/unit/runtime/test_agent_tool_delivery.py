@@ -109,7 +109,12 @@ def give_up(threads: Threads, run_id: str, *, reason: str, child_still_running: 
     with threads.store.transaction() as tx:
         row = tx.get_agent_tool_run(run_id, lock=True)
         entries = agent_tools.seal_interrupted(
-            tx, row, reason=reason, error=f"gave up: {reason}", child_still_running=child_still_running, now=runs.utcnow()
+            tx,
+            row,
+            reason=reason,
+            error=f"gave up: {reason}",
+            child_still_running=child_still_running,
+            now=runs.utcnow(),
         )
     threads.publisher(entries)
 
@@ -188,8 +193,11 @@ def test_a_delivered_finish_leaves_no_delivery_task_behind(threads: Threads) -> 
 def test_a_raising_on_finish_is_not_marked_delivered_and_is_redelivered_after_its_lease(threads: Threads) -> None:
     parent = FlakyParent(unique("flaky"), failures=1)
     parent_thread = idle_parent(threads, parent)
-    handle = threads.run_agent_tool(parent_thread, quick_child("late but fine"), input="x", detached=Detached(on_finish="on_flaky"))
+    handle = threads.run_agent_tool(
+        parent_thread, quick_child("late but fine"), input="x", detached=Detached(on_finish="on_flaky")
+    )
     eventually(lambda: parent.attempts == ["completed"], what="the first delivery attempt")
+
     # The failed attempt gives its claim back with a short backoff, not the whole lease.
     def backoff_lease() -> datetime | None:
         until = ledger(threads, handle.run_id)["delivery_lease_until"]
@@ -225,8 +233,10 @@ def test_a_failing_delivery_backs_off_5_15_30_then_120_seconds(
             set_ledger(threads, handle.run_id, delivery_lease_until=runs.utcnow() - timedelta(seconds=1))
             assert threads.reconcile().get("redelivered") == 1
         eventually(
-            lambda attempt=attempt: [r for name, args, r in finished_tasks if name == "threads.deliver" and args[0] == handle.run_id]
-            == ["failed: RuntimeError"] * attempt,
+            lambda attempt=attempt: (
+                [r for name, args, r in finished_tasks if name == "threads.deliver" and args[0] == handle.run_id]
+                == ["failed: RuntimeError"] * attempt
+            ),
             what=f"delivery attempt {attempt} to fail",
         )
         assert len(parent.attempts) == attempt
@@ -240,7 +250,9 @@ def test_a_failing_delivery_backs_off_5_15_30_then_120_seconds(
 def test_a_give_up_then_a_real_completion_delivers_both_and_repairs_the_row(threads: Threads, gate: Gate) -> None:
     parent = RecordingParent(unique("parent"))
     parent_thread = idle_parent(threads, parent)
-    handle = threads.run_agent_tool(parent_thread, gated_child(gate, "done after all"), input="x", detached=Detached(on_finish="on_done"))
+    handle = threads.run_agent_tool(
+        parent_thread, gated_child(gate, "done after all"), input="x", detached=Detached(on_finish="on_done")
+    )
     gate.wait_inside()
     # A budget give-up whose teardown did not reach the child: it goes on and finishes.
     give_up(threads, handle.run_id, reason="budget-exceeded", child_still_running=True)
@@ -291,7 +303,10 @@ def test_a_completion_that_arrives_while_the_give_up_is_delivered_is_delivered_a
     try:
         gate.opened.set()  # the child finishes while the give-up's delivery holds the claim
         eventually(
-            lambda: ("threads.deliver", (handle.run_id, "completed"), "skipped: another delivery holds the claim") in finished_tasks,
+            lambda: (
+                ("threads.deliver", (handle.run_id, "completed"), "skipped: another delivery holds the claim")
+                in finished_tasks
+            ),
             what="the completion's first delivery attempt",
         )
     finally:
@@ -338,7 +353,9 @@ def test_max_budget_gives_up_tears_the_child_down_and_delivers_once(
     assert [m.role for m in threads.messages(row.child_thread_id)] == ["user", "assistant"]
     assert [(r, res.status) for r, res in parent.done] == [(handle.run_id, "interrupted")]
     assert parent.finishes == [(handle.run_id, "interrupted")]
-    interrupted = [p for t, p in agent_tool_events(threads, parent_thread, handle.run_id) if t == "agent_tool.interrupted"]
+    interrupted = [
+        p for t, p in agent_tool_events(threads, parent_thread, handle.run_id) if t == "agent_tool.interrupted"
+    ]
     assert len(interrupted) == 1 and interrupted[0]["reason"] == "budget-exceeded"
 
 
@@ -347,7 +364,10 @@ def test_no_progress_gives_up_softly_and_a_later_completion_delivers_completed(t
     parent_thread = idle_parent(threads, parent)
     gate.before = lambda ctx: ctx.report_progress(fraction=0.1, phase="starting")
     handle = threads.run_agent_tool(
-        parent_thread, gated_child(gate, "self-healed"), input="x", detached=Detached(on_finish="on_done", no_progress_budget_ms=300)
+        parent_thread,
+        gated_child(gate, "self-healed"),
+        input="x",
+        detached=Detached(on_finish="on_done", no_progress_budget_ms=300),
     )
     gate.wait_inside()
     row = tick_until(threads, lambda: interrupted_row(threads, handle.run_id), "the no-progress give-up")
@@ -370,12 +390,17 @@ def test_an_awaited_model_call_given_up_on_returns_the_interrupted_envelope_and_
 
     child = gated_child(gate, "too late")
     parent = RecordingParent(
-        unique("parent"), tools=[agent_tool(child, "Delegate.", name="delegate")], script=[call("delegate", message="x"), say("moved on")]
+        unique("parent"),
+        tools=[agent_tool(child, "Delegate.", name="delegate")],
+        script=[call("delegate", message="x"), say("moved on")],
     )
     handle = threads.start(parent, "go")
     gate.wait_inside()
     [row] = threads.agent_tool_runs(handle.thread_id)
-    assert row.last_signal_at is not None and row.no_progress_budget_ms == agent_tool_dispatch.DEFAULT_AWAITED_NO_PROGRESS_MS
+    assert (
+        row.last_signal_at is not None
+        and row.no_progress_budget_ms == agent_tool_dispatch.DEFAULT_AWAITED_NO_PROGRESS_MS
+    )
     # The child has been silent for longer than the awaited window (120 s).
     past = runs.utcnow() - timedelta(seconds=130)
     set_ledger(threads, row.run_id, last_signal_at=past, check_at=past + timedelta(seconds=120))
@@ -407,7 +432,11 @@ def test_a_fresh_signal_inside_the_window_leaves_the_run_running(threads: Thread
     now[0] = start + timedelta(seconds=5)  # last signal 5 s ago for one, 0.5 s ago for the other
     runtime.reconcile_tick()
     silent_row, chatty_row = (threads.inspect_agent_tool_run(r.run_id) for r in (silent, chatty))
-    assert (silent_row.status, silent_row.reason, silent_row.child_still_running) == ("interrupted", "no-progress", True)
+    assert (silent_row.status, silent_row.reason, silent_row.child_still_running) == (
+        "interrupted",
+        "no-progress",
+        True,
+    )
     assert chatty_row.status == "running"
 
     now[0] = start + timedelta(seconds=6)  # the chatty one falls silent too
@@ -462,14 +491,19 @@ def test_a_heartbeat_from_the_child_resets_the_no_progress_window(threads: Threa
         opened.set()
 
 
-def test_a_child_whose_tool_is_still_running_is_not_silent(threads: Threads, gate: Gate, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_child_whose_tool_is_still_running_is_not_silent(
+    threads: Threads, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The worker renews a running call's lease every tool_lease_s / 3; make that 0.2 s here.
     runtime = threads.app.threads_runtime.get()
     monkeypatch.setattr(runtime, "settings", runtime.settings.with_(tool_lease_s=0.6))
     parent_thread = idle_parent(threads, RecordingParent(unique("parent")))
-    handle = threads.run_agent_tool(parent_thread, gated_child(gate), input="x", detached=Detached(no_progress_budget_ms=1000))
+    handle = threads.run_agent_tool(
+        parent_thread, gated_child(gate), input="x", detached=Detached(no_progress_budget_ms=1000)
+    )
     gate.wait_inside()
     first = threads.inspect_agent_tool_run(handle.run_id).last_signal_at
+
     # The tool reports nothing, but its worker is alive: the silence window keeps moving.
     def moved_on() -> datetime | None:
         latest = threads.inspect_agent_tool_run(handle.run_id).last_signal_at
@@ -515,7 +549,9 @@ def test_zero_or_infinite_budgets_disable_the_give_up(threads: Threads, gate: Ga
 
 @pytest.mark.parametrize("field", ["max_budget_ms", "no_progress_budget_ms"])
 @pytest.mark.parametrize("value", [-1, -0.5, float("nan"), "60s", True])
-def test_a_negative_or_non_numeric_budget_is_a_config_error_at_dispatch(threads: Threads, field: str, value: Any) -> None:
+def test_a_negative_or_non_numeric_budget_is_a_config_error_at_dispatch(
+    threads: Threads, field: str, value: Any
+) -> None:
     parent_thread = idle_parent(threads, RecordingParent(unique("parent")))
     child = quick_child()
     with pytest.raises(ConfigError, match=field):

@@ -22,7 +22,9 @@ class In(BaseModel):
 
 
 slow = tool(name="slow", description="x", input=In, effect="read_only", execute=lambda i, c: GATE.wait(10) and "late")
-child = Agent(name="slowpoke", instructions="x", model=ScriptedModel([call("slow", q="x"), say("finished")]), tools=[slow])
+child = Agent(
+    name="slowpoke", instructions="x", model=ScriptedModel([call("slow", q="x"), say("finished")]), tools=[slow]
+)
 
 
 class Parent(Agent):
@@ -41,7 +43,11 @@ def test_an_awaited_child_past_the_maximum_window_is_sealed_window_exceeded_and_
         eventually(lambda: threads.agent_tool_runs(handle.thread_id), timeout=10, what="the child run in the registry")
         [row] = threads.agent_tool_runs(handle.thread_id)
         with threads.store.transaction() as tx:  # the window has passed
-            tx.conn.execute(update(agent_tool_runs).values(check_at=utcnow() - timedelta(seconds=1), started_at=utcnow() - timedelta(minutes=5)))
+            tx.conn.execute(
+                update(agent_tool_runs).values(
+                    check_at=utcnow() - timedelta(seconds=1), started_at=utcnow() - timedelta(minutes=5)
+                )
+            )
         threads.reconcile()
         run = threads.wait(handle.run_id, 20)
         GATE.set()

@@ -120,7 +120,12 @@ def test_failure_envelopes_are_retryable_only_when_interrupted() -> None:
     ).result()
     assert isinstance(error, AgentToolFailure) and isinstance(aborted, AgentToolFailure)
     assert error.to_json() == {"ok": False, "status": "error", "error": "agent tool run failed", "retryable": False}
-    assert aborted.to_json() == {"ok": False, "status": "aborted", "error": "agent tool run was cancelled", "retryable": False}
+    assert aborted.to_json() == {
+        "ok": False,
+        "status": "aborted",
+        "error": "agent tool run was cancelled",
+        "retryable": False,
+    }
     assert isinstance(interrupted, AgentToolFailure)
     assert interrupted.to_json() == {
         "ok": False,
@@ -131,7 +136,9 @@ def test_failure_envelopes_are_retryable_only_when_interrupted() -> None:
         "child_still_running": True,
     }
     # reason and child_still_running appear only where they are set.
-    torn_down = AgentToolFailure("interrupted", "gone", retryable=True, reason="window-exceeded", child_still_running=False)
+    torn_down = AgentToolFailure(
+        "interrupted", "gone", retryable=True, reason="window-exceeded", child_still_running=False
+    )
     assert torn_down.to_json()["child_still_running"] is False
     assert "reason" not in AgentToolFailure("interrupted", "?", retryable=True).to_json()
 
@@ -184,7 +191,9 @@ def test_a_model_called_agent_tool_waits_holding_no_worker_then_its_result_is_th
 def test_redelivering_the_parent_tool_task_never_starts_a_second_child(threads: Threads, gate: Gate) -> None:
     child = gated_child(gate)
     parent = Parent(
-        unique("parent"), tools=[agent_tool(child, "Delegate.", name="delegate")], script=[call("delegate", message="x"), say("done")]
+        unique("parent"),
+        tools=[agent_tool(child, "Delegate.", name="delegate")],
+        script=[call("delegate", message="x"), say("done")],
     )
     handle = threads.start(parent, "go")
     gate.wait_inside()
@@ -275,7 +284,10 @@ def test_past_the_cap_a_launch_fails_fast_naming_the_cap_and_starts_no_child(thr
     assert "max_concurrent_agent_tools" in refused.error and "1" in refused.error
     row = threads.inspect_agent_tool_run(refused_id)
     assert row is not None and row.status == "error" and row.child_thread_id is None and row.child_run_id is None
-    assert [t for t, _ in agent_tool_events(threads, parent_thread, refused_id)] == ["agent_tool.started", "agent_tool.error"]
+    assert [t for t, _ in agent_tool_events(threads, parent_thread, refused_id)] == [
+        "agent_tool.started",
+        "agent_tool.error",
+    ]
     assert len(runs_of(threads, child)) == 1  # only the first child ever started
 
     detached_refusal = threads.run_agent_tool(parent_thread, child, input="three", detached=True)
@@ -291,7 +303,9 @@ def test_two_launches_at_once_past_a_cap_of_one_refuse_exactly_one(threads: Thre
     parent_thread = idle_parent(threads, CappedParent(unique("capped")))
     child = gated_child(gate)
     with ThreadPoolExecutor(2) as pool:
-        handles = list(pool.map(lambda i: threads.run_agent_tool(parent_thread, child, input=f"n{i}", detached=True), range(2)))
+        handles = list(
+            pool.map(lambda i: threads.run_agent_tool(parent_thread, child, input=f"n{i}", detached=True), range(2))
+        )
     assert sorted(h.status for h in handles) == ["error", "running"]
     gate.opened.set()
 
@@ -377,8 +391,17 @@ def test_lifecycle_events_started_chunks_and_one_terminal_event(threads: Threads
     assert kinds[0] == "agent_tool.started"
     started = events[0][1]
     assert started["input_preview"] == "x" * 500
-    assert (started["run_id"], started["agent_type"], started["order"], started["display"]) == (run_id, child.name, 3, "Chatty")
-    terminal = [k for k in kinds if k in ("agent_tool.finished", "agent_tool.error", "agent_tool.aborted", "agent_tool.interrupted")]
+    assert (started["run_id"], started["agent_type"], started["order"], started["display"]) == (
+        run_id,
+        child.name,
+        3,
+        "Chatty",
+    )
+    terminal = [
+        k
+        for k in kinds
+        if k in ("agent_tool.finished", "agent_tool.error", "agent_tool.aborted", "agent_tool.interrupted")
+    ]
     assert terminal == ["agent_tool.finished"] and kinds[-1] == "agent_tool.finished"
     assert events[-1][1] == {"run_id": run_id, "summary": "final words"}
     chunks = [p["body"] for t, p in events if t == "agent_tool.chunk"]
@@ -393,11 +416,15 @@ def test_lifecycle_events_started_chunks_and_one_terminal_event(threads: Threads
 
 def test_terminal_event_delivery_forwards_no_child_chunks_but_progress_and_milestones(threads: Threads) -> None:
     parent_thread = idle_parent(threads, Parent(unique("parent")))
-    reporting = Gate("report_then_go", before=lambda ctx: (ctx.report_progress(fraction=0.5), ctx.report_progress(milestone="half")))
+    reporting = Gate(
+        "report_then_go", before=lambda ctx: (ctx.report_progress(fraction=0.5), ctx.report_progress(milestone="half"))
+    )
     reporting.opened.set()
     child = gated_child(reporting, "quiet")
     run_id = unique("terminal")
-    result = threads.run_agent_tool(parent_thread, child, input="work", run_id=run_id, event_delivery="terminal", timeout=WAIT_S)
+    result = threads.run_agent_tool(
+        parent_thread, child, input="work", run_id=run_id, event_delivery="terminal", timeout=WAIT_S
+    )
     assert isinstance(result, AgentToolResult) and result.summary == "quiet"
     assert [t for t, _ in agent_tool_events(threads, parent_thread, run_id)] == [
         "agent_tool.started",
@@ -479,7 +506,9 @@ def test_notify_injects_one_message_and_gives_the_parent_exactly_one_turn(thread
 def test_notify_with_a_source_of_its_own(threads: Threads) -> None:
     parent = Parent(unique("parent"))
     parent_thread = idle_parent(threads, parent)
-    handle = threads.run_agent_tool(parent_thread, quick_child(), input="x", detached=Detached(notify={"source": "research-background"}))
+    handle = threads.run_agent_tool(
+        parent_thread, quick_child(), input="x", detached=Detached(notify={"source": "research-background"})
+    )
     threads.wait(eventually(lambda: _notify_run_id(threads, parent_thread)), WAIT_S)
     [message] = [m for m in threads.messages(parent_thread) if m.key == f"detached-finish:{handle.run_id}:completed"]
     assert message.meta is not None and message.meta["source"] == "research-background"
@@ -504,7 +533,9 @@ def test_format_detached_completion_returning_empty_suppresses_the_notification(
 def test_an_explicit_on_finish_wins_over_notify(threads: Threads) -> None:
     parent = Parent(unique("parent"))
     parent_thread = idle_parent(threads, parent)
-    handle = threads.run_agent_tool(parent_thread, quick_child(), input="x", detached=Detached(on_finish="on_done", notify=True))
+    handle = threads.run_agent_tool(
+        parent_thread, quick_child(), input="x", detached=Detached(on_finish="on_done", notify=True)
+    )
     eventually(lambda: delivered(threads, handle.run_id, "completed"), what="the delivery")
     assert [run_id for run_id, _ in parent.done] == [handle.run_id]
     assert not any((m.key or "").startswith("detached-finish:") for m in threads.messages(parent_thread))
@@ -519,7 +550,9 @@ def test_a_signal_passed_to_a_detached_run_is_ignored_with_a_warning(threads: Th
     signal = threading.Event()
     signal.set()  # already "aborted": a detached run must not inherit it
     with pytest.warns(RuntimeWarning, match="signal"):
-        handle = threads.run_agent_tool(parent_thread, quick_child(), input="x", detached=Detached(on_finish="on_done"), signal=signal)
+        handle = threads.run_agent_tool(
+            parent_thread, quick_child(), input="x", detached=Detached(on_finish="on_done"), signal=signal
+        )
     assert handle.status == "running"
     eventually(lambda: parent.done, what="on_finish")
     assert parent.done[0][1].status == "completed"
@@ -528,7 +561,9 @@ def test_a_signal_passed_to_a_detached_run_is_ignored_with_a_warning(threads: Th
 # -- cancellation ----------------------------------------------------------------------------
 
 
-def test_cancel_agent_tool_cancels_the_child_delivers_aborted_once_and_emits_one_event(threads: Threads, gate: Gate) -> None:
+def test_cancel_agent_tool_cancels_the_child_delivers_aborted_once_and_emits_one_event(
+    threads: Threads, gate: Gate
+) -> None:
     parent = Parent(unique("parent"))
     parent_thread = idle_parent(threads, parent)
     child = gated_child(gate)
@@ -543,7 +578,9 @@ def test_cancel_agent_tool_cancels_the_child_delivers_aborted_once_and_emits_one
     assert runtime.deliver(handle.run_id, "aborted").startswith("skipped")
     assert [(r, res.status) for r, res in parent.done] == [(handle.run_id, "aborted")]
     assert parent.finishes == [(handle.run_id, "aborted")]
-    aborted_events = [p for t, p in agent_tool_events(threads, parent_thread, handle.run_id) if t == "agent_tool.aborted"]
+    aborted_events = [
+        p for t, p in agent_tool_events(threads, parent_thread, handle.run_id) if t == "agent_tool.aborted"
+    ]
     assert aborted_events == [{"run_id": handle.run_id, "reason": "agent tool run was cancelled"}]
 
 
@@ -570,7 +607,9 @@ def test_a_softly_interrupted_run_can_be_cancelled(threads: Threads, gate: Gate)
     gate.wait_inside()
     with threads.store.transaction() as tx:
         row = tx.get_agent_tool_run(handle.run_id, lock=True)
-        entries = agent_tools.seal_interrupted(tx, row, reason="no-progress", error="silent", child_still_running=True, now=runs.utcnow())
+        entries = agent_tools.seal_interrupted(
+            tx, row, reason="no-progress", error="silent", child_still_running=True, now=runs.utcnow()
+        )
     threads.publisher(entries)
     eventually(lambda: delivered(threads, handle.run_id, "interrupted"), what="the interrupted delivery")
 
@@ -584,7 +623,9 @@ def test_a_softly_interrupted_run_can_be_cancelled(threads: Threads, gate: Gate)
 # -- inspection, the registry, clearing ------------------------------------------------------
 
 
-def test_inspect_agent_tool_run_is_none_for_an_unknown_id_and_a_snapshot_otherwise(threads: Threads, gate: Gate) -> None:
+def test_inspect_agent_tool_run_is_none_for_an_unknown_id_and_a_snapshot_otherwise(
+    threads: Threads, gate: Gate
+) -> None:
     parent_thread = idle_parent(threads, Parent(unique("parent")))
     assert threads.inspect_agent_tool_run(unique("no_record_yet")) is None
 
@@ -655,7 +696,9 @@ def test_clear_agent_tool_runs_filters_on_status_and_start_time_and_cancels_runn
 # -- re-attaching ----------------------------------------------------------------------------
 
 
-def test_running_an_interrupted_run_id_again_reattaches_and_collects_the_completion(threads: Threads, gate: Gate) -> None:
+def test_running_an_interrupted_run_id_again_reattaches_and_collects_the_completion(
+    threads: Threads, gate: Gate
+) -> None:
     from threads_celery.transitions import agent_tools, runs
 
     parent_thread = idle_parent(threads, Parent(unique("parent")))
@@ -666,7 +709,9 @@ def test_running_an_interrupted_run_id_again_reattaches_and_collects_the_complet
     with threads.store.transaction() as tx:
         row = tx.get_agent_tool_run(run_id, lock=True)
         threads.publisher(
-            agent_tools.seal_interrupted(tx, row, reason="no-progress", error="silent", child_still_running=True, now=runs.utcnow())
+            agent_tools.seal_interrupted(
+                tx, row, reason="no-progress", error="silent", child_still_running=True, now=runs.utcnow()
+            )
         )
     assert threads.inspect_agent_tool_run(run_id).status == "interrupted"
     with ThreadPoolExecutor(1) as pool:
@@ -722,7 +767,9 @@ def test_bad_dispatch_options_are_config_errors(threads: Threads) -> None:
 def test_cancelling_the_spawning_run_cancels_its_awaited_child_with_the_reason(threads: Threads, gate: Gate) -> None:
     child = gated_child(gate)
     parent = Parent(
-        unique("parent"), tools=[agent_tool(child, "Delegate.", name="delegate")], script=[call("delegate", message="x"), say("never")]
+        unique("parent"),
+        tools=[agent_tool(child, "Delegate.", name="delegate")],
+        script=[call("delegate", message="x"), say("never")],
     )
     handle = threads.start(parent, "go")
     gate.wait_inside()
@@ -733,7 +780,12 @@ def test_cancelling_the_spawning_run_cancels_its_awaited_child_with_the_reason(t
     )
     assert (child_run.status, child_run.error) == ("aborted", "the user pressed stop")
     row = eventually(lambda: delivered(threads, row.run_id, "aborted"), what="the aborted delivery")
-    assert row.result().to_json() == {"ok": False, "status": "aborted", "error": "the user pressed stop", "retryable": False}
+    assert row.result().to_json() == {
+        "ok": False,
+        "status": "aborted",
+        "error": "the user pressed stop",
+        "retryable": False,
+    }
     assert [p for t, p in agent_tool_events(threads, handle.thread_id, row.run_id) if t == "agent_tool.aborted"] == [
         {"run_id": row.run_id, "reason": "the user pressed stop"}
     ]
@@ -757,10 +809,14 @@ def test_cancelling_a_parent_run_leaves_detached_children_running(threads: Threa
 def test_nested_agent_tools_each_level_keeps_its_own_cap_and_events(threads: Threads) -> None:
     leaf = quick_child("leaf done")
     middle = CappedParent(
-        unique("middle"), tools=[agent_tool(leaf, "Leaf.", name="leaf")], script=[call("leaf", message="deeper"), say("middle done")]
+        unique("middle"),
+        tools=[agent_tool(leaf, "Leaf.", name="leaf")],
+        script=[call("leaf", message="deeper"), say("middle done")],
     )
     top = CappedParent(
-        unique("top"), tools=[agent_tool(middle, "Middle.", name="middle")], script=[call("middle", message="down"), say("top done")]
+        unique("top"),
+        tools=[agent_tool(middle, "Middle.", name="middle")],
+        script=[call("middle", message="down"), say("top done")],
     )
     handle = threads.start(top, "go")
     run = threads.wait(handle.run_id, WAIT_S)
@@ -777,7 +833,9 @@ def test_nested_agent_tools_each_level_keeps_its_own_cap_and_events(threads: Thr
 def test_an_error_in_one_run_leaves_a_healthy_sibling_alone(threads: Threads, gate: Gate) -> None:
     parent = Parent(unique("parent"))
     parent_thread = idle_parent(threads, parent)
-    healthy = threads.run_agent_tool(parent_thread, gated_child(gate, "healthy"), input="ok", detached=Detached(on_finish="on_done"))
+    healthy = threads.run_agent_tool(
+        parent_thread, gated_child(gate, "healthy"), input="ok", detached=Detached(on_finish="on_done")
+    )
     gate.wait_inside()
     broken = threads.run_agent_tool(
         parent_thread,
@@ -797,7 +855,9 @@ def test_an_error_in_one_run_leaves_a_healthy_sibling_alone(threads: Threads, ga
     assert errors == [broken.run_id]
 
 
-def test_a_detached_redispatch_of_an_interrupted_run_id_reattaches_and_rearms_the_backbone(threads: Threads, gate: Gate) -> None:
+def test_a_detached_redispatch_of_an_interrupted_run_id_reattaches_and_rearms_the_backbone(
+    threads: Threads, gate: Gate
+) -> None:
     from datetime import timedelta
 
     from threads_celery.runtime.machine import Runtime
@@ -813,7 +873,9 @@ def test_a_detached_redispatch_of_an_interrupted_run_id_reattaches_and_rearms_th
     with threads.store.transaction() as tx:
         row = tx.get_agent_tool_run(run_id, lock=True)
         threads.publisher(
-            agent_tools.seal_interrupted(tx, row, reason="no-progress", error="silent", child_still_running=True, now=runs.utcnow())
+            agent_tools.seal_interrupted(
+                tx, row, reason="no-progress", error="silent", child_still_running=True, now=runs.utcnow()
+            )
         )
     eventually(lambda: delivered(threads, run_id, "interrupted"), what="the give-up's delivery")
 
@@ -834,8 +896,16 @@ def test_a_detached_redispatch_of_an_interrupted_run_id_reattaches_and_rearms_th
 
 def test_cancelling_the_top_of_a_tree_cancels_awaited_grandchildren_too(threads: Threads, gate: Gate) -> None:
     leaf = gated_child(gate)
-    middle = Parent(unique("middle"), tools=[agent_tool(leaf, "Leaf.", name="leaf")], script=[call("leaf", message="y"), say("never")])
-    top = Parent(unique("top"), tools=[agent_tool(middle, "Middle.", name="middle")], script=[call("middle", message="x"), say("never")])
+    middle = Parent(
+        unique("middle"),
+        tools=[agent_tool(leaf, "Leaf.", name="leaf")],
+        script=[call("leaf", message="y"), say("never")],
+    )
+    top = Parent(
+        unique("top"),
+        tools=[agent_tool(middle, "Middle.", name="middle")],
+        script=[call("middle", message="x"), say("never")],
+    )
     handle = threads.start(top, "go")
     gate.wait_inside()
     [middle_row] = threads.agent_tool_runs(handle.thread_id)
@@ -844,4 +914,6 @@ def test_cancelling_the_top_of_a_tree_cancels_awaited_grandchildren_too(threads:
     for row in (middle_row, leaf_row):
         run = threads.get_run(row.child_run_id)
         assert (run.status, run.error) == ("aborted", "stop everything")
-        eventually(lambda row=row: delivered(threads, row.run_id, "aborted"), what=f"{row.agent_type}'s aborted delivery")
+        eventually(
+            lambda row=row: delivered(threads, row.run_id, "aborted"), what=f"{row.agent_type}'s aborted delivery"
+        )

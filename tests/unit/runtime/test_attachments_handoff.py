@@ -68,7 +68,11 @@ def test_parent_files_are_copied_into_the_child_and_the_childs_files_come_back(t
                 say("done"),
             ]
         ),
-        tools=[write, read, reviewer.as_tool(input=ReviewIn, init_user_message_property="message", init_attachments_property="files")],
+        tools=[
+            write,
+            read,
+            reviewer.as_tool(input=ReviewIn, init_user_message_property="message", init_attachments_property="files"),
+        ],
         permissions=Permissions.allow_all(),
     )
     settings = Settings(files_root=str(tmp_path / "files"))

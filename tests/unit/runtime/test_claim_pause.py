@@ -65,9 +65,7 @@ def threads(embedded_threads: Callable[..., Threads]) -> Threads:
     return embedded_threads(reconcile_interval=None, concurrency=1)
 
 
-def _pause_after_the_first_claim(
-    threads: Threads, monkeypatch: pytest.MonkeyPatch
-) -> threading.Event:
+def _pause_after_the_first_claim(threads: Threads, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Make the first claim look like its process was stopped past its lease meanwhile.
 
     After the claim commits, the ledger's leases are moved into the past (as time passing would
@@ -91,9 +89,7 @@ def _pause_after_the_first_claim(
         with threads.store.transaction() as tx:
             tx.conn.execute(update(runs).where(runs.c.id == run.id).values(lease_expires_at=past))
             tx.conn.execute(
-                update(tool_calls)
-                .where(tool_calls.c.effect_key == call_row.effect_key)
-                .values(lease_expires_at=past)
+                update(tool_calls).where(tool_calls.c.effect_key == call_row.effect_key).values(lease_expires_at=past)
             )
         assert threads.reconcile()["expired_runs"] == 1
         offset[0] += lease_s
@@ -117,12 +113,8 @@ def test_a_reconcilable_call_paused_after_its_claim_runs_once(
     assert results == ["charged 5 (attempt 2)"]
 
 
-def test_an_unguarded_call_paused_after_its_claim_never_acts(
-    threads: Threads, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    unguarded = tool(
-        name="send", description="Send it.", input=ChargeIn, effect="unguarded", execute=_charge
-    )
+def test_an_unguarded_call_paused_after_its_claim_never_acts(threads: Threads, monkeypatch: pytest.MonkeyPatch) -> None:
+    unguarded = tool(name="send", description="Send it.", input=ChargeIn, effect="unguarded", execute=_charge)
     _pause_after_the_first_claim(threads, monkeypatch)
     handle = threads.start(_agent(unguarded), "send 5")
     eventually(

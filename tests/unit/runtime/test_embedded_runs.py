@@ -432,7 +432,10 @@ def test_an_ends_turn_tool_that_fails_gives_the_turn_back_to_the_model(threads: 
     run, messages = run_to_end(threads, agent)
     assert run.status == "completed"
     assert run.output == "No rooms left, sorry."
-    assert shape(messages)[-2:] == [("tool", "book: ERROR RuntimeError: no rooms left"), ("assistant", "No rooms left, sorry.")]
+    assert shape(messages)[-2:] == [
+        ("tool", "book: ERROR RuntimeError: no rooms left"),
+        ("assistant", "No rooms left, sorry."),
+    ]
 
 
 # -- one run at a time per thread ----------------------------------------------------------------
@@ -566,7 +569,9 @@ def test_a_model_that_raises_ends_the_run_in_error_with_a_clear_message(threads:
 
 
 def test_a_model_that_asks_for_more_turns_than_scripted_fails_the_run(threads: Threads) -> None:
-    agent = make_agent([call("noop")], [tool(name="noop", description="Nothing.", input=Label, execute=lambda i, c: "ok")])
+    agent = make_agent(
+        [call("noop")], [tool(name="noop", description="Nothing.", input=Label, execute=lambda i, c: "ok")]
+    )
     run, _ = run_to_end(threads, agent)
     assert run.status == "error"
     assert "ScriptExhausted" in (run.error or "")

@@ -107,8 +107,21 @@ def test_a_symlink_that_stays_inside_the_area_is_followed(world: tuple[Path, Thr
 
 # -- escapes ----------------------------------------------------------------------------------------
 
-ESCAPES = ["../x", "/etc/passwd", "a/../../x", "..", "docs/../../notes.txt", "out/secret.txt", "out-file",
-           "out/new.txt", "nul\x00byte.txt", "..\\x", "", ".", "./"]
+ESCAPES = [
+    "../x",
+    "/etc/passwd",
+    "a/../../x",
+    "..",
+    "docs/../../notes.txt",
+    "out/secret.txt",
+    "out-file",
+    "out/new.txt",
+    "nul\x00byte.txt",
+    "..\\x",
+    "",
+    ".",
+    "./",
+]
 ATTEMPTS: dict[str, Callable[[ThreadFiles, str], Any]] = {
     "path": lambda f, name: f.path(name),
     "read_text": lambda f, name: f.read_text(name),
@@ -152,7 +165,12 @@ def test_the_error_is_clear_and_survives_pickling() -> None:
     assert isinstance(error, ValueError)
     assert str(error) == "attachment name '../x' is refused: it climbs out with '..'"
     again = pickle.loads(pickle.dumps(error))
-    assert (type(again), again.name, again.reason, str(again)) == (AttachmentPathError, "../x", error.reason, str(error))
+    assert (type(again), again.name, again.reason, str(again)) == (
+        AttachmentPathError,
+        "../x",
+        error.reason,
+        str(error),
+    )
 
 
 # -- across threads ---------------------------------------------------------------------------------
@@ -209,7 +227,9 @@ def test_a_missing_name_copies_nothing(tmp_path: Path) -> None:
 
 
 def test_ctx_files_is_the_threads_area_under_the_configured_root(tmp_path: Path) -> None:
-    ctx = ToolContext(effect_key="k", run_id="r", thread_id="thr_9", attempt=1, settings=Settings(files_root=str(tmp_path)))
+    ctx = ToolContext(
+        effect_key="k", run_id="r", thread_id="thr_9", attempt=1, settings=Settings(files_root=str(tmp_path))
+    )
     assert ctx.files.directory == tmp_path / "thr_9"
     assert ctx.files is ctx.files
 
@@ -245,11 +265,16 @@ def last_user_text(messages: list[Any]) -> str:
 
 def test_a_file_a_tool_writes_is_read_by_a_later_tool_of_the_same_thread(threads: Threads, files_root: Path) -> None:
     save = tool(
-        name="save_note", description="Save a note.", input=Note,
+        name="save_note",
+        description="Save a note.",
+        input=Note,
         execute=lambda inp, ctx: ctx.files.write_text(inp.name, inp.text),
     )
     load = tool(
-        name="load_note", description="Read a note.", input=Note, effect="read_only",
+        name="load_note",
+        description="Read a note.",
+        input=Note,
+        effect="read_only",
         execute=lambda inp, ctx: ctx.files.read_text(inp.name),
     )
     note = "notes/today.md"

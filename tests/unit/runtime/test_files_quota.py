@@ -20,10 +20,14 @@ from threads_celery.workspace.files import FilesQuota, ThreadFiles, quota_breach
 def test_quota_breach_is_a_pure_decision() -> None:
     quota = FilesQuota(max_bytes=100, max_files=2)
     assert quota_breach(quota, used_bytes=60, files=1, replaced_bytes=None, new_bytes=40) is None
-    assert "101 bytes, over the limit of 100" in (quota_breach(quota, used_bytes=60, files=1, replaced_bytes=None, new_bytes=41) or "")
+    assert "101 bytes, over the limit of 100" in (
+        quota_breach(quota, used_bytes=60, files=1, replaced_bytes=None, new_bytes=41) or ""
+    )
     # Overwriting a file counts only the difference.
     assert quota_breach(quota, used_bytes=90, files=2, replaced_bytes=80, new_bytes=90) is None
-    assert "THREADS_FILES_MAX_COUNT" in (quota_breach(quota, used_bytes=0, files=2, replaced_bytes=None, new_bytes=0) or "")
+    assert "THREADS_FILES_MAX_COUNT" in (
+        quota_breach(quota, used_bytes=0, files=2, replaced_bytes=None, new_bytes=0) or ""
+    )
     assert quota_breach(FilesQuota(), used_bytes=10**12, files=10**6, replaced_bytes=None, new_bytes=10**9) is None
 
 
@@ -38,7 +42,11 @@ def test_a_write_past_the_size_limit_writes_nothing_and_keeps_earlier_files(tmp_
         files.write_bytes("a.bin", b"a" * 1001)  # a replacement past the limit keeps the old content
     assert files.list() == ["a.bin", "notes.txt"]
     assert files.read_bytes("a.bin") == b"a" * 600 and files.read_text("notes.txt") == "keep me"
-    assert [p.name for p in files.directory.iterdir() if p.name.startswith(".threads-tmp-") and p.name != ".threads-tmp-lock"] == []
+    assert [
+        p.name
+        for p in files.directory.iterdir()
+        if p.name.startswith(".threads-tmp-") and p.name != ".threads-tmp-lock"
+    ] == []
     files.write_bytes("a.bin", b"a" * 900)  # replacing within the limit is fine
     assert files.usage() == (907, 2)
 
@@ -92,11 +100,19 @@ def test_the_error_survives_a_task_boundary() -> None:
 
 
 def test_quotas_come_from_the_settings_and_bad_values_are_refused(tmp_path: Path) -> None:
-    settings = Settings.from_env({"THREADS_FILES_MAX_BYTES": "2048", "THREADS_FILES_MAX_COUNT": "3", "THREADS_FILES_ROOT": str(tmp_path)})
+    settings = Settings.from_env(
+        {"THREADS_FILES_MAX_BYTES": "2048", "THREADS_FILES_MAX_COUNT": "3", "THREADS_FILES_ROOT": str(tmp_path)}
+    )
     assert (settings.files_max_bytes, settings.files_max_count) == (2048, 3)
     ctx = ToolContext(effect_key="k", run_id="r", thread_id="t", attempt=1, settings=settings)
     assert ctx.files.quota == FilesQuota(2048, 3)
-    unlimited = ToolContext(effect_key="k", run_id="r", thread_id="t", attempt=1, settings=Settings(files_max_bytes=0, files_max_count=0, files_root=str(tmp_path)))
+    unlimited = ToolContext(
+        effect_key="k",
+        run_id="r",
+        thread_id="t",
+        attempt=1,
+        settings=Settings(files_max_bytes=0, files_max_count=0, files_root=str(tmp_path)),
+    )
     assert unlimited.files.quota == FilesQuota(None, None)
     assert Settings().files_max_bytes == 100 * 2**20 and Settings().files_max_count == 1000  # on by default
     with pytest.raises(ConfigError, match="files_max_bytes"):
@@ -120,14 +136,19 @@ def test_a_tool_that_overruns_the_quota_gets_a_clear_error_and_the_thread_keeps_
     agent = Agent(
         name="saver",
         instructions="x",
-        model=ScriptedModel([call("save", name="first.bin", size=600), call("save", name="second.bin", size=50 * 2**20), say("done")]),
+        model=ScriptedModel(
+            [call("save", name="first.bin", size=600), call("save", name="second.bin", size=50 * 2**20), say("done")]
+        ),
         tools=[save],
     )
     with Threads.embedded(settings=settings) as threads:
         run = threads.wait(threads.start(agent, "go").run_id, 30)
         assert run.status == "completed", run.error
         results = [m.tool_result for m in threads.messages(run.thread_id) if m.role == "tool" and m.tool_result]
-    assert [(r.is_error, r.content.split(":")[0]) for r in results] == [(False, "first.bin"), (True, "AttachmentQuotaError")]
+    assert [(r.is_error, r.content.split(":")[0]) for r in results] == [
+        (False, "first.bin"),
+        (True, "AttachmentQuotaError"),
+    ]
     assert "THREADS_FILES_MAX_BYTES" in results[1].content
     files = ThreadFiles(settings.files_root, run.thread_id)
     assert files.list() == ["first.bin"] and files.read_bytes("first.bin") == b"d" * 600

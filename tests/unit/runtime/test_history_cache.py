@@ -133,7 +133,10 @@ def _random_history(rng: random.Random, n: int) -> list[Message]:
     for seq in range(n):
         kind = rng.choice(["user", "assistant", "assistant-calls", "tool", "tool-error"])
         if kind == "assistant-calls":
-            calls = tuple(ToolCall(id=f"c{seq}.{i}", name="t", args='{"a": 1}', effect_key=f"k{seq}.{i}") for i in range(rng.randint(1, 3)))
+            calls = tuple(
+                ToolCall(id=f"c{seq}.{i}", name="t", args='{"a": 1}', effect_key=f"k{seq}.{i}")
+                for i in range(rng.randint(1, 3))
+            )
             out.append(Message("t", seq, "assistant", rng.choice(["", "thinking"]), tool_calls=calls))
         elif kind.startswith("tool"):
             out.append(

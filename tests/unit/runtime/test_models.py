@@ -205,9 +205,7 @@ def test_a_call_turn_streams_the_call_then_argument_fragments_that_add_up_to_the
 
 def test_several_calls_keep_their_order_and_their_own_fragments() -> None:
     events: list[StreamEvent] = []
-    model = ScriptedModel(
-        [calls(("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"}))], chunk_size=3
-    )
+    model = ScriptedModel([calls(("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"}))], chunk_size=3)
     turn = request_turn(model, "", [user(0, "Both?")], [weather], on_stream=events.append)
     assert [json.loads(c.args) for c in turn.calls] == [{"city": "Paris"}, {"city": "Rome"}]
     assert len({c.call_id for c in turn.calls}) == 2

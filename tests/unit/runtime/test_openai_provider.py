@@ -59,7 +59,9 @@ def _run_weather(agent: Agent) -> tuple[Any, list[Message]]:
         return run, threads.messages(handle.thread_id)
 
 
-def _assert_provider_conversation(fake: FakeOpenAI, run: Any, messages: list[Message], seen: list[dict[str, Any]]) -> None:
+def _assert_provider_conversation(
+    fake: FakeOpenAI, run: Any, messages: list[Message], seen: list[dict[str, Any]]
+) -> None:
     assert fake.errors == []
     assert run.status == "completed", run.error
     assert run.output == "It is 70 degrees in Paris."
@@ -114,7 +116,10 @@ def test_openai_model_string_uses_openai_base_url(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", "test")
         agent = Agent(
-            name="weather_string", instructions=INSTRUCTIONS, model="openai-chat:gpt-4o-mini", tools=[_weather_tool(seen)]
+            name="weather_string",
+            instructions=INSTRUCTIONS,
+            model="openai-chat:gpt-4o-mini",
+            tools=[_weather_tool(seen)],
         )
         run, messages = _run_weather(agent)
         _assert_provider_conversation(fake, run, messages, seen)

@@ -75,9 +75,7 @@ def test_group_end_first_wave_and_slot_successor() -> None:
         (["finished", "skipped", "finished"], [0, 2], True),
     ],
 )
-def test_results_are_shown_in_call_order_only(
-    statuses: list[str], shown: list[int], complete: bool
-) -> None:
+def test_results_are_shown_in_call_order_only(statuses: list[str], shown: list[int], complete: bool) -> None:
     assert ready_to_show(statuses) == (shown, complete)
 
 
@@ -103,9 +101,7 @@ def test_concurrent_on_a_tool_that_is_not_read_only_is_a_config_error_naming_it(
         from threads_celery import NotFound, Reconcile
 
         extra["reconcile"] = Reconcile(finality="final", lookup=lambda key: NotFound())
-    with pytest.raises(
-        ConfigError, match=r"'charge'.*concurrent=True is only for effect='read_only'"
-    ):
+    with pytest.raises(ConfigError, match=r"'charge'.*concurrent=True is only for effect='read_only'"):
         tool(
             name="charge",
             description="d",
@@ -149,9 +145,7 @@ def test_the_in_flight_limit_must_be_a_positive_integer(bad: Any) -> None:
 
 
 def test_the_in_flight_limit_comes_from_the_environment() -> None:
-    assert (
-        Settings.from_env(env={"THREADS_MAX_PARALLEL_TOOL_CALLS": "3"}).max_parallel_tool_calls == 3
-    )
+    assert Settings.from_env(env={"THREADS_MAX_PARALLEL_TOOL_CALLS": "3"}).max_parallel_tool_calls == 3
     assert Settings.from_env(env={}).max_parallel_tool_calls == 8
 
 
@@ -225,12 +219,8 @@ def test_a_call_in_order_keeps_its_place_between_two_groups(threads: Threads) ->
             log.append(("end", inp.n))
         return str(inp.n)
 
-    concurrent = tool(
-        name="look", description="d", input=NumIn, execute=step, effect="read_only", concurrent=True
-    )
-    in_order = tool(
-        name="look_alone", description="d", input=NumIn, execute=step, effect="read_only"
-    )
+    concurrent = tool(name="look", description="d", input=NumIn, execute=step, effect="read_only", concurrent=True)
+    in_order = tool(name="look_alone", description="d", input=NumIn, execute=step, effect="read_only")
     agent = _agent(
         [concurrent, in_order],
         [
@@ -289,9 +279,7 @@ def test_bad_arguments_in_one_call_of_a_group_are_its_own_error(threads: Threads
         effect="read_only",
         concurrent=True,
     )
-    agent = _agent(
-        [fine], [("fine", {"n": 1}), ("fine", {"n": "not a number"}), ("fine", {"n": 3})]
-    )
+    agent = _agent([fine], [("fine", {"n": 1}), ("fine", {"n": "not a number"}), ("fine", {"n": 3})])
     handle = threads.start(agent, "go")
     assert threads.wait(handle.run_id, WAIT_S).status == "completed"
     results = _tool_results(threads, handle.thread_id)
@@ -334,15 +322,11 @@ def test_at_most_the_limit_run_at_once_and_every_call_runs() -> None:
         effect="read_only",
         concurrent=True,
     )
-    with Threads.embedded(
-        settings=Settings(model_retries=0, max_parallel_tool_calls=2), concurrency=5
-    ) as runtime:
+    with Threads.embedded(settings=Settings(model_retries=0, max_parallel_tool_calls=2), concurrency=5) as runtime:
         agent = _agent([counted_tool], [("counted", {"n": n}) for n in range(6)])
         handle = runtime.start(agent, "go")
         assert runtime.wait(handle.run_id, WAIT_S).status == "completed"
-        assert [r.content for r in _tool_results(runtime, handle.thread_id)] == [
-            str(n) for n in range(6)
-        ]
+        assert [r.content for r in _tool_results(runtime, handle.thread_id)] == [str(n) for n in range(6)]
     assert peak == 2
     assert sorted(ran) == list(range(6))
 
@@ -359,12 +343,8 @@ def test_a_cancel_lets_running_calls_finish_and_skips_the_rest() -> None:
             raise TimeoutError("the test never opened the gate")
         return f"kept {inp.n}"
 
-    held_tool = tool(
-        name="held", description="d", input=NumIn, execute=held, effect="read_only", concurrent=True
-    )
-    with Threads.embedded(
-        settings=Settings(model_retries=0, max_parallel_tool_calls=2), concurrency=5
-    ) as runtime:
+    held_tool = tool(name="held", description="d", input=NumIn, execute=held, effect="read_only", concurrent=True)
+    with Threads.embedded(settings=Settings(model_retries=0, max_parallel_tool_calls=2), concurrency=5) as runtime:
         agent = _agent([held_tool], [("held", {"n": n}) for n in range(5)])
         handle = runtime.start(agent, "go")
         entered.wait()

@@ -56,9 +56,7 @@ class Ledger:
         ]  # fmt: skip
 
 
-def _agent(
-    ledger: Ledger, script: list[Any], permissions: Permissions | None = None, name: str = "writer"
-) -> Agent:
+def _agent(ledger: Ledger, script: list[Any], permissions: Permissions | None = None, name: str = "writer") -> Agent:
     return Agent(
         name=unique(name),
         instructions="",
@@ -140,9 +138,7 @@ def test_always_allow_is_remembered_on_the_thread_and_can_be_revoked(threads: Th
     assert threads.wait(second.run_id, WAIT_S).status == "completed"  # no one was asked
     assert ledger.ran == ["send_note:x", "send_note:x"]
 
-    elsewhere = threads.start(
-        agent, "three"
-    )  # another thread: the decision is not remembered there
+    elsewhere = threads.start(agent, "three")  # another thread: the decision is not remembered there
     assert threads.wait(elsewhere.run_id, WAIT_S).status == "awaiting_approval"
     threads.cancel(elsewhere.run_id)
 
@@ -155,9 +151,7 @@ def test_always_allow_is_remembered_on_the_thread_and_can_be_revoked(threads: Th
 
 def test_an_ask_rule_still_asks_on_a_thread_that_remembers_always_allow(threads: Threads) -> None:
     ledger = Ledger()
-    agent = _agent(
-        ledger, [call("send_note", text="x"), say("sent")], Permissions(ask=["send_note"])
-    )
+    agent = _agent(ledger, [call("send_note", text="x"), say("sent")], Permissions(ask=["send_note"]))
     first = threads.start(agent, "one")
     assert threads.wait(first.run_id, WAIT_S).status == "awaiting_approval"
     threads.approve(threads.pending(first.run_id)[0].effect_key, principal="ann", remember=True)
@@ -168,9 +162,7 @@ def test_an_ask_rule_still_asks_on_a_thread_that_remembers_always_allow(threads:
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, None])
-def test_remember_must_be_a_bool_and_a_bad_value_changes_nothing(
-    threads: Threads, bad: Any
-) -> None:
+def test_remember_must_be_a_bool_and_a_bad_value_changes_nothing(threads: Threads, bad: Any) -> None:
     ledger = Ledger()
     handle = threads.start(_agent(ledger, [call("send_note", text="x"), say("sent")]), "go")
     assert threads.wait(handle.run_id, WAIT_S).status == "awaiting_approval"
@@ -190,9 +182,7 @@ def test_pending_of_an_unknown_run_is_run_not_found(threads: Threads) -> None:
 # -- the ceiling and a child's pending approval ------------------------------------------------
 
 
-def _family(
-    ledger: Ledger, parent_permissions: Permissions | None, child_script: list[Any]
-) -> tuple[Agent, Agent]:
+def _family(ledger: Ledger, parent_permissions: Permissions | None, child_script: list[Any]) -> tuple[Agent, Agent]:
     child = _agent(ledger, child_script, Permissions.allow_all(), name="child")
     parent = Agent(
         name=unique("parent"),
@@ -219,14 +209,8 @@ def test_a_child_is_capped_by_its_parent_and_its_approval_shows_and_is_answered_
     assert "a parent's permissions cap this child's" in entry.reason
     assert entry.via is not None and entry.via.startswith("agent-tool:")
     assert threads.get_run(handle.run_id).status == "waiting" and ledger.ran == []
-    events = [
-        (e.type, e.payload)
-        for e in threads.events(handle.thread_id)
-        if e.type.startswith("pending.")
-    ]
-    assert [(t, p["effect_key"], p["kind"]) for t, p in events] == [
-        ("pending.child", entry.effect_key, "child")
-    ]
+    events = [(e.type, e.payload) for e in threads.events(handle.thread_id) if e.type.startswith("pending.")]
+    assert [(t, p["effect_key"], p["kind"]) for t, p in events] == [("pending.child", entry.effect_key, "child")]
 
     threads.approve(entry.effect_key, principal="ann")
     run = threads.wait(handle.run_id, WAIT_S)
@@ -240,9 +224,7 @@ def test_a_childs_call_denied_from_the_parent_reaches_the_child_model(threads: T
     ledger = Ledger()
     parent, _child = _family(ledger, None, [call("send_note", text="x"), say("child gave up")])
     handle = threads.start(parent, "go")
-    [entry] = eventually(
-        lambda: threads.pending(handle.run_id), what="the child's call at the parent"
-    )
+    [entry] = eventually(lambda: threads.pending(handle.run_id), what="the child's call at the parent")
     threads.deny(entry.effect_key, "not from a child", principal="ann")
     assert threads.wait(handle.run_id, WAIT_S).status == "completed"
     child_thread = threads.agent_tool_runs(handle.thread_id)[0].child_thread_id
@@ -252,9 +234,7 @@ def test_a_childs_call_denied_from_the_parent_reaches_the_child_model(threads: T
 
 def test_a_parent_in_plan_mode_denies_its_childs_changes(threads: Threads) -> None:
     ledger = Ledger()
-    parent, _child = _family(
-        ledger, Permissions("plan"), [call("save_note", text="x"), say("child done")]
-    )
+    parent, _child = _family(ledger, Permissions("plan"), [call("save_note", text="x"), say("child done")])
     handle = threads.start(parent, "go")
     assert threads.wait(handle.run_id, WAIT_S).status == "completed"
     child_thread = threads.agent_tool_runs(handle.thread_id)[0].child_thread_id
@@ -278,9 +258,7 @@ def test_a_parent_allow_rule_does_not_lift_the_childs_own_ask(threads: Threads) 
         permissions=Permissions.allow_all(),
     )
     handle = threads.start(parent, "go")
-    [entry] = eventually(
-        lambda: threads.pending(handle.run_id), what="the child's own ask at the parent"
-    )
+    [entry] = eventually(lambda: threads.pending(handle.run_id), what="the child's own ask at the parent")
     assert entry.kind == "child" and entry.reason == "tool 'send_note' asks for approval by rule"
     threads.cancel(handle.run_id)
 
@@ -290,9 +268,7 @@ def test_always_allow_given_for_a_childs_call_holds_on_the_childs_thread(threads
     script = [call("send_note", text="1"), call("send_note", text="2"), say("child done")]
     parent, _child = _family(ledger, None, script)
     handle = threads.start(parent, "go")
-    [entry] = eventually(
-        lambda: threads.pending(handle.run_id), what="the child's first call at the parent"
-    )
+    [entry] = eventually(lambda: threads.pending(handle.run_id), what="the child's first call at the parent")
     threads.approve(entry.effect_key, principal="ann", remember=True)
     assert threads.wait(handle.run_id, WAIT_S).status == "completed"  # the second call did not ask
     assert ledger.ran == ["send_note:1", "send_note:2"]
@@ -303,9 +279,7 @@ def test_always_allow_given_for_a_childs_call_holds_on_the_childs_thread(threads
 
 def test_a_grandchilds_pending_call_shows_at_the_root(threads: Threads) -> None:
     ledger = Ledger()
-    grandchild = _agent(
-        ledger, [call("send_note", text="deep"), say("gc done")], Permissions.allow_all(), name="gc"
-    )
+    grandchild = _agent(ledger, [call("send_note", text="deep"), say("gc done")], Permissions.allow_all(), name="gc")
     middle = Agent(
         name=unique("middle"),
         instructions="",
@@ -320,9 +294,7 @@ def test_a_grandchilds_pending_call_shows_at_the_root(threads: Threads) -> None:
         tools=[agent_tool(middle, "Middle.", name="middle")],
     )
     handle = threads.start(root, "go")
-    [entry] = eventually(
-        lambda: threads.pending(handle.run_id), what="the grandchild's call at the root"
-    )
+    [entry] = eventually(lambda: threads.pending(handle.run_id), what="the grandchild's call at the root")
     assert (entry.kind, entry.agent, entry.tool) == ("child", grandchild.name, "send_note")
     assert entry.via is not None and json.dumps(entry.via)
     threads.approve(entry.effect_key, principal="ann")

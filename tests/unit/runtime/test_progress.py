@@ -127,10 +127,14 @@ def test_report_progress_after_the_run_ended_is_inactive_and_stores_nothing(thre
 # -- ephemeral progress ----------------------------------------------------------------------
 
 
-def test_progress_reported_by_a_child_tool_reaches_the_row_the_events_and_on_progress(threads: Threads, gate: Gate) -> None:
+def test_progress_reported_by_a_child_tool_reaches_the_row_the_events_and_on_progress(
+    threads: Threads, gate: Gate
+) -> None:
     parent = RecordingParent(unique("parent"))
     answers: list[str] = []
-    gate.before = lambda ctx: answers.append(ctx.report_progress(fraction=0.6, phase="ingesting", message="40k/80k rows"))
+    gate.before = lambda ctx: answers.append(
+        ctx.report_progress(fraction=0.6, phase="ingesting", message="40k/80k rows")
+    )
     parent_thread, run_id = running_child(threads, gate, parent)
     assert answers == ["sent"]
     snapshot = {"fraction": 0.6, "phase": "ingesting", "message": "40k/80k rows"}
@@ -177,7 +181,9 @@ def test_coalescing_is_per_run(threads: Threads, gate: Gate, clock: list[float])
     assert r.report(first.run_id, fraction=0.2) == "coalesced"
 
 
-def test_data_is_stored_only_with_persist_but_reaches_on_progress_live(threads: Threads, gate: Gate, clock: list[float]) -> None:
+def test_data_is_stored_only_with_persist_but_reaches_on_progress_live(
+    threads: Threads, gate: Gate, clock: list[float]
+) -> None:
     parent = RecordingParent(unique("parent"))
     parent_thread, run_id = running_child(threads, gate, parent)
     r = reporter(threads)
@@ -225,9 +231,18 @@ def test_milestones_are_never_coalesced_have_a_sequence_from_0_and_keep_the_snap
         (2, "sources-gathered", {"sources": 3}),
     ]
     milestone_events = [p for t, p in agent_tool_events(threads, parent_thread, run_id) if t == "agent_tool.milestone"]
-    assert [(p["sequence"], p["name"]) for p in milestone_events] == [(0, "sources-gathered"), (1, "outline-ready"), (2, "sources-gathered")]
+    assert [(p["sequence"], p["name"]) for p in milestone_events] == [
+        (0, "sources-gathered"),
+        (1, "outline-ready"),
+        (2, "sources-gathered"),
+    ]
     # on_progress fires for progress and milestones alike, milestone set only on milestones.
-    assert [p["milestone"] for _, p in parent.progress] == [None, "sources-gathered", "outline-ready", "sources-gathered"]
+    assert [p["milestone"] for _, p in parent.progress] == [
+        None,
+        "sources-gathered",
+        "outline-ready",
+        "sources-gathered",
+    ]
     assert parent.progress[1][1]["data"] == {"sources": 2}
 
 
@@ -289,7 +304,11 @@ def test_on_milestones_react_posts_a_user_turn_that_gets_exactly_one_reply(threa
 
 class Narrator(RecordingParent):
     def format_detached_milestone(self, run: Any, milestone: dict[str, Any]) -> str:
-        return "" if milestone["name"] == "quiet" else f"{run.agent_type} reached {milestone['name']} ({milestone['data']})"
+        return (
+            ""
+            if milestone["name"] == "quiet"
+            else f"{run.agent_type} reached {milestone['name']} ({milestone['data']})"
+        )
 
 
 def test_format_detached_milestone_words_the_line_or_suppresses_it(threads: Threads, gate: Gate) -> None:
@@ -311,7 +330,14 @@ def test_milestones_of_an_awaited_run_are_stored_but_not_narrated(threads: Threa
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(threads.run_agent_tool, parent_thread, gated_child(gate), input="x", run_id=unique("awaited"), timeout=WAIT_S)
+        pending = pool.submit(
+            threads.run_agent_tool,
+            parent_thread,
+            gated_child(gate),
+            input="x",
+            run_id=unique("awaited"),
+            timeout=WAIT_S,
+        )
         gate.wait_inside()
         gate.opened.set()
         result = pending.result(WAIT_S)

@@ -48,14 +48,10 @@ class HttpError(Exception):
 
 
 def test_429_and_5xx_are_transient_with_their_retry_after_and_4xx_are_not() -> None:
-    assert classify_provider_failure(HttpError(429, {"Retry-After": "3"}), NOW) == ProviderFailure(
-        True, 429, 3.0
-    )
+    assert classify_provider_failure(HttpError(429, {"Retry-After": "3"}), NOW) == ProviderFailure(True, 429, 3.0)
     assert classify_provider_failure(HttpError(503), NOW) == ProviderFailure(True, 503, None)
     assert classify_provider_failure(HttpError(401), NOW).transient is False
-    assert (
-        classify_provider_failure(ConnectionError("reset"), NOW).transient is False
-    )  # attempts apply
+    assert classify_provider_failure(ConnectionError("reset"), NOW).transient is False  # attempts apply
 
 
 def test_a_retry_honours_retry_after_and_never_goes_past_the_bound() -> None:
@@ -91,11 +87,7 @@ def test_a_retry_honours_retry_after_and_never_goes_past_the_bound() -> None:
         ProviderFailure(True, 429, 1.0), failures_so_far=9, first_failed_at=NOW - timedelta(seconds=61), now=NOW,
         retry_for_s=60, reason="status 429",
     )  # fmt: skip
-    assert (
-        isinstance(over, GiveUp)
-        and "kept failing for 61s" in over.reason
-        and "status 429" in over.reason
-    )
+    assert isinstance(over, GiveUp) and "kept failing for 61s" in over.reason and "status 429" in over.reason
 
 
 def test_a_window_is_full_past_its_requests_or_once_its_tokens_are_spent() -> None:
@@ -137,9 +129,7 @@ def test_a_nonsense_retry_bound_is_a_config_error(raw: str) -> None:
 
 
 def test_rate_limits_parse() -> None:
-    limits = rate_limits_from_json(
-        '{"openai": {"requests_per_minute": 500, "tokens_per_minute": 200000}}'
-    )
+    limits = rate_limits_from_json('{"openai": {"requests_per_minute": 500, "tokens_per_minute": 200000}}')
     assert limits == {"openai": RateLimit(500, 200000)}
 
 
@@ -217,9 +207,10 @@ def test_a_429_with_retry_after_is_retried_after_the_advised_delay() -> None:
 @pytest.mark.usefixtures("allow_model_requests")
 def test_a_provider_that_answers_429_forever_ends_the_run_error_after_the_bound() -> None:
     settings = Settings.from_env(env={"THREADS_PROVIDER_RETRY_FOR_S": "3"})
-    with FakeOpenAI(
-        lambda body: {"error": "rate limited", "status": 429, "retry_after": "1"}
-    ) as fake, Threads.embedded(settings=settings) as threads:
+    with (
+        FakeOpenAI(lambda body: {"error": "rate limited", "status": 429, "retry_after": "1"}) as fake,
+        Threads.embedded(settings=settings) as threads,
+    ):
         agent = Agent(name="throttled", instructions="Answer.", model=_fake_model(fake))
         run = threads.wait(threads.start(agent, "hi").run_id, timeout=RUN_TIMEOUT_S)
     assert run.status == "error", run

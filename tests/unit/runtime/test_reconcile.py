@@ -75,7 +75,11 @@ def test_a_run_whose_lease_expired_is_fenced_off_and_its_call_settled_by_effect(
     assert run.status == "completed"
     assert CALLS == [1, 2]  # idempotent, inside its window: sent again with the same key
     RELEASE.set()  # the "dead" first attempt wakes up; its late write must be refused
-    eventually(lambda: threads.app.threads_runtime.get().keeper._held == {}, timeout=10, what="the lease keeper holding no lease")
+    eventually(
+        lambda: threads.app.threads_runtime.get().keeper._held == {},
+        timeout=10,
+        what="the lease keeper holding no lease",
+    )
     results = [m for m in threads.messages(run.thread_id) if m.role == "tool"]
     assert [m.text for m in results] == ["charged 5 (attempt 2)"]
     with threads.store.read() as tx:

@@ -235,7 +235,10 @@ def test_after_a_gap_skip_publishes_nothing_and_run_once_the_latest_missed_slot(
     # Two Beats catching up at different moments of the same slot agree on it.
     assert beat_slot(nightly, "run_once", last, at(2025, 3, 10, 23, 59))[0] == at(2025, 3, 10, 2)
     minutely = every(60)
-    assert beat_slot(minutely, "run_once", at(2025, 1, 1, 0, 0, 0), at(2025, 1, 1, 0, 5, 30)) == (at(2025, 1, 1, 0, 5), True)
+    assert beat_slot(minutely, "run_once", at(2025, 1, 1, 0, 0, 0), at(2025, 1, 1, 0, 5, 30)) == (
+        at(2025, 1, 1, 0, 5),
+        True,
+    )
 
 
 def test_without_history_the_current_slot_is_published() -> None:
@@ -324,7 +327,9 @@ def test_the_scheduler_stamps_each_reconcile_tick_with_its_publish_time(
 ) -> None:
     sent: list[tuple[Any, Any, dict[str, Any]]] = []
     monkeypatch.setattr(
-        beat_app.tasks["threads.reconcile"], "apply_async", lambda args=None, kwargs=None, **options: sent.append((args, kwargs, options))
+        beat_app.tasks["threads.reconcile"],
+        "apply_async",
+        lambda args=None, kwargs=None, **options: sent.append((args, kwargs, options)),
     )
     scheduler = Scheduler(beat_app, schedule_filename=str(tmp_path / "beat"))
     try:
@@ -480,8 +485,13 @@ def test_thread_accumulate_queues_each_run_behind_the_previous_on_one_thread(thr
 
     gate = tool(name="gather", description="Gather figures.", input=GateIn, effect="read_only", execute=wait_for_gate)
     # Each run: call the tool (only the first run blocks on the gate), then answer.
-    agent = Agent(name=unique("acc_agent"), instructions="", model=ScriptedModel([call("gather"), say("summary")]), tools=[gate])
-    schedule = add(threads, Schedule(name, agent, lambda slot: f"report {slot:%H:%M}", every=timedelta(hours=1), thread="accumulate"))
+    agent = Agent(
+        name=unique("acc_agent"), instructions="", model=ScriptedModel([call("gather"), say("summary")]), tools=[gate]
+    )
+    schedule = add(
+        threads,
+        Schedule(name, agent, lambda slot: f"report {slot:%H:%M}", every=timedelta(hours=1), thread="accumulate"),
+    )
     first, second = at(2025, 3, 10, 1), at(2025, 3, 10, 2)
     run_task(threads, name, first)
     assert entered.wait(WAIT_S), "the first run never reached its tool"
@@ -545,7 +555,9 @@ def test_the_batch_example_writes_a_report_for_the_night_before_the_slot(threads
     assert calls == ["gather_figures"]
 
 
-def test_beat_keeps_the_reconcile_backbone_when_the_agent_modules_fail_to_load(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_beat_keeps_the_reconcile_backbone_when_the_agent_modules_fail_to_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     app = create_app(Settings(agents=("no_such_module_for_beat",)), AgentRegistry(), broker_url="memory://")
     scheduler = Scheduler(app, schedule_filename=str(tmp_path / "beat"))
     try:

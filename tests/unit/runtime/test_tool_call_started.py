@@ -98,7 +98,13 @@ def test_runs_record_tool_call_started_events_with_progress() -> None:
             say("Done."),
         ]
     )
-    agent = Agent(name="writer", instructions="Write.", model=model, tools=[write_file, read_file], permissions=Permissions.allow_all())
+    agent = Agent(
+        name="writer",
+        instructions="Write.",
+        model=model,
+        tools=[write_file, read_file],
+        permissions=Permissions.allow_all(),
+    )
     with Threads.embedded() as threads:
         handle = threads.start(agent, "write it")
         assert threads.wait(handle.run_id, 20).status == "completed"

@@ -49,19 +49,14 @@ def test_a_limit_is_reached_when_the_total_meets_it() -> None:
     reached = limit_reached({"run": UsageTotals(requests=2)}, limits)
     assert reached is not None and (reached.scope, reached.measure) == ("run", "requests")
     assert reached.message.startswith("usage-limit: this run used 2 requests")
-    day = limit_reached(
-        {"run": UsageTotals(requests=1), "agent-day": UsageTotals(cost=1.5)}, limits
-    )
+    day = limit_reached({"run": UsageTotals(requests=1), "agent-day": UsageTotals(cost=1.5)}, limits)
     assert day is not None and day.scope == "agent-day" and day.measure == "cost"
 
 
 def test_total_tokens_sum_input_and_output() -> None:
     limits = UsageLimits(per_thread=Limits(total_tokens=100))
     assert limit_reached({"thread": UsageTotals(input_tokens=60, output_tokens=39)}, limits) is None
-    assert (
-        limit_reached({"thread": UsageTotals(input_tokens=60, output_tokens=40)}, limits)
-        is not None
-    )
+    assert limit_reached({"thread": UsageTotals(input_tokens=60, output_tokens=40)}, limits) is not None
 
 
 @pytest.mark.parametrize(
@@ -122,9 +117,7 @@ def test_a_day_is_the_utc_day() -> None:
 
 
 def test_each_step_records_its_usage_and_cost_summed_per_run_thread_and_agent() -> None:
-    settings = Settings.from_env(
-        env={"THREADS_MODEL_PRICES": '{"scripted-model": {"input": 1.0, "output": 4.0}}'}
-    )
+    settings = Settings.from_env(env={"THREADS_MODEL_PRICES": '{"scripted-model": {"input": 1.0, "output": 4.0}}'})
     with Threads.embedded(settings=settings) as threads:
         threads.register(three_step_agent("usage-recorder"))
         run = threads.wait(threads.start("usage-recorder", "go").run_id, timeout=RUN_TIMEOUT_S)
@@ -132,14 +125,10 @@ def test_each_step_records_its_usage_and_cost_summed_per_run_thread_and_agent() 
         per_run = threads.usage(run_id=run.id)
         assert per_run.requests == 3
         assert per_run.input_tokens > 0 and per_run.output_tokens > 0
-        assert per_run.cost == pytest.approx(
-            (per_run.input_tokens * 1.0 + per_run.output_tokens * 4.0) / 1e6
-        )
+        assert per_run.cost == pytest.approx((per_run.input_tokens * 1.0 + per_run.output_tokens * 4.0) / 1e6)
         assert threads.usage(thread_id=run.thread_id) == per_run
         assert threads.usage(agent="usage-recorder", day=datetime.now(UTC).date()) == per_run
-        assert threads.usage(agent="usage-recorder", day=date(2000, 1, 1)) == UsageTotals(
-            0, 0, 0, None
-        )
+        assert threads.usage(agent="usage-recorder", day=date(2000, 1, 1)) == UsageTotals(0, 0, 0, None)
 
 
 def test_a_run_that_reaches_its_limit_ends_interrupted_before_the_next_model_call() -> None:
@@ -153,9 +142,7 @@ def test_a_run_that_reaches_its_limit_ends_interrupted_before_the_next_model_cal
 
 
 def test_the_per_thread_limit_holds_across_runs_of_the_thread() -> None:
-    agent = three_step_agent(
-        "thread-capped", usage_limits=UsageLimits(per_thread=Limits(requests=4))
-    )
+    agent = three_step_agent("thread-capped", usage_limits=UsageLimits(per_thread=Limits(requests=4)))
     with Threads.embedded() as threads:
         threads.register(agent)
         first = threads.wait(threads.start("thread-capped", "go").run_id, timeout=RUN_TIMEOUT_S)
@@ -164,9 +151,7 @@ def test_the_per_thread_limit_holds_across_runs_of_the_thread() -> None:
             threads.start("thread-capped", "again", thread_id=first.thread_id).run_id,
             timeout=RUN_TIMEOUT_S,
         )
-        assert second.status == "interrupted" and "this thread used 4 requests" in (
-            second.error or ""
-        ), second
+        assert second.status == "interrupted" and "this thread used 4 requests" in (second.error or ""), second
 
 
 # -- shown in the API and the CLI -------------------------------------------------------------
@@ -284,6 +269,8 @@ def test_the_cli_lets_a_parked_run_go_on(tmp_path: Any) -> None:
         assert threads.wait(run_id, timeout=RUN_TIMEOUT_S).status == "parked"
         refused = CliRunner().invoke(cli_app, ["runs", "allow-usage", run_id, "--db", str(db)], env=env)
         assert refused.exit_code == 2  # --principal is required
-        allowed = CliRunner().invoke(cli_app, ["runs", "allow-usage", run_id, "--principal", "alice", "--db", str(db)], env=env)
+        allowed = CliRunner().invoke(
+            cli_app, ["runs", "allow-usage", run_id, "--principal", "alice", "--db", str(db)], env=env
+        )
         assert allowed.exit_code == 0, allowed.output
         assert threads.wait(run_id, timeout=RUN_TIMEOUT_S).status == "completed"

@@ -13,7 +13,9 @@ class In(BaseModel):
 
 
 weather = tool(name="weather", description="Weather.", input=In, effect="read_only", execute=lambda i, c: "sunny")
-agent = Agent(name="ev", instructions="x", model=ScriptedModel([call("weather", city="Oslo"), say("Sunny.")]), tools=[weather])
+agent = Agent(
+    name="ev", instructions="x", model=ScriptedModel([call("weather", city="Oslo"), say("Sunny.")]), tools=[weather]
+)
 
 
 def test_events_cover_the_run_in_order_and_resume_from_a_cursor() -> None:

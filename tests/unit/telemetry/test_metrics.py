@@ -97,9 +97,7 @@ def test_the_api_serves_metrics_behind_its_token() -> None:
         api = TestClient(create_api(threads, tokens={"t"}))
         assert api.get("/v1/metrics").status_code == 401
         response = api.get("/v1/metrics", headers={"Authorization": "Bearer t"})
-        assert response.status_code == 200 and response.headers["content-type"].startswith(
-            "text/plain"
-        )
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
         assert "threads_outbox_depth" in response.text
 
 

@@ -26,7 +26,9 @@ def test_dispatch_delivery_and_cancel_are_published_to_subscribers() -> None:
             thread_id = threads.wait(threads.start(parent, "hello").run_id, 20).thread_id
             result = threads.run_agent_tool(thread_id, child, "go", run_id="obs-1")
             assert result.summary == "done"
-            eventually(lambda: any(e.type == "agent_tool:delivered" for e in seen), timeout=10, what="the delivery event")
+            eventually(
+                lambda: any(e.type == "agent_tool:delivered" for e in seen), timeout=10, what="the delivery event"
+            )
             handle = threads.run_agent_tool(thread_id, child, "go", detached=Detached(), run_id="obs-2")
             threads.cancel_agent_tool(handle.run_id)
     finally:

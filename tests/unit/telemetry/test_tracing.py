@@ -14,9 +14,7 @@ from pydantic import BaseModel
 from threads_celery import Agent, Threads, agent_tool, tool
 from threads_celery.testing import ScriptedModel, call, say
 
-sdk = pytest.importorskip(
-    "opentelemetry.sdk.trace", reason="opentelemetry-sdk is in the test extra"
-)
+sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="opentelemetry-sdk is in the test extra")
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
@@ -121,17 +119,12 @@ def test_a_run_started_inside_a_span_joins_the_callers_trace(spans: InMemorySpan
         threads.wait(handle.run_id, timeout=RUN_TIMEOUT_S)
     [run_span] = by_name(spans.get_finished_spans(), "threads.run joined")
     [step] = by_name(spans.get_finished_spans(), "threads.step joined")
-    assert (
-        run_span.parent is not None
-        and run_span.parent.span_id == request.get_span_context().span_id
-    )
+    assert run_span.parent is not None and run_span.parent.span_id == request.get_span_context().span_id
     assert step.context.trace_id == request.get_span_context().trace_id
 
 
 def test_a_child_run_nests_under_the_tool_call_that_started_it(spans: InMemorySpanExporter) -> None:
-    child = Agent(
-        name="traced_child", instructions="Summarise.", model=ScriptedModel([say("summary")])
-    )
+    child = Agent(name="traced_child", instructions="Summarise.", model=ScriptedModel([say("summary")]))
     parent = Agent(
         name="traced-parent",
         instructions="Delegate.",
@@ -143,9 +136,7 @@ def test_a_child_run_nests_under_the_tool_call_that_started_it(spans: InMemorySp
         threads.register(parent)
         run = threads.wait(threads.start("traced-parent", "go").run_id, timeout=RUN_TIMEOUT_S)
         assert run.status == "completed", run
-        results = [
-            m.tool_result for m in threads.messages(run.thread_id) if m.tool_result is not None
-        ]
+        results = [m.tool_result for m in threads.messages(run.thread_id) if m.tool_result is not None]
         assert [r.is_error for r in results] == [False] and "summary" in results[0].content
     finished = spans.get_finished_spans()
     [parent_span] = by_name(finished, "threads.run traced-parent")
@@ -155,7 +146,5 @@ def test_a_child_run_nests_under_the_tool_call_that_started_it(spans: InMemorySp
     assert tool_spans, [s.name for s in finished]
     trace_id = parent_span.context.trace_id
     assert {s.context.trace_id for s in (child_span, child_step, *tool_spans)} == {trace_id}
-    assert child_span.parent is not None and child_span.parent.span_id in {
-        s.context.span_id for s in tool_spans
-    }
+    assert child_span.parent is not None and child_span.parent.span_id in {s.context.span_id for s in tool_spans}
     assert child_step.parent is not None and child_step.parent.span_id == child_span.context.span_id

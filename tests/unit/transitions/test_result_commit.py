@@ -61,7 +61,9 @@ def _setup(store: Store) -> tuple[Runtime, Any, list[OutboxEntry]]:
     now = run_ledger.utcnow()
     with store.transaction() as tx:
         tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), now)
-        run, entries = run_ledger.submit_run(tx, agent=agent.name, config_hash=agent.config_hash(), message="go", now=now)
+        run, entries = run_ledger.submit_run(
+            tx, agent=agent.name, config_hash=agent.config_hash(), message="go", now=now
+        )
     published.extend(entries)
     return runtime, run, published
 
@@ -87,7 +89,12 @@ def test_a_run_driven_through_the_result_commit_has_a_consistent_ledger(store: S
     assert [(p["seq"], p["text"], p["tool_result"]["is_error"]) for p in tool_events] == [
         (2, "n=0", False), (3, "n=1", False), (4, "ValueError: two is not allowed", True), (5, "n=3", False)
     ]  # fmt: skip
-    assert rows == [("completed", "n=0"), ("completed", "n=1"), ("error", "ValueError: two is not allowed"), ("completed", "n=3")]
+    assert rows == [
+        ("completed", "n=0"),
+        ("completed", "n=1"),
+        ("error", "ValueError: two is not allowed"),
+        ("completed", "n=3"),
+    ]
     assert left == []
 
 
@@ -110,7 +117,9 @@ def test_a_stale_fence_writes_nothing(store: Store) -> None:
     assert after == before
 
 
-def test_a_result_whose_next_task_cannot_be_recorded_writes_nothing(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_result_whose_next_task_cannot_be_recorded_writes_nothing(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The outbox row of what runs next is in the result's transaction: no result without it."""
     runtime, run, queue = _setup(store)
     runtime.run_step(*queue.pop(0).args)

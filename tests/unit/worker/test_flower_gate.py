@@ -32,7 +32,10 @@ def test_empty_or_missing_credentials_are_refused(environ: dict[str, str]) -> No
     [
         ({"FLOWER_USER": "ad:min", "FLOWER_PASSWORD": "pw"}, "':'"),
         ({"FLOWER_USER": "admin", "FLOWER_PASSWORD": "a,b"}, "','"),
-        ({"FLOWER_USER": "admin", "FLOWER_PASSWORD": "pw", "FLOWER_UNAUTHENTICATED_API": "true"}, "FLOWER_UNAUTHENTICATED_API"),
+        (
+            {"FLOWER_USER": "admin", "FLOWER_PASSWORD": "pw", "FLOWER_UNAUTHENTICATED_API": "true"},
+            "FLOWER_UNAUTHENTICATED_API",
+        ),
         ({"FLOWER_USER": "admin", "FLOWER_PASSWORD": "pw", "FLOWER_BASIC_AUTH": ":"}, "FLOWER_BASIC_AUTH"),
     ],
 )
@@ -64,7 +67,11 @@ def test_metrics_route_is_replaced_by_an_authenticated_handler() -> None:
 def test_the_cli_refuses_to_start_flower_without_credentials() -> None:
     env = {"PATH": "/usr/bin:/bin", "THREADS_BROKER_URL": "redis://127.0.0.1:1/0"}
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "threads-celery"), "flower"], env=env, capture_output=True, text=True, timeout=60
+        [str(Path(sys.executable).parent / "threads-celery"), "flower"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode != 0
     assert "refusing to start Flower without credentials" in done.stdout + done.stderr
