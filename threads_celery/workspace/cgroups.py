@@ -72,7 +72,7 @@ class Parent:
         call = CallCgroup(self.version, tuple(dict.fromkeys((self.memory / name, self.pids / name))))
         try:
             for directory in call.dirs:
-                directory.mkdir()
+                _mkdir(directory)
                 call.made.append(directory)
             memory, pids = self.memory / name, self.pids / name
             swap_file = "memory.swap.max" if self.version == 2 else "memory.memsw.limit_in_bytes"
@@ -147,7 +147,7 @@ class CallCgroup:
         for directory in reversed(self.made):
             while True:
                 try:
-                    directory.rmdir()
+                    _rmdir(directory)
                     break
                 except FileNotFoundError:
                     break
@@ -302,6 +302,14 @@ def _find_v1(own: dict[str, str], mounts: list[Mount], problems: list[str]) -> P
     if len(found) < len(_CONTROLLERS):
         return None
     return Parent(1, found["memory"], found["pids"])
+
+
+def _mkdir(path: Path) -> None:
+    path.mkdir()  # the kernel fills it with the cgroup's interface files
+
+
+def _rmdir(path: Path) -> None:
+    path.rmdir()  # a cgroup's directory goes with its interface files, once no task is left
 
 
 def _write(path: Path, value: str) -> None:
