@@ -99,6 +99,9 @@ class Settings:
     code_timeout_s: float = 10.0
     code_memory_mb: int = 256
     code_max_output_bytes: int = 1_000_000
+    # THREADS_SANDBOX_CGROUP: where each run_code call's cgroup (memory and task caps) is made:
+    # auto, v2, v1, or the absolute path of a delegated cgroup v2 directory (workspace/cgroups.py).
+    sandbox_cgroup: str = "auto"
     extra_celery: dict[str, Any] = field(default_factory=dict)
     # THREADS_MODEL_PRICES: what a million input and output tokens cost, per model (usage.py).
     model_prices: Prices = field(default_factory=lambda: Prices({}))
@@ -119,6 +122,10 @@ class Settings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer (0: no limit), not {value!r}")
+        if self.sandbox_cgroup not in ("auto", "v1", "v2") and not self.sandbox_cgroup.startswith("/"):
+            raise ConfigError(
+                f"THREADS_SANDBOX_CGROUP must be auto, v1, v2 or an absolute path, not {self.sandbox_cgroup!r}"
+            )
         if (
             isinstance(self.max_parallel_tool_calls, bool)
             or not isinstance(self.max_parallel_tool_calls, int)
@@ -161,6 +168,7 @@ class Settings:
             "code_timeout_s": _float(env, "THREADS_CODE_TIMEOUT_S", 10.0),
             "code_memory_mb": _int(env, "THREADS_CODE_MEMORY_MB", 256),
             "code_max_output_bytes": _int(env, "THREADS_CODE_MAX_OUTPUT_BYTES", 1_000_000),
+            "sandbox_cgroup": env.get("THREADS_SANDBOX_CGROUP", "").strip() or "auto",
             # THREADS_CELERY_CONFIG (a module or object) and THREADS_CELERY_<SETTING> variables.
             "extra_celery": user_celery_settings(env),
             "model_prices": Prices.from_json(env.get(PRICES_VARIABLE, "")),

@@ -152,6 +152,7 @@ class ToolContext:
             max_output_bytes=self._settings.code_max_output_bytes,
             network=network,
             unsandboxed=unsandboxed,
+            cgroup=self._settings.sandbox_cgroup,
         )
 
     def run_agent_tool(

@@ -9,7 +9,10 @@ unless the call asks for it (``network=True``). On top of that:
 
 - an environment that holds nothing but ``PATH``, ``LANG``, ``HOME`` and ``TMPDIR``;
 - none of the worker's open file descriptors (``close_fds``);
-- resource limits: address space (Python) or data segment plus V8 heap (Node.js, whose engine
+- one cgroup per call (:mod:`threads_celery.workspace.cgroups`) capping the memory (no swap) and
+  the number of tasks of all the call's processes together; where no cgroup can, ``run_code``
+  refuses (one error line naming what is missing), never a silent per-process fallback;
+- resource limits per process: address space (Python) or data segment plus V8 heap (Node.js, whose engine
   reserves far more address space than it uses), CPU seconds, open files, file size, core dumps,
   and a process count (inside the sandbox's user namespace the count covers this call only);
 - when the call ends, at the wall-clock deadline, or when the caller's ``cancel()`` turns true,
@@ -51,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
-from threads_celery.workspace import isolation
+from threads_celery.workspace import cgroups, isolation
 
 log = logging.getLogger("threads_celery.workspace.sandbox")
 
@@ -61,6 +64,13 @@ DEFAULT_MAX_OUTPUT_BYTES = 1_000_000
 MAX_FILE_BYTES = 64 * 2**20  # any one file the code writes
 MAX_OPEN_FILES = 128
 EXTRA_PROCESSES = 64  # threads and processes the code may start, on top of the user's own
+#: The cgroup's ``pids.max``: every task of a sandboxed call, bubblewrap's two included.
+MAX_TASKS = EXTRA_PROCESSES
+#: Holds the sandbox until its pid is in the call's cgroup: the shell stops itself (SIGSTOP, which
+#: nothing can catch), the worker sees it stopped, moves it, then continues it into ``exec``. No
+#: descriptor to pass (a shell names only fds 0-9) and no ``preexec_fn``.
+_GATE = 'kill -STOP $$; exec "$@"'
+GATE_SHELL = "/bin/sh"
 DRAIN_GRACE_S = 1.0  # how long to keep reading after the group was killed
 POLL_S = 0.05
 
@@ -129,13 +139,17 @@ def run_code(
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     network: bool = False,
     unsandboxed: bool = False,
+    cgroup: str | None = None,
 ) -> CodeResult:
     """Run ``code`` in a fresh, limited, sandboxed process and return what happened.
 
     ``language`` is ``"python"`` or ``"javascript"`` (Node.js, when installed). ``cancel`` is
     polled while the code runs; when it returns true the sandbox is killed. ``network=True``
     lets the code use the worker's network (loopback services included). ``unsandboxed=True``
-    runs it without bubblewrap, as the worker's user (see the module's docstring). Blocks the
+    runs it without bubblewrap, as the worker's user (see the module's docstring), and without a
+    cgroup: uncapped as a whole, for trusted code only. ``cgroup`` is where the call's cgroup is
+    made (``auto``, ``v2``, ``v1`` or a delegated v2 directory; None: ``THREADS_SANDBOX_CGROUP``,
+    default ``auto``; see :mod:`threads_celery.workspace.cgroups`). Blocks the
     calling thread: from an async tool, use ``await asyncio.to_thread(run_code, ...)``.
     Raises only for a caller's mistake (a non-positive limit); never for what the code does.
     """
@@ -150,6 +164,14 @@ def run_code(
         return _not_started(isolation.BWRAP_MISSING)
     if bwrap is not None and not isolation.bwrap_sizes_tmpfs(bwrap):
         return _not_started(isolation.BWRAP_WITHOUT_SIZE)  # fail closed: never an uncapped scratch
+    cgroup_parent: cgroups.Parent | None = None
+    if bwrap is not None:
+        if not os.access(GATE_SHELL, os.X_OK):
+            return _not_started(f"run_code needs {GATE_SHELL} to start the sandbox inside its cgroup")
+        try:
+            cgroup_parent = cgroups.find_parent(cgroup if cgroup is not None else os.environ.get(cgroups.SETTING, "auto"))
+        except cgroups.CgroupUnavailable as exc:
+            return _not_started(str(exc))  # fail closed: never only per-process caps
     identity = isolation.identity_for(os.geteuid()) if bwrap else isolation.Identity(None)
     python, mounts = sys.executable, []
     if bwrap:
@@ -197,6 +219,13 @@ def run_code(
                 stdin_file.seek(0)
         except (OSError, UnicodeError) as exc:
             return _not_started(f"could not prepare the code to run: {exc}")
+        call_cgroup = None
+        if cgroup_parent is not None:
+            try:
+                call_cgroup = cgroup_parent.create(memory_mb * 2**20, MAX_TASKS)
+            except cgroups.CgroupUnavailable as exc:
+                return _not_started(str(exc))
+            cleanup.callback(_dispose, call_cgroup)
         spec = {
             "limits": _limits(lang, timeout_s, memory_mb, sandboxed=bwrap is not None),
             "argv": [*interpreter, entry_name],
@@ -221,7 +250,15 @@ def run_code(
             timeout_s=timeout_s,
             cancel=cancel,
             max_output_bytes=max_output_bytes,
+            cgroup=call_cgroup,
+            memory_mb=memory_mb,
         )
+
+
+def _dispose(call: cgroups.CallCgroup) -> None:
+    call.kill()
+    if not call.remove():
+        log.warning("could not remove the call's cgroup %s", ", ".join(map(str, call.dirs)))
 
 
 def _not_started(error: str) -> CodeResult:
@@ -318,9 +355,66 @@ def _supervise(
     timeout_s: float,
     cancel: Callable[[], bool] | None,
     max_output_bytes: int,
+    cgroup: cgroups.CallCgroup | None = None,
+    memory_mb: int = DEFAULT_MEMORY_MB,
 ) -> CodeResult:
+    if cgroup is not None:
+        argv = [GATE_SHELL, "-c", _GATE, "sh", *argv]
     try:
-        proc = subprocess.Popen(
+        proc = _start(argv, cwd, env, stdin, pass_fds=pass_fds, drop_to=drop_to)
+    except OSError as exc:
+        return _not_started(f"could not start the interpreter: {exc}")
+    if cgroup is not None:
+        problem = _enter_cgroup(proc, cgroup)
+        if problem is not None:
+            return _not_started(problem)
+    result = _watch(proc, timeout_s=timeout_s, cancel=cancel, max_output_bytes=max_output_bytes, cgroup=cgroup)
+    if cgroup is not None:
+        oom_kills = cgroup.oom_kills()
+        if oom_kills:
+            return _memory_cap_hit(result, oom_kills, memory_mb)
+    return result
+
+
+def _enter_cgroup(proc: subprocess.Popen[bytes], cgroup: cgroups.CallCgroup) -> str | None:
+    """Move the stopped gate into ``cgroup`` and let it go on; the reason when it could not."""
+    try:
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)  # it stops itself before anything else
+    except ChildProcessError:
+        status = None
+    problem = None
+    if status is None or not os.WIFSTOPPED(status):
+        if status is not None:
+            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: tell Popen
+        problem = "the sandbox's gate ended before it could enter its cgroup"
+    else:
+        try:
+            cgroup.enter(proc.pid)  # before it runs anything: all it starts stays in
+        except OSError as exc:
+            problem = f"run_code could not put the sandbox in its cgroup: {exc}"
+    if problem is None:
+        os.kill(proc.pid, signal.SIGCONT)
+        return None
+    _kill_group(proc)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGCONT)  # a stopped process dies of SIGKILL anyway; be sure
+    proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    return problem
+
+
+def _start(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    stdin: IO[bytes] | int,
+    *,
+    pass_fds: tuple[int, ...],
+    drop_to: tuple[int, int] | None,
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
             argv,
             cwd=cwd,
             env=env,
@@ -337,8 +431,16 @@ def _supervise(
             pass_fds=pass_fds,  # the code's file, for bubblewrap to copy into the scratch tmpfs
             start_new_session=True,  # its own session and process group: killed as one
         )
-    except OSError as exc:
-        return _not_started(f"could not start the interpreter: {exc}")
+
+
+def _watch(
+    proc: subprocess.Popen[bytes],
+    *,
+    timeout_s: float,
+    cancel: Callable[[], bool] | None,
+    max_output_bytes: int,
+    cgroup: cgroups.CallCgroup | None,
+) -> CodeResult:
     assert proc.stdout is not None and proc.stderr is not None
     stdout, stderr = _Capped(max_output_bytes), _Capped(max_output_bytes)
     sinks = {proc.stdout.fileno(): stdout, proc.stderr.fileno(): stderr}
@@ -380,6 +482,8 @@ def _supervise(
                     stop_at = now + DRAIN_GRACE_S
         finally:
             _kill_group(proc)  # sweep up anything it started, whatever happened above
+            if cgroup is not None:
+                cgroup.kill()  # and whatever left the group: the cgroup holds all of the call
             proc.stdout.close()
             proc.stderr.close()
     exit_code = proc.wait()
@@ -387,6 +491,26 @@ def _supervise(
         timed_out = True  # the CPU-time backstop fired before the wall clock
     return _result(
         exit_code, stdout.text(), stderr.text(), timed_out=timed_out, cancelled=cancelled, timeout_s=timeout_s
+    )
+
+
+def _memory_cap_hit(result: CodeResult, oom_kills: int, memory_mb: int) -> CodeResult:
+    """``result`` of a call whose processes the kernel killed at the cgroup's memory cap."""
+    error = (
+        f"memory cap hit: the call's processes together used more than {memory_mb} MiB, "
+        f"and the kernel killed {oom_kills} of them"
+    )
+    if result.timed_out or result.cancelled:
+        error = f"{result.error}; {error}"
+    return CodeResult(
+        ok=False,
+        exit_code=result.exit_code,
+        stdout=result.stdout,
+        stderr=result.stderr,
+        timed_out=result.timed_out,
+        killed=result.killed,
+        error=error,
+        cancelled=result.cancelled,
     )
 
 
