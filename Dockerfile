@@ -13,6 +13,11 @@ WORKDIR /app
 # bubblewrap isolates ctx.run_code (without it run_code refuses to run code).
 RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
 
+# Workers start through this (docker-compose.yml): it prepares the delegated cgroup v2 parent
+# that caps each run_code call's memory and tasks, then drops to the user `threads`. setpriv is
+# util-linux's, already in the image.
+COPY docker/sandbox-cgroup-entrypoint.sh /usr/local/bin/sandbox-cgroup-entrypoint.sh
+
 # The package first (its layer is reused while only the examples change).
 COPY pyproject.toml README.md ./
 COPY threads_celery ./threads_celery

@@ -84,8 +84,12 @@ def test_worker_beat_and_flower_run_the_same_app_module_which_exists(services: d
     assert apps == {"tasks"}
     assert importlib.util.find_spec("tasks") is not None
     module = ast.parse((REPO / "tasks" / "__init__.py").read_text())
-    bound = {t.id for node in module.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
-    bound |= {alias.asname or alias.name for node in module.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    bound = {
+        t.id for node in module.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)
+    }
+    bound |= {
+        alias.asname or alias.name for node in module.body if isinstance(node, ast.ImportFrom) for alias in node.names
+    }
     assert "app" in bound  # what `celery -A tasks` looks for
     # `tasks` is not installed with the package (it would shadow a user's own tasks.py): the image
     # finds it in /app, which is on its PYTHONPATH.
@@ -101,7 +105,11 @@ def test_threads_variables_are_real_settings_and_documented(services: dict[str, 
     used: set[str] = set()
     for service in services.values():
         env = service.get("environment") or {}
-        used |= {k for k in (env if isinstance(env, dict) else dict(e.split("=", 1) for e in env)) if k.startswith("THREADS_")}
+        used |= {
+            k
+            for k in (env if isinstance(env, dict) else dict(e.split("=", 1) for e in env))
+            if k.startswith("THREADS_")
+        }
     assert CORE_VARS <= used
     package_src = "\n".join(p.read_text() for p in (REPO / "threads_celery").rglob("*.py"))
     for var in used:
@@ -173,7 +181,9 @@ def test_long_running_services_have_health_checks_and_restart_policies(services:
         assert check and check.get("test"), f"{name} has no health check"
         assert service.get("restart") in ("always", "unless-stopped", "on-failure"), name
     assert "pg_isready" in str(services["postgres"]["healthcheck"]["test"])
-    assert "redis-cli" in str(services["redis"]["healthcheck"]["test"]) and "ping" in str(services["redis"]["healthcheck"]["test"])
+    assert "redis-cli" in str(services["redis"]["healthcheck"]["test"]) and "ping" in str(
+        services["redis"]["healthcheck"]["test"]
+    )
     assert "8000/healthz" in str(services["api"]["healthcheck"]["test"])
     assert "5555/healthcheck" in str(services["flower"]["healthcheck"]["test"])
     beat_schedule = option(argv(services["beat"]), "--schedule")
@@ -209,14 +219,19 @@ def test_our_services_build_the_image_from_the_dockerfile(services: dict[str, An
     assert any("postgresql/data" in v for v in services["postgres"]["volumes"])
 
 
-def test_flower_runs_behind_our_launcher_which_guards_metrics_and_refuses_empty_credentials(services: dict[str, Any]) -> None:
+def test_flower_runs_behind_our_launcher_which_guards_metrics_and_refuses_empty_credentials(
+    services: dict[str, Any],
+) -> None:
     """Flower alone serves /metrics anonymously and accepts `--basic-auth=:`; our launcher does neither."""
     args = argv(services["flower"])
     assert args[:2] == ["threads-celery", "flower"], args
     assert cli_command("flower") is not None
     assert option(args, "--basic-auth") is None  # credentials come from FLOWER_USER/FLOWER_PASSWORD only
     assert option(args, "--unauthenticated-api") is None and "--unauthenticated_api" not in " ".join(args)
-    assert not any(k.startswith("FLOWER_") and k not in ("FLOWER_USER", "FLOWER_PASSWORD") for k in services["flower"]["environment"])
+    assert not any(
+        k.startswith("FLOWER_") and k not in ("FLOWER_USER", "FLOWER_PASSWORD")
+        for k in services["flower"]["environment"]
+    )
     for mapping in services["flower"]["ports"]:
         assert str(mapping).startswith("127.0.0.1:")
 
@@ -291,3 +306,43 @@ def test_a_control_queue_worker_consumes_the_backbones_queue(services: dict[str,
     assert node and node.endswith("@%h")
     assert f"--destination {node.split('@')[0]}@$$HOSTNAME" in str(services["control-worker"]["healthcheck"]["test"])
     assert "--destination celery@$$HOSTNAME" in str(services["worker"]["healthcheck"]["test"])
+
+
+#: Services that run ctx.run_code and so need a cgroup to cap each call (see workspace/cgroups.py).
+CODE_RUNNERS = {"worker", "control-worker"}
+
+
+def test_code_running_workers_get_a_delegated_cgroup_for_run_codes_caps(services: dict[str, Any]) -> None:
+    from threads_celery.settings import Settings
+    from threads_celery.workspace import cgroups
+
+    entrypoint_path = "/usr/local/bin/sandbox-cgroup-entrypoint.sh"
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert f"COPY docker/sandbox-cgroup-entrypoint.sh {entrypoint_path}" in dockerfile
+    script_path = REPO / "docker" / "sandbox-cgroup-entrypoint.sh"
+    assert script_path.stat().st_mode & 0o111  # COPY keeps the mode: it must be executable
+    script = script_path.read_text()
+    for name in CODE_RUNNERS:
+        service = services[name]
+        assert service["cgroup"] == "private", name  # the container's own subtree to delegate
+        assert service["entrypoint"] == [entrypoint_path], name
+        assert str(service["user"]) in {"root", "0"}, name  # to prepare it; the script drops to `threads`
+        where = service["environment"][cgroups.SETTING]
+        assert Settings.from_env({cgroups.SETTING: where}).sandbox_cgroup == where
+        # The directory the setting names is the one the entrypoint makes and enables.
+        relative = where.removeprefix("/sys/fs/cgroup/")
+        assert f'mkdir -p "$CG/threads/worker" "$CG/{relative}"' in script
+        assert f'echo "+memory +pids" > "$CG/{relative}/cgroup.subtree_control"' in script
+        assert service["environment"]["THREADS_DATABASE_URL"] == services["api"]["environment"]["THREADS_DATABASE_URL"]
+    assert "setpriv --reuid=threads" in script and re.search(r"^USER threads$", dockerfile, re.MULTILINE)
+    readme = (REPO / "README.md").read_text()
+    assert cgroups.SETTING in readme and "Delegate=yes" in readme
+
+
+def test_an_unknown_sandbox_cgroup_setting_is_a_config_error() -> None:
+    from threads_celery.exceptions import ConfigError
+    from threads_celery.settings import Settings
+
+    assert Settings.from_env({}).sandbox_cgroup == "auto"
+    with pytest.raises(ConfigError, match="THREADS_SANDBOX_CGROUP"):
+        Settings.from_env({"THREADS_SANDBOX_CGROUP": "relative/dir"})

@@ -175,7 +175,9 @@ def find_parent(
         path = Path(choice)
         problem = _v2_problem(path, enable=True)
         if problem:
-            raise CgroupUnavailable(f"run_code cannot cap memory and processes per call: {SETTING}={choice} {problem}; {_HINT}")
+            raise CgroupUnavailable(
+                f"run_code cannot cap memory and processes per call: {SETTING}={choice} {problem}; {_HINT}"
+            )
         return Parent(2, path, path)
     if choice not in ("auto", "v1", "v2"):
         raise CgroupUnavailable(f"{SETTING} must be auto, v1, v2 or an absolute path, not {setting!r}")
@@ -183,7 +185,9 @@ def find_parent(
         own = _own_cgroups(proc_cgroup.read_text())
         mounts = parse_mountinfo(mountinfo.read_text())
     except OSError as exc:
-        raise CgroupUnavailable(f"run_code cannot cap memory and processes per call: cannot read this process's cgroups ({exc}); {_HINT}") from None
+        raise CgroupUnavailable(
+            f"run_code cannot cap memory and processes per call: cannot read this process's cgroups ({exc}); {_HINT}"
+        ) from None
     problems: list[str] = []
     if choice in ("auto", "v2"):
         found = _find_v2(own, mounts, problems)

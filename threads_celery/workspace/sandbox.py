@@ -169,7 +169,9 @@ def run_code(
         if not os.access(GATE_SHELL, os.X_OK):
             return _not_started(f"run_code needs {GATE_SHELL} to start the sandbox inside its cgroup")
         try:
-            cgroup_parent = cgroups.find_parent(cgroup if cgroup is not None else os.environ.get(cgroups.SETTING, "auto"))
+            cgroup_parent = cgroups.find_parent(
+                cgroup if cgroup is not None else os.environ.get(cgroups.SETTING, "auto")
+            )
         except cgroups.CgroupUnavailable as exc:
             return _not_started(str(exc))  # fail closed: never only per-process caps
     identity = isolation.identity_for(os.geteuid()) if bwrap else isolation.Identity(None)
@@ -415,22 +417,22 @@ def _start(
     drop_to: tuple[int, int] | None,
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=stdin,
-            # Dropped in the forked child before exec (no preexec_fn): a root worker starts the
-            # sandbox as the unprivileged user.
-            # (None, Popen's default, changes nothing.)
-            user=drop_to[0] if drop_to else None,
-            group=drop_to[1] if drop_to else None,
-            extra_groups=[] if drop_to else None,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            close_fds=True,
-            pass_fds=pass_fds,  # the code's file, for bubblewrap to copy into the scratch tmpfs
-            start_new_session=True,  # its own session and process group: killed as one
-        )
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        # Dropped in the forked child before exec (no preexec_fn): a root worker starts the
+        # sandbox as the unprivileged user.
+        # (None, Popen's default, changes nothing.)
+        user=drop_to[0] if drop_to else None,
+        group=drop_to[1] if drop_to else None,
+        extra_groups=[] if drop_to else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        close_fds=True,
+        pass_fds=pass_fds,  # the code's file, for bubblewrap to copy into the scratch tmpfs
+        start_new_session=True,  # its own session and process group: killed as one
+    )
 
 
 def _watch(
