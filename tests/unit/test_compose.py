@@ -110,7 +110,7 @@ def test_threads_variables_are_real_settings_and_documented(services: dict[str, 
             for k in (env if isinstance(env, dict) else dict(e.split("=", 1) for e in env))
             if k.startswith("THREADS_")
         }
-    assert CORE_VARS <= used
+    assert used >= CORE_VARS
     package_src = "\n".join(p.read_text() for p in (REPO / "threads_celery").rglob("*.py"))
     for var in used:
         assert f'"{var}"' in package_src, f"{var} is read nowhere in the package"
@@ -124,7 +124,7 @@ def test_every_service_of_ours_gets_the_ledger_broker_and_agents(services: dict[
     postgres = services["postgres"]["environment"]
     for name in OUR_IMAGE:
         env = services[name]["environment"]
-        assert CORE_VARS <= set(env), name
+        assert set(env) >= CORE_VARS, name
         url = parse_database_url(env["THREADS_DATABASE_URL"])
         assert (url.host, url.port, url.database) == ("postgres", 5432, postgres["POSTGRES_DB"])
         assert (url.username, url.password) == (postgres["POSTGRES_USER"], postgres["POSTGRES_PASSWORD"])
@@ -215,7 +215,7 @@ def test_our_services_build_the_image_from_the_dockerfile(services: dict[str, An
     pyproject = (REPO / "pyproject.toml").read_text()
     assert re.search(r"^flower = \[", pyproject, re.MULTILINE)  # the extra the image installs
     assert "COPY examples" in dockerfile  # THREADS_AGENTS=examples.demo must import in the image
-    assert {"postgres": "postgres:16", "redis": "redis:7"} == {n: services[n]["image"] for n in ("postgres", "redis")}
+    assert {n: services[n]["image"] for n in ("postgres", "redis")} == {"postgres": "postgres:16", "redis": "redis:7"}
     assert any("postgresql/data" in v for v in services["postgres"]["volumes"])
 
 
