@@ -43,9 +43,15 @@ def _echo_key(inp: Empty, ctx: Any) -> str:
 
 
 variables = [Variable("PRIVATE_KEY", "secret", required=True)]
-careless = tool(name="careless", description="x", input=Empty, effect="read_only", execute=_careless, variables=variables)
-echo_key = tool(name="echo_key", description="x", input=Empty, effect="read_only", execute=_echo_key, variables=variables)
-parked_forever = tool(name="never_runs", description="x", input=Empty, effect="read_only", execute=lambda i, c: "ran", queue=IDLE_QUEUE)
+careless = tool(
+    name="careless", description="x", input=Empty, effect="read_only", execute=_careless, variables=variables
+)
+echo_key = tool(
+    name="echo_key", description="x", input=Empty, effect="read_only", execute=_echo_key, variables=variables
+)
+parked_forever = tool(
+    name="never_runs", description="x", input=Empty, effect="read_only", execute=lambda i, c: "ran", queue=IDLE_QUEUE
+)
 
 leaker = Agent(
     name="it_leaker",

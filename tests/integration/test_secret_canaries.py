@@ -25,11 +25,17 @@ from tests.integration.test_flower import flower as flower
 from tests.support.processes import THREADS_CELERY, WorkerProcess, subprocess_env
 from tests.support.waiting import eventually
 
-SECRET = "-----BEGIN KEY-----\nline1-\"q'uo\\te\"-canaryA\nlïne2-ünïcødé-€-canaryB\n-----END KEY-----"
+SECRET = '-----BEGIN KEY-----\nline1-"q\'uo\\te"-canaryA\nlïne2-ünïcødé-€-canaryB\n-----END KEY-----'
 FERNET_KEY = Fernet.generate_key().decode()
 AGENTS = "tests.integration.secret_agents"
 DEADLINE_S = 60.0
-FORMS = [SECRET, *(line for line in SECRET.splitlines() if "canary" in line), json.dumps(SECRET)[1:-1], repr(SECRET)[1:-1], ascii(SECRET)[1:-1]]
+FORMS = [
+    SECRET,
+    *(line for line in SECRET.splitlines() if "canary" in line),
+    json.dumps(SECRET)[1:-1],
+    repr(SECRET)[1:-1],
+    ascii(SECRET)[1:-1],
+]
 
 
 def leaks(blob: str) -> list[str]:
@@ -37,13 +43,17 @@ def leaks(blob: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def worker(migrated_pg_url: str, integration_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+def worker(
+    migrated_pg_url: str, integration_redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
     """Overrides the package's worker: the leaky agents, task events on, the same secret key."""
     env = subprocess_env({
         "THREADS_DATABASE_URL": migrated_pg_url, "THREADS_BROKER_URL": integration_redis_url,
         "THREADS_AGENTS": AGENTS, "THREADS_SECRET_KEY": FERNET_KEY,
     })  # fmt: skip
-    process = WorkerProcess("canary-w1", env=env, log_path=tmp_path_factory.mktemp("worker") / "canary-w1.log", extra_args=["-E"])
+    process = WorkerProcess(
+        "canary-w1", env=env, log_path=tmp_path_factory.mktemp("worker") / "canary-w1.log", extra_args=["-E"]
+    )
     process.start()
     try:
         process.wait_ready()
@@ -106,12 +116,20 @@ def leaked_run(threads: Any, flower: Flower, integration_redis_url: str) -> Iter
 
 def test_the_ledger_holds_no_form_of_the_secret(leaked_run: Any, threads: Any, migrated_pg_url: str) -> None:
     results = [m.tool_result for m in threads.messages(leaked_run.thread_id) if m.role == "tool"]
-    assert [r.is_error for r in results] == [False, True] and "***" in results[0].content and "KeyError" in results[1].content
+    assert (
+        [r.is_error for r in results] == [False, True]
+        and "***" in results[0].content
+        and "KeyError" in results[1].content
+    )
     engine = create_engine(migrated_pg_url.replace("postgresql://", "postgresql+psycopg://", 1))
     try:
         with engine.connect() as conn:
-            tables = [row[0] for row in conn.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))]
-            dump = {table: [str(tuple(row)) for row in conn.execute(text(f'SELECT * FROM "{table}"'))] for table in tables}
+            tables = [
+                row[0] for row in conn.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))
+            ]
+            dump = {
+                table: [str(tuple(row)) for row in conn.execute(text(f'SELECT * FROM "{table}"'))] for table in tables
+            }
     finally:
         engine.dispose()
     assert {"tool_calls", "messages", "events", "variables"} <= set(dump)
@@ -152,7 +170,9 @@ def test_flower_shows_no_form_of_the_secret(leaked_run: Any, threads: Any, flowe
     assert last.name == "never_runs"
 
 
-def test_the_sse_stream_and_the_cli_show_no_form_of_the_secret(leaked_run: Any, threads: Any, migrated_pg_url: str) -> None:
+def test_the_sse_stream_and_the_cli_show_no_form_of_the_secret(
+    leaked_run: Any, threads: Any, migrated_pg_url: str
+) -> None:
     from threads_celery.api.app import create_api
 
     frames: list[str] = []
@@ -168,7 +188,11 @@ def test_the_sse_stream_and_the_cli_show_no_form_of_the_secret(leaked_run: Any, 
     assert any("***" in f for f in frames)
     assert leaks("\n".join(frames)) == []
     env = subprocess_env({"THREADS_DATABASE_URL": migrated_pg_url, "COLUMNS": "300"})
-    for argv in (["runs", "show", leaked_run.id], ["runs", "show", leaked_run.id, "--json"], ["events", leaked_run.thread_id]):
+    for argv in (
+        ["runs", "show", leaked_run.id],
+        ["runs", "show", leaked_run.id, "--json"],
+        ["events", leaked_run.thread_id],
+    ):
         done = subprocess.run([THREADS_CELERY, *argv], env=env, capture_output=True, text=True, timeout=DEADLINE_S)
         assert done.returncode == 0, (argv, done.stderr)
         assert "***" in done.stdout and leaks(done.stdout + done.stderr) == [], argv

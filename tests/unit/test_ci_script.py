@@ -123,10 +123,11 @@ def test_ci_script_matches_readme_when_present() -> None:
 def test_ci_script_lints_the_package_before_the_tests_and_fails_on_findings() -> None:
     code = _code()
     assert "LINT_PATHS=(threads_celery tasks beat)" in code
-    assert '-m ruff check "${LINT_PATHS[@]}"' in code
+    assert 'RUFF_PATHS=("${LINT_PATHS[@]}" tests bench examples)' in code, "tests, bench and examples are linted too"
+    assert '-m ruff check "${RUFF_PATHS[@]}"' in code
     assert '-m mypy --strict "${LINT_PATHS[@]}"' in code
     assert code.index("-m mypy --strict") < code.index(TEST_COMMAND), "lint runs before the tests"
     lint = code[code.index('phase "lint"') : code.index('phase "browser"')]
     assert "die " in lint, "a lint finding must fail the run"
-    assert '-m ruff format --check "${LINT_PATHS[@]}"' in code, "formatting is checked too"
+    assert '-m ruff format --check "${RUFF_PATHS[@]}"' in code, "formatting is checked too"
     assert "lint-imports ||" in lint, "the import contracts are checked too"

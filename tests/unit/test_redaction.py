@@ -42,7 +42,7 @@ PEM = (
 )
 HOSTILE = [
     PEM,
-    'sk-"quoted"-\'single\'-canary',
+    "sk-\"quoted\"-'single'-canary",
     "sk-back\\slash\\n-not-a-newline-canary",
     "sk-ünïcødé-€-日本-canary",
     "tab\there\r\nand-crlf-canary",
@@ -96,7 +96,11 @@ def test_redact_value_walks_results_before_they_are_serialised() -> None:
     secret = HOSTILE[1]
     value = {"outer": (secret, {secret: [Out(key=secret, items=[f"x{secret}y"])]}), "n": 3, "set": {secret}}
     clean = redact_value(value, [secret])
-    assert clean == {"outer": (REDACTED, {REDACTED: [{"key": REDACTED, "items": [f"x{REDACTED}y"]}]}), "n": 3, "set": [REDACTED]}
+    assert clean == {
+        "outer": (REDACTED, {REDACTED: [{"key": REDACTED, "items": [f"x{REDACTED}y"]}]}),
+        "n": 3,
+        "set": [REDACTED],
+    }
     assert redact_value(value, []) is value  # nothing revealed: untouched
 
 
@@ -113,7 +117,9 @@ def test_a_log_record_is_rewritten_so_no_handler_can_format_the_secret() -> None
     try:
         raise KeyError(secret)
     except KeyError:
-        record = logging.LogRecord("tool", logging.ERROR, __file__, 1, "key=%s data=%r", (secret, {"k": secret}), sys.exc_info())
+        record = logging.LogRecord(
+            "tool", logging.ERROR, __file__, 1, "key=%s data=%r", (secret, {"k": secret}), sys.exc_info()
+        )
     redact_record(record, [secret])
     formatted = logging.Formatter("%(message)s").format(record)
     assert "key=***" in formatted and "Traceback" in formatted
@@ -176,7 +182,14 @@ def test_a_hostile_secret_leaks_into_no_table_event_log_output_or_cli(
     agent = Agent(
         name="leaker",
         instructions="x",
-        model=ScriptedModel([call("leaky", how="dict"), call("leaky", how="keyerror"), call("leaky", how="logged_exception"), say("done")]),
+        model=ScriptedModel(
+            [
+                call("leaky", how="dict"),
+                call("leaky", how="keyerror"),
+                call("leaky", how="logged_exception"),
+                say("done"),
+            ]
+        ),
         tools=[leaky],
     )
     with Threads.embedded(path=db) as threads:
@@ -228,7 +241,12 @@ def test_progress_and_milestones_a_tool_reports_are_redacted_too() -> None:
     from threads_celery import agent_tool
 
     secret = PEM
-    child = Agent(name="reporter_child", instructions="x", model=ScriptedModel([call("reporting", how="x"), say("child done")]), tools=[reporting])
+    child = Agent(
+        name="reporter_child",
+        instructions="x",
+        model=ScriptedModel([call("reporting", how="x"), say("child done")]),
+        tools=[reporting],
+    )
     parent = Agent(
         name="reporter_parent", instructions="x", tools=[agent_tool(child, "Report.")],
         model=ScriptedModel([call("reporter_child", message="go"), say("parent done")]),
