@@ -63,7 +63,8 @@ DEFAULT_CHAOS_ENV: dict[str, str] = {
 
 _names = itertools.count(1)
 RECONCILE_RESULT = re.compile(r"threads\.reconcile\[[^\]]+\] succeeded in [\d.e-]+s: '(\{.*\})'$", re.MULTILINE)
-FENCE_REFUSED = re.compile(r"threads\.(?:tool|step)\[([^\]]+)\] succeeded in [\d.e-]+s: 'fence lost'")
+# The task's shadow name holds its tool or agent: "threads.tool send_email[<key>]".
+FENCE_REFUSED = re.compile(r"threads\.(?:tool|step)(?: [^\[\s]+)?\[([^\]]+)\] succeeded in [\d.e-]+s: 'fence lost'")
 
 
 # -- the cluster --------------------------------------------------------------------------------

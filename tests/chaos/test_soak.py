@@ -341,7 +341,7 @@ def test_large_soak_backlog_under_kills_freezes_and_restarts(cluster: ChaosClust
     _soak(cluster, LARGE_RUNS)
 
 
-LATE_OUTCOME = re.compile(r"threads\.(?:tool|step)\[([^\]]+)\] succeeded in ([\d.e-]+)s: '([^']*)'")
+LATE_OUTCOME = re.compile(r"threads\.(?:tool|step)(?: [^\[\s]+)?\[([^\]]+)\] succeeded in ([\d.e-]+)s: '([^']*)'")
 
 
 REDISPATCHED = re.compile(r"run (run_\w+): lease of (\S+) expired; re-dispatching")

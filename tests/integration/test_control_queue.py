@@ -44,6 +44,8 @@ BACKLOG = 10_000
 INTERVAL_S = 0.5
 TICKS_TO_SEE = 4
 PILE = 6
+# An idle tick logs at DEBUG only (threads_celery.worker.quiet_ticks): these tests count every one.
+TICK_LOGS = ["--loglevel", "DEBUG"]
 TICK_OUTCOME = re.compile(r"threads\.reconcile\[[^\]]+\] succeeded in [\d.e-]+s: '(\{|covered by a later tick)")
 TEST_AGENTS = "tests.integration.agents_for_tests"
 
@@ -109,7 +111,7 @@ def test_ticks_keep_beats_pace_behind_ten_thousand_queued_tasks(
     queue_backlog(integration_redis_url, BACKLOG)
     assert queued_messages(integration_redis_url, WORK_QUEUE) == BACKLOG
 
-    worker = WorkerProcess("backlog", env=env, log_path=tmp_path / "worker.log", concurrency=2)
+    worker = WorkerProcess("backlog", env=env, log_path=tmp_path / "worker.log", concurrency=2, extra_args=TICK_LOGS)
     beat = BeatProcess("beat", env=env, log_path=tmp_path / "beat.log", schedule_path=tmp_path / "beat-schedule")
     try:
         worker.start()
@@ -154,7 +156,7 @@ def test_a_pile_of_late_ticks_costs_one_real_tick_per_worker_process(
     for _ in range(PILE):
         app.tasks[RECONCILE_TASK].apply_async(kwargs={"published_at": published_at})
 
-    worker = WorkerProcess("pile", env=env, log_path=tmp_path / "worker.log", concurrency=2)
+    worker = WorkerProcess("pile", env=env, log_path=tmp_path / "worker.log", concurrency=2, extra_args=TICK_LOGS)
     try:
         worker.start()
         worker.wait_ready()
