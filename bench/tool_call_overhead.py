@@ -95,11 +95,13 @@ def fresh_database(host: str, port: int, user: str, keep: bool) -> Iterator[str]
 
 
 @contextmanager
-def worker(env: dict[str, str], concurrency: int, log_path: Path) -> Iterator[ManagedProcess]:
+def worker(
+    env: dict[str, str], concurrency: int, log_path: Path, loglevel: str = "warning"
+) -> Iterator[ManagedProcess]:
     """A real ``celery -A tasks worker`` in its own process group, stopped (warm) at the end."""
     command = [
         str(Path(sys.executable).with_name("celery")), "-A", "tasks", "worker", "-P", "prefork",
-        "-c", str(concurrency), "-I", AGENTS_MODULE, "-l", "warning",
+        "-c", str(concurrency), "-I", AGENTS_MODULE, "-l", loglevel,
         "--without-heartbeat", "--without-gossip", "--without-mingle", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h",
     ]  # fmt: skip
     process = ManagedProcess("bench-worker", command, env=env, log_path=log_path, cwd=REPO)
@@ -341,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         " times after the warm-up, and leave the stats in DIR (python -m pstats); no figures are printed",
     )
     parser.add_argument("--profile-kind", choices=("bare", "noop_ro", "noop_ug"), default="noop_ro")
+    parser.add_argument(
+        "--loglevel", default="warning", help="the worker's log level (info: a line per task, as a default worker logs)"
+    )
     args = parser.parse_args(argv)
 
     import redis
@@ -379,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         log_path = Path(trace_dir) / "worker.log"
         threads = Threads(database_url=database_url, broker_url=args.redis_url)
         try:
-            with worker(env, args.concurrency, log_path) as process:
+            with worker(env, args.concurrency, log_path, args.loglevel) as process:
                 # Warm up both sides (imports, connections in both pool processes); the first
                 # run also waits for the worker to come up.
                 for _ in range(2):

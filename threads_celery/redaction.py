@@ -9,9 +9,13 @@ appear one line at a time. So a value is redacted twice: as data, before it is s
 rendered form :func:`rendered_forms` knows).
 
 While a tool call runs, the secrets it revealed are *active* in its process
-(:func:`secrets_active`): :func:`install_log_redaction` makes every log record created in the
-process, whoever logs it (the runtime, Celery, the tool's own ``logging``), carry redacted text,
-and wraps ``sys.stdout``/``sys.stderr`` so that a tool's ``print`` is redacted too.
+(:func:`secrets_active`), and once it has ended they are *remembered* (the most recent
+:data:`REMEMBER_AT_MOST`): a thread the tool left behind may log later, a child process may still
+print. :func:`install_log_redaction` makes every log record created in the process, whoever logs
+it (the runtime, Celery, the tool's own ``logging``), carry text redacted of both, and wraps
+``sys.stdout``/``sys.stderr`` so that a tool's ``print`` is redacted too. A worker's pool process
+also passes its file descriptors 1 and 2 through a redacting pipe
+(:mod:`threads_celery.worker.output_capture`), for ``os.write`` and subprocesses.
 
 What this cannot catch: a tool that deliberately re-encodes a secret (base64, hashing, splitting
 it into pieces shorter than :data:`MIN_FRAGMENT`) before returning or logging it.
@@ -25,6 +29,7 @@ import functools
 import html
 import json
 import logging
+import re
 import shlex
 import sys
 import threading
@@ -62,7 +67,7 @@ _ESCAPES: tuple[Callable[[str], str], ...] = (
 )
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=512)
 def rendered_forms(secret: str) -> tuple[str, ...]:
     """Every form of ``secret`` to look for, longest first.
 
@@ -91,13 +96,121 @@ def rendered_forms(secret: str) -> tuple[str, ...]:
     return tuple(sorted(forms, key=len, reverse=True))
 
 
+#: A secret cut short for display keeps this much of its head or tail at most (pydantic shows 25
+#: characters a side, ``reprlib`` fewer); a fragment of at least MIN_FRAGMENT characters next to
+#: an ellipsis is redacted.
+_TRUNCATED_SIDE = 64
+_ELLIPSES = ("...", "\u2026")
+#: How many leading characters of a form file it (see :class:`Redactor`).
+_ANCHOR = 4
+
+
 def redact_text(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every rendered form of every secret replaced by ``***``."""
-    forms = sorted({f for s in set(secrets) for f in rendered_forms(s)}, key=len, reverse=True)
-    for form in forms:
-        if form in text:
-            text = text.replace(form, REDACTED)
-    return text
+    """``text`` with every rendered form of every secret replaced by ``***``.
+
+    Also a long secret cut short for display (``'sk-live-abcdef...uvwxyz'``, ``sk-live-ab…``): a
+    head of it just before an ellipsis, or a tail just after one, is redacted too.
+    """
+    if not text:
+        return text
+    redactor = redactor_for(frozenset(secrets))
+    return redactor.redact(text) if redactor is not None else text
+
+
+class Redactor:
+    """Finds every form of a set of secrets in a text in one pass (see :func:`redactor_for`).
+
+    A secret has dozens to hundreds of forms, and a worker may remember hundreds of secrets, so
+    looking for each form in turn, or compiling them all into one regular expression (about a
+    second for one PEM key), is too slow. Instead each form is filed under its first
+    :data:`_ANCHOR` characters; one small regular expression of those anchors finds the few places
+    where a form could start, and only there are the forms compared, the longest first.
+    """
+
+    def __init__(self, forms: Iterable[str], heads: Iterable[str], tails: Iterable[str]) -> None:
+        #: anchor -> (form, whether it counts only right before an ellipsis), the longest first
+        self._filed: dict[str, list[tuple[str, bool]]] = {}
+        for form, before_ellipsis in [*((f, False) for f in set(forms)), *((h, True) for h in set(heads))]:
+            self._filed.setdefault(form[:_ANCHOR], []).append((form, before_ellipsis))
+        for candidates in self._filed.values():
+            candidates.sort(key=lambda c: (len(c[0]), not c[1]), reverse=True)
+        self._anchor_lengths = sorted({len(a) for a in self._filed}, reverse=True)
+        self._anchors = re.compile("|".join(re.escape(a) for a in sorted(self._filed, key=len, reverse=True)))
+        self._tails = sorted(set(tails), key=len, reverse=True)
+        #: The longest form: a stream that redacts as it goes holds back this much of its tail.
+        self.longest = max((len(c[0]) for cs in self._filed.values() for c in cs), default=0) + 3
+
+    def redact(self, text: str) -> str:
+        """``text`` with every form replaced by ``***``."""
+        spans = self.spans(text)
+        if not spans:
+            return text
+        pieces, at = [], 0
+        for start, end in spans:
+            pieces += [text[at:start], REDACTED]
+            at = end
+        pieces.append(text[at:])
+        return "".join(pieces)
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Where the forms are in ``text`` (start, end), left to right, the longest at each place."""
+        spans: list[tuple[int, int]] = []
+        found = self._anchors.search(text)
+        while found is not None:
+            at = found.start()
+            end = self._match_at(text, at)
+            if end is None:
+                found = self._anchors.search(text, at + 1)
+                continue
+            spans.append((at, end))
+            found = self._anchors.search(text, end)
+        if self._tails and ("..." in text or "\u2026" in text):
+            spans = self._with_tails(text, spans)
+        return spans
+
+    def _match_at(self, text: str, at: int) -> int | None:
+        best: int | None = None
+        for length in self._anchor_lengths:
+            for form, before_ellipsis in self._filed.get(text[at : at + length], ()):
+                if best is not None and at + len(form) <= best:
+                    break
+                if text.startswith(form, at) and (not before_ellipsis or text.startswith(_ELLIPSES, at + len(form))):
+                    best = at + len(form)
+                    break
+        return best
+
+    def _with_tails(self, text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Add each tail of a secret just after an ellipsis that no span covers yet."""
+        added = []
+        for ellipsis in _ELLIPSES:
+            at = text.find(ellipsis)
+            while at != -1:
+                start = at + len(ellipsis)
+                if not any(s <= start < e for s, e in spans):
+                    tail = next((t for t in self._tails if text.startswith(t, start)), None)
+                    if tail is not None:
+                        added.append((start, start + len(tail)))
+                at = text.find(ellipsis, start)
+        return sorted(spans + added)
+
+
+@functools.lru_cache(maxsize=512)
+def redactor_for(secrets: frozenset[str]) -> Redactor | None:
+    """The :class:`Redactor` of ``secrets``, built once per set (None for no secret)."""
+    secrets = frozenset(s for s in secrets if s)
+    if not secrets:
+        return None
+    forms = {f for s in secrets for f in rendered_forms(s)}
+    heads: set[str] = set()
+    tails: set[str] = set()
+    for secret in secrets:
+        if "\n" in secret or len(secret) <= MIN_FRAGMENT:
+            continue
+        for body in {secret, repr(secret)[1:-1]}:
+            for k in range(MIN_FRAGMENT, min(len(body) - 1, _TRUNCATED_SIDE) + 1):
+                heads.add(body[:k])
+                tails.add(body[-k:])
+    return Redactor(forms, heads, tails)
 
 
 def redact_value(value: Any, secrets: Sequence[str]) -> Any:
@@ -188,10 +301,15 @@ def _validation_message(exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-# -- the process's active secrets ------------------------------------------------------------
+# -- the process's active and remembered secrets ---------------------------------------------
 
 _lock = threading.Lock()
 _active: dict[int, list[str]] = {}
+#: Secrets revealed to tool calls that have ended, the most recent last (see remember_secrets).
+_remembered: dict[str, None] = {}
+#: How many ended calls' secrets a process keeps redacting: a worker serving many tenants
+#: forgets the least recently revealed first.
+REMEMBER_AT_MOST = 256
 
 
 def active_secrets() -> list[str]:
@@ -200,9 +318,34 @@ def active_secrets() -> list[str]:
         return [s for revealed in _active.values() for s in revealed]
 
 
+def known_secrets() -> list[str]:
+    """Every secret this process must keep out of what it writes: those of the calls running
+    now and the :data:`REMEMBER_AT_MOST` most recently revealed to calls that have ended.
+
+    A tool's call may end while something it started goes on: a thread that logs later, a child
+    process that prints, output still in a pipe. What they write is redacted all the same.
+    """
+    with _lock:
+        if not _remembered:
+            return [s for revealed in _active.values() for s in revealed]
+        return list({**_remembered, **{s: None for revealed in _active.values() for s in revealed}})
+
+
+def remember_secrets(secrets: Iterable[str]) -> None:
+    """Keep redacting ``secrets`` from this process's logs and output after their call ended."""
+    with _lock:
+        for secret in secrets:
+            if secret:
+                _remembered.pop(secret, None)
+                _remembered[secret] = None
+        while len(_remembered) > REMEMBER_AT_MOST:
+            del _remembered[next(iter(_remembered))]
+
+
 @contextlib.contextmanager
 def secrets_active(revealed: list[str]) -> Iterator[None]:
-    """While inside, every value appended to ``revealed`` is redacted from logs and stdout.
+    """While inside, every value appended to ``revealed`` is redacted from logs and stdout; after,
+    they are remembered (:func:`known_secrets`).
 
     ``revealed`` is watched, not copied: a secret the tool reads halfway through its call is
     covered from that moment on.
@@ -218,6 +361,7 @@ def secrets_active(revealed: list[str]) -> Iterator[None]:
         scrub_exception(exc, revealed)
         raise
     finally:
+        remember_secrets(revealed)
         with _lock:
             _active.pop(key, None)
 
@@ -247,7 +391,7 @@ _exception_formatter = logging.Formatter()
 def _redacting_factory(previous: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
     def make_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = previous(*args, **kwargs)
-        secrets = active_secrets()
+        secrets = known_secrets()
         if secrets:
             redact_record(record, secrets)
         return record
@@ -275,14 +419,14 @@ def redact_record(record: logging.LogRecord, secrets: Sequence[str]) -> None:
 
 
 class RedactingStream:
-    """A text stream that redacts the active secrets from everything written to it."""
+    """A text stream that redacts the known secrets (:func:`known_secrets`) from everything written to it."""
 
     def __init__(self, stream: TextIO) -> None:
         self.wrapped = stream
 
     def write(self, text: str) -> int:
-        """Write ``text`` with the active secrets redacted; returns the length given."""
-        secrets = active_secrets()
+        """Write ``text`` with the known secrets redacted; returns the length given."""
+        secrets = known_secrets()
         self.wrapped.write(redact_text(text, secrets) if secrets and isinstance(text, str) else text)
         return len(text)
 

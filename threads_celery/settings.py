@@ -88,6 +88,9 @@ class Settings:
     # Whether the backbone's own tasks (reconcile ticks, scheduled-run starts, finish deliveries)
     # send task events: off, so Flower and other monitors list the agents' work.
     control_task_events: bool = False
+    # THREADS_CAPTURE_OUTPUT: whether a worker's pool process passes its file descriptors 1 and 2
+    # through redaction (os.write and subprocess output of tools; worker/output_capture.py).
+    capture_output: bool = True
     # Concurrent read_only calls of one model reply running at once (as parallel tasks).
     max_parallel_tool_calls: int = 8
     # Each thread's attachments live in <files_root>/<thread_id>/ (relative: to the worker's cwd).
@@ -161,6 +164,7 @@ class Settings:
             "outbox_stale_after_s": _float(env, "THREADS_OUTBOX_STALE_AFTER_S", 10.0),
             "reconcile_interval_s": _float(env, "THREADS_RECONCILE_INTERVAL_S", 5.0),
             "control_task_events": _bool(env, "THREADS_CONTROL_TASK_EVENTS", False),
+            "capture_output": _bool(env, "THREADS_CAPTURE_OUTPUT", True),
             "max_parallel_tool_calls": _int(env, "THREADS_MAX_PARALLEL_TOOL_CALLS", 8),
             "files_root": env.get("THREADS_FILES_ROOT") or DEFAULT_FILES_ROOT,
             "files_max_bytes": _int(env, "THREADS_FILES_MAX_BYTES", 100 * 2**20),

@@ -1,15 +1,23 @@
-"""An agent whose tool handles a hostile secret carelessly, for the canary tests' worker.
+"""Agents whose tools handle a hostile secret carelessly, for the canary tests' worker.
 
 ``careless`` reads the ``PRIVATE_KEY`` secret, logs it, prints it and returns it inside a dict;
 ``echo_key`` raises it as a ``KeyError``. The last call goes to a queue no worker consumes, so
 its task message stays in Redis for the test to read.
+
+``below_python`` writes it past Python's streams: ``os.write`` on fds 1 and 2 (once in two
+pieces), a subprocess that prints it, and a thread that logs and writes it after the call has
+ended; ``invalid_input`` raises the ``ValidationError`` of a model given the secret.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 from pydantic import BaseModel
@@ -42,6 +50,35 @@ def _echo_key(inp: Empty, ctx: Any) -> str:
         raise
 
 
+def _below_python(inp: Empty, ctx: Any) -> str:
+    key = ctx.env("PRIVATE_KEY")
+    raw = key.encode()
+    os.write(1, b"fd1: key=" + raw + b"\n")
+    os.write(2, b"fd2: key=" + raw + b"\n")
+    os.write(1, b"split: key=" + raw[:27])  # the rest comes in a second write
+    time.sleep(0.01)
+    os.write(1, raw[27:] + b" :end\n")
+    subprocess.run(["sh", "-c", 'printf "child: key=%s\\n" "$KEY"'], env={"KEY": key}, check=True)
+
+    def later() -> None:  # outlives the call: its secret is no longer active when this runs
+        time.sleep(0.5)
+        log.warning("late: key=%s", key)
+        os.write(2, b"late fd2: key=" + raw + b"\n")
+
+    threading.Thread(target=later, daemon=True).start()
+    return "wrote it below Python"
+
+
+class Port(BaseModel):
+    port: int
+
+
+def _invalid_input(inp: Empty, ctx: Any) -> str:
+    key = ctx.env("PRIVATE_KEY")
+    Port.model_validate({"port": key.replace("\n", " ")})  # one line: pydantic shortens it in its repr
+    return "unreachable"
+
+
 variables = [Variable("PRIVATE_KEY", "secret", required=True)]
 careless = tool(
     name="careless", description="x", input=Empty, effect="read_only", execute=_careless, variables=variables
@@ -60,4 +97,17 @@ leaker = Agent(
     tools=[careless, echo_key, parked_forever],
 )
 
-ALL_AGENTS = [leaker]
+below_python = tool(
+    name="below_python", description="x", input=Empty, effect="read_only", execute=_below_python, variables=variables
+)
+invalid_input = tool(
+    name="invalid_input", description="x", input=Empty, effect="read_only", execute=_invalid_input, variables=variables
+)
+raw_writer = Agent(
+    name="it_raw_writer",
+    instructions="x",
+    model=ScriptedModel([call("below_python"), call("invalid_input"), say("done")]),
+    tools=[below_python, invalid_input],
+)
+
+ALL_AGENTS = [leaker, raw_writer]

@@ -203,3 +203,34 @@ def test_the_worker_log_has_the_tools_lines_redacted(leaked_run: Any, worker: Wo
     assert "connecting with key ***" in log and "lookup failed for ***" in log and "debug: key=***" in log
     assert "Traceback" in log  # the tool's log.exception kept its traceback, redacted
     assert leaks(log) == []
+
+
+@pytest.fixture(scope="module")
+def raw_run(threads: Any) -> Any:
+    """A run whose tool writes the secret below Python (fds 1 and 2, a subprocess, a late thread)."""
+    from tests.integration.secret_agents import raw_writer
+
+    handle = threads.start(raw_writer, "go", env={"PRIVATE_KEY": SECRET})
+    run = threads.wait(handle.run_id, timeout=DEADLINE_S)
+    assert run.status == "completed", run.error
+    return run
+
+
+def test_what_a_tool_writes_below_python_reaches_the_log_redacted(raw_run: Any, worker: WorkerProcess) -> None:
+    markers = ("fd1: key=***", "fd2: key=***", "split: key=***", "child: key=***", "late: key=***", "late fd2: key=***")
+    eventually(
+        lambda: all(marker in worker.log_text() for marker in markers),
+        timeout=DEADLINE_S,
+        what="every raw write in the worker's log, redacted",
+    )
+    log = worker.log_path.read_text(errors="replace")
+    assert ":end" in log  # the split write's second piece went out too
+    assert leaks(log) == []
+    assert "canaryA" not in log and "canaryB" not in log
+
+
+def test_a_validation_error_shows_no_fragment_of_the_secret(raw_run: Any, threads: Any) -> None:
+    [_, invalid] = [m.tool_result for m in threads.messages(raw_run.thread_id) if m.role == "tool"]
+    assert invalid.is_error and "validation error" in invalid.content and "port" in invalid.content
+    for fragment in ("canary", "line1", "ne2", "BEGIN KEY"):
+        assert fragment not in invalid.content, invalid.content

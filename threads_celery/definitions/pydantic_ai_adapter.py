@@ -59,7 +59,7 @@ from threads_celery.definitions.model_strings import resolve_model
 from threads_celery.definitions.schema_tools import EffectChoice, SchemaTool, ToolArguments, schema_tool, stated_effect
 from threads_celery.definitions.tools import ToolArgumentsError, describe_validation_error
 from threads_celery.exceptions import ConfigError
-from threads_celery.redaction import active_secrets, describe_exception
+from threads_celery.redaction import describe_exception, known_secrets
 
 OUTPUT_TOOL = "final_result"
 OUTPUT_TOOL_DESCRIPTION = "The final response which ends this conversation"
@@ -102,7 +102,7 @@ class PydanticAIAgent(Agent):
             # told apart); the description never raises (a hostile __str__ is named instead).
             raise ConfigError(
                 f"the dependencies of agent {self.name!r} cannot be built in this worker: "
-                f"{self.deps_factory} raised {describe_exception(exc, active_secrets())}"
+                f"{self.deps_factory} raised {describe_exception(exc, known_secrets())}"
             ) from None
         self._deps_by_thread.value = value
         return value

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from threads_celery.decisions.retry import GiveUp, RetryDecision, decide_task_failure
 from threads_celery.exceptions import FenceLost
+from threads_celery.redaction import known_secrets
 from threads_celery.runtime.tool_faults import describe
 from threads_celery.transitions import runs
 
@@ -37,7 +38,9 @@ def apply_task_failure(
     claims at once instead of waiting out the lease. Giving up: the run ends ``error`` with the
     reason, and a tool call is settled as an error, so nothing sends the task again.
     """
-    decision = decide_task_failure(task, key, failures, runtime.settings.max_task_failures, describe(exc, ()))
+    decision = decide_task_failure(
+        task, key, failures, runtime.settings.max_task_failures, describe(exc, known_secrets())
+    )
     now = runtime.clock()
     entries = []
     with runtime.store.transaction() as tx:
@@ -76,6 +79,6 @@ def apply_task_failure(
             failures,
             runtime.settings.max_task_failures,
             decision.countdown,
-            describe(exc, ()),
+            describe(exc, known_secrets()),
         )
     return decision

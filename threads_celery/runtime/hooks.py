@@ -39,7 +39,7 @@ from threads_celery.definitions.hooks import (
 )
 from threads_celery.definitions.tools import Tool, ToolArgumentsError, render_result
 from threads_celery.records import CallRow, Run
-from threads_celery.redaction import active_secrets
+from threads_celery.redaction import known_secrets
 from threads_celery.runtime import tool_faults
 from threads_celery.runtime.models import run_coroutine
 from threads_celery.store.repository import args_digest
@@ -85,7 +85,7 @@ def call_with_limit(hook: str, fn: Callable[..., Any], args: Sequence[Any], time
         exc = box["error"]
         # Never raises (a hostile __str__ is named, not run to a crash) and is redacted of the
         # secrets revealed in this process.
-        return ("failed", Failed(hook, tool_faults.describe(exc, active_secrets())))
+        return ("failed", Failed(hook, tool_faults.describe(exc, known_secrets())))
     return ("ok", box.get("value"))
 
 

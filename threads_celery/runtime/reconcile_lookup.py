@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from threads_celery.decisions.effects import Found, LookupAnswer, LookupFailed, LookupUnknown, NotFound, Reconcile
-from threads_celery.redaction import active_secrets, describe_exception
+from threads_celery.redaction import describe_exception, known_secrets
 
 __all__ = ["run_lookup"]
 
@@ -110,5 +110,5 @@ def _await(awaitable: Awaitable[object]) -> Coroutine[Any, Any, object]:
 def _describe_exception(exc: BaseException) -> str:
     # Never raises, whatever the exception's __str__ does, and redacted of the secrets revealed
     # in this process: the text becomes a park reason people and Flower see.
-    described = describe_exception(exc, active_secrets())
+    described = describe_exception(exc, known_secrets())
     return f"lookup raised {described.removesuffix(': ')}"

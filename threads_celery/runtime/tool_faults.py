@@ -22,7 +22,7 @@ from billiard.exceptions import Terminated, WorkerLostError
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 
 from threads_celery.exceptions import FenceLost, RetryLater
-from threads_celery.redaction import describe_exception, redact_text
+from threads_celery.redaction import describe_exception, known_secrets, redact_text
 from threads_celery.runtime.pauses import PausedPastLease
 
 # The runtime's and the worker's own control flow: never turned into a tool's error.
@@ -89,4 +89,4 @@ def survives_pickling(exc: BaseException) -> bool:
 
 def picklable(exc: BaseException) -> ToolCodeFailed:
     """A plain exception standing for ``exc``, safe to pickle to the prefork main process."""
-    return ToolCodeFailed(describe(exc, ()).replace("\n", " ")[:500])
+    return ToolCodeFailed(describe(exc, known_secrets()).replace("\n", " ")[:500])

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
-from celery.signals import celeryd_after_setup, worker_init
+from celery.concurrency.prefork import TaskPool as PreforkPool
+from celery.signals import celeryd_after_setup, worker_init, worker_process_init, worker_process_shutdown
 
 from threads_celery.decisions.backbone import WORK_QUEUE, control_queue_for
 from threads_celery.definitions.agents import AgentRegistry
@@ -34,7 +35,7 @@ from threads_celery.store import Store
 from threads_celery.telemetry.metrics import METRICS_PORT_VARIABLE, serve
 from threads_celery.transitions.publishing import Publisher, celery_app, open_store, task_queue
 from threads_celery.transitions.runs import utcnow
-from threads_celery.worker import quiet_ticks
+from threads_celery.worker import output_capture, quiet_ticks
 from threads_celery.worker.tasks import install_tasks
 
 
@@ -183,6 +184,20 @@ def app_from_environment() -> ThreadsCelery:
     @celeryd_after_setup.connect(weak=False)
     def _consume_control(sender: str, instance: Any, **_: Any) -> None:
         consume_control_queue(instance.app)
+        pool = getattr(instance, "pool_cls", None)
+        if settings.capture_output and isinstance(pool, type) and not issubclass(pool, PreforkPool):
+            # solo, threads, gevent: tools run in this very process
+            output_capture.capture_output()
+
+    # A pool process's fds 1 and 2 (os.write, subprocesses of a tool) go through redaction.
+    @worker_process_init.connect(weak=False)
+    def _capture_pool_output(**_: Any) -> None:
+        if settings.capture_output:
+            output_capture.capture_output()
+
+    @worker_process_shutdown.connect(weak=False)
+    def _release_pool_output(**_: Any) -> None:
+        output_capture.release_output()
 
     @worker_init.connect(weak=False)
     def _check_worker(sender: Any = None, **_: Any) -> None:

@@ -26,6 +26,7 @@ from threads_celery.decisions.backbone import (
 )
 from threads_celery.decisions.retry import STORE_UNAVAILABLE_BACKOFF, GiveUp
 from threads_celery.exceptions import FenceLost, RetryLater, StoreUnavailable
+from threads_celery.redaction import known_secrets
 from threads_celery.runtime.failures import apply_task_failure
 from threads_celery.runtime.schedules import start_scheduled_run
 from threads_celery.runtime.tool_faults import describe, is_control, picklable, survives_pickling
@@ -71,7 +72,7 @@ def _run(task: Task[Any, Any], holder: RuntimeHolder, work: Callable[[], str], p
             countdown = STORE_UNAVAILABLE_BACKOFF.delay_s(failures)
             log.warning(
                 "%s: failed (%s), and the store is unavailable to record it; retrying in %gs: %s",
-                task.name, describe(exc, ()), countdown, unreachable,
+                task.name, describe(exc, known_secrets()), countdown, unreachable,
             )  # fmt: skip
             raise task.retry(countdown=countdown, max_retries=None, exc=None) from None
         if isinstance(decision, GiveUp):
