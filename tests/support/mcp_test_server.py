@@ -13,7 +13,9 @@ import sys
 import time
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
 from mcp.types import ToolAnnotations
+from mcp_types import INVALID_PARAMS
 
 server = MCPServer("threads-test-tools")
 
@@ -31,7 +33,7 @@ def lookup_city(city: str) -> str:
     return f"{city}: 2100000 people"
 
 
-@server.tool(annotations=ToolAnnotations(idempotent_hint=True))
+@server.tool(annotations=ToolAnnotations(idempotent_hint=True, destructive_hint=False))
 def set_flag(name: str, value: bool) -> str:
     """Set a named flag to a value."""
     _record(f"set_flag {name}={value}")
@@ -43,6 +45,25 @@ def send_note(to: str, text: str) -> str:
     """Send a note to someone."""
     _record(f"send_note {to}: {text}")
     return f"sent to {to}"
+
+
+@server.tool(annotations=ToolAnnotations(idempotent_hint=True, destructive_hint=True))
+def reset_flags(scope: str) -> str:
+    """Clear every flag in a scope (idempotent, and destructive: what was there is gone)."""
+    _record(f"reset_flags {scope}")
+    return f"flags of {scope} cleared"
+
+
+@server.tool()
+def refuse_params(to: str) -> str:
+    """An unguarded tool whose server refuses the request with a JSON-RPC error (invalid params)."""
+    raise MCPError(code=INVALID_PARAMS, message=f"invalid params: {to!r} is not a known recipient")
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def server_pid() -> str:
+    """The process id of the server answering (a new one each time the server is started)."""
+    return str(os.getpid())
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))

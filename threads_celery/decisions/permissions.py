@@ -9,7 +9,9 @@ Modes (what happens to a call that no rule and no remembered decision settles):
 - ``default``: read_only tools run freely; every other tool asks first.
 - ``accept_edits``: read_only tools and the changes that are safe to repeat or can be checked
   (``idempotent`` and ``reconcilable`` effects: the "edits") run freely; ``unguarded`` tools,
-  whose effect can be neither deduplicated nor looked up, ask first.
+  whose effect can be neither deduplicated nor looked up, ask first, and so does a destructive
+  tool whatever its effect (an MCP tool's ``destructiveHint``: repeating it is harmless, doing it
+  once is not).
 - ``plan``: only read_only tools run; every other call is denied, so the model can look
   around and propose what it would do, but changes nothing.
 - ``dont_ask``: read_only tools run freely; what would ask is denied instead (unattended runs).
@@ -97,24 +99,26 @@ def decide_permission(
     *,
     approved_for_these_args: bool = False,
     remembered: bool = False,
+    destructive: bool = False,
 ) -> PermissionDecision:
     """Allowed, asked or denied, for one call of ``tool`` whose effect is ``effect``.
 
-    ``remembered``: a person chose "always allow this tool on this thread".
+    ``remembered``: a person chose "always allow this tool on this thread". ``destructive``: the
+    tool says it may destroy or overwrite (``accept_edits`` asks first).
     """
     rules = permissions or Permissions()
-    decision = _by_rules(tool, effect, rules, remembered=remembered)
+    decision = _by_rules(tool, effect, rules, remembered=remembered, destructive=destructive)
     if isinstance(decision, Ask) and approved_for_these_args:
         return Allow("approved by a person for these arguments")
     return decision
 
 
-def may_be_remembered(tool: str, effect: str, permissions: Permissions | None) -> bool:
+def may_be_remembered(tool: str, effect: str, permissions: Permissions | None, *, destructive: bool = False) -> bool:
     """Whether a remembered decision could change the answer (so the store is worth asking)."""
     rules = permissions or Permissions()
     if tool in rules.deny or tool in rules.ask or tool in rules.allow:
         return False
-    return not isinstance(_by_mode(tool, effect, rules), Allow)
+    return not isinstance(_by_mode(tool, effect, rules, destructive), Allow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +131,12 @@ class Layer:
 
 
 def decide_with_ceiling(
-    tool: str, effect: str, layers: Sequence[Layer], *, approved_for_these_args: bool = False
+    tool: str,
+    effect: str,
+    layers: Sequence[Layer],
+    *,
+    approved_for_these_args: bool = False,
+    destructive: bool = False,
 ) -> PermissionDecision:
     """The call's answer under the ceiling: the strictest of every layer's answer.
 
@@ -136,7 +145,10 @@ def decide_with_ceiling(
     """
     if not layers:
         layers = [Layer(None)]
-    answers = [decide_permission(tool, effect, layer.permissions, remembered=layer.remembered) for layer in layers]
+    answers = [
+        decide_permission(tool, effect, layer.permissions, remembered=layer.remembered, destructive=destructive)
+        for layer in layers
+    ]
     decision = strictest(answers)
     if isinstance(decision, Ask) and approved_for_these_args:
         return Allow("approved by a person for these arguments")
@@ -159,7 +171,9 @@ def strictest(answers: Sequence[PermissionDecision]) -> PermissionDecision:
     return best
 
 
-def _by_rules(tool: str, effect: str, rules: Permissions, *, remembered: bool = False) -> PermissionDecision:
+def _by_rules(
+    tool: str, effect: str, rules: Permissions, *, remembered: bool = False, destructive: bool = False
+) -> PermissionDecision:
     if tool in rules.deny:
         return Deny(f"tool {tool!r} is denied by the agent's permission rules")
     if tool in rules.ask:
@@ -168,10 +182,10 @@ def _by_rules(tool: str, effect: str, rules: Permissions, *, remembered: bool = 
         return Allow(f"tool {tool!r} is allowed by rule")
     if remembered:
         return Allow(f"tool {tool!r} is always allowed on this thread (a person's remembered decision)")
-    return _by_mode(tool, effect, rules)
+    return _by_mode(tool, effect, rules, destructive)
 
 
-def _by_mode(tool: str, effect: str, rules: Permissions) -> PermissionDecision:
+def _by_mode(tool: str, effect: str, rules: Permissions, destructive: bool = False) -> PermissionDecision:
     if rules.mode == "bypass":
         return Allow("bypass mode")
     if effect == "read_only":
@@ -179,6 +193,8 @@ def _by_mode(tool: str, effect: str, rules: Permissions) -> PermissionDecision:
     if rules.mode == "default":
         return Ask(f"{effect} tool {tool!r} asks for approval first")
     if rules.mode == "accept_edits":
+        if effect in EDIT_EFFECTS and destructive:
+            return Ask(f"{effect} tool {tool!r} is destructive, so it asks for approval first (accept_edits)")
         if effect in EDIT_EFFECTS:
             return Allow(f"accept_edits mode: {effect} tools run without asking")
         return Ask(

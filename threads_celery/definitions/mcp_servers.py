@@ -11,11 +11,15 @@ The tool list is read once per process, when the agent is built, and becomes par
 configuration fingerprint: a server whose tool list (names, schemas, descriptions or effects)
 changed under a live thread is a configuration change like any other.
 
-Each call opens its own connection (a stdio server is started for the call and stopped after
-it); ``connect_timeout_s`` bounds starting or reaching the server, ``timeout_s`` the call. A call that fails before anything was sent is a tool error; a
-server that dies, hangs or answers garbage once the call was sent leaves it unknown whether the
-tool acted: a read_only call ends as a tool error the model sees, any other call parks for a
-person (:class:`~threads_celery.exceptions.EffectUnknown`).
+Each process keeps one session per server (a running stdio server, or a connection over HTTP;
+:mod:`threads_celery.definitions.mcp_sessions`), checked before use and started again when it
+died. ``connect_timeout_s`` bounds everything before a call is sent (starting or reaching the
+server, the SDK's protocol probe and handshake), ``timeout_s`` the call. A call that fails before
+anything was sent is a tool error, and so is a JSON-RPC error answer (the server refused the
+request); a server that dies, hangs or answers garbage once the call was sent leaves it unknown
+whether the tool acted: a read_only call ends as a tool error the model sees, any other call parks
+for a person (:class:`~threads_celery.exceptions.EffectUnknown`). ``destructiveHint`` (true unless
+the server says false, as MCP defines it) makes a tool ask first under ``accept_edits``.
 
 The ``mcp`` package (the official MCP Python SDK) is needed only by agents that use MCP servers:
 ``pip install 'threads-celery[mcp]'``.
@@ -23,9 +27,11 @@ The ``mcp`` package (the official MCP Python SDK) is needed only by agents that 
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -36,6 +42,7 @@ import anyio
 from pydantic import ValidationError
 
 from threads_celery.decisions.effects import Reconcile
+from threads_celery.definitions.mcp_sessions import POOL
 from threads_celery.definitions.schema_tools import EffectChoice, SchemaTool, ToolArguments, schema_tool, stated_effect
 from threads_celery.definitions.tools import RESERVED_TOOL_NAMES, ToolArgumentsError
 from threads_celery.exceptions import ConfigError, EffectUnknown
@@ -48,6 +55,10 @@ if TYPE_CHECKING:
 MODEL_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
+#: JSON-RPC error codes the SDK raises itself when no answer came: the connection closed
+#: (-32000) or the read timed out (-32001). Any other code is the server's answer.
+_NO_ANSWER = (-32000, -32001)
+_SESSION_KEYS = itertools.count()
 
 _T = TypeVar("_T")
 
@@ -66,6 +77,13 @@ class Hints:
 
     read_only: bool | None = None
     idempotent: bool | None = None
+    destructive: bool | None = None
+
+    @property
+    def may_destroy(self) -> bool:
+        """Whether the tool may destroy or overwrite: ``destructiveHint``, true unless the server
+        says false (the MCP default), and never for a read-only tool."""
+        return not self.read_only and self.destructive is not False
 
 
 def effect_from_hints(hints: Hints) -> str:
@@ -162,6 +180,9 @@ class MCPServer:
         self.include = tuple(include) if include is not None else None
         self._tools: tuple[SchemaTool, ...] | None = None
         self._lock = threading.Lock()
+        #: This server's session in the process's pool (an id() could be reused once it is gone).
+        self._session_key = next(_SESSION_KEYS)
+        weakref.finalize(self, POOL.forget, self._session_key)
 
     def __repr__(self) -> str:
         return f"<MCPServer {self.name!r}>"
@@ -198,6 +219,7 @@ class MCPServer:
             hints = Hints(
                 read_only=annotations.read_only_hint if annotations else None,
                 idempotent=annotations.idempotent_hint if annotations else None,
+                destructive=annotations.destructive_hint if annotations else None,
             )
             try:
                 effect, window, reconcile = decide_tool_effect(
@@ -220,6 +242,7 @@ class MCPServer:
                     effect,
                     window,
                     reconcile,
+                    destructive=hints.may_destroy,
                 )
             )
         if missing_windows:
@@ -239,6 +262,8 @@ class MCPServer:
         effect: str,
         window: int | None,
         reconcile: Reconcile | None,
+        *,
+        destructive: bool = False,
     ) -> SchemaTool:
         local_name = f"{self.prefix}_{remote_name}" if self.prefix else remote_name
         if not MODEL_TOOL_NAME.match(local_name) or local_name in RESERVED_TOOL_NAMES:
@@ -263,6 +288,7 @@ class MCPServer:
             dedup_window_ms=window,
             reconcile=reconcile,
             queue=self.queue,
+            destructive=destructive,
         )
 
     # -- calls ------------------------------------------------------------------------------
@@ -291,38 +317,54 @@ class MCPServer:
             raise ConfigError("the server's tool list did not end after 100 pages")
 
     async def call(self, remote_name: str, arguments: dict[str, Any], *, effect_key: str | None = None) -> str:
-        """Call one tool on the server and return what the model sees.
+        """Call one tool on the server, through this process's session with it, and return what
+        the model sees.
 
-        Raises :class:`MCPUnreachable` when nothing was sent, :class:`MCPToolFailed` for an
-        error result and :class:`~threads_celery.exceptions.EffectUnknown` when the server
-        failed after the call was sent.
+        Raises :class:`MCPUnreachable` when nothing was sent (the server could not be started
+        or reached within ``connect_timeout_s``), :class:`MCPToolFailed` for an error result or
+        a JSON-RPC error answer (the server refused the request), and
+        :class:`~threads_celery.exceptions.EffectUnknown` when the server failed after the call
+        was sent (it died, hung past ``timeout_s`` or answered garbage).
         """
-        sent = False
-        result: CallToolResult | None = None
-        meta: Any = {"io.threads-celery/effect-key": effect_key} if effect_key else None
+        return await POOL.run(self._call_on_session(remote_name, arguments, effect_key))
+
+    async def _call_on_session(self, remote_name: str, arguments: dict[str, Any], effect_key: str | None) -> str:
+        from mcp.shared.exceptions import MCPError  # the optional mcp extra (threads-celery[mcp])
+
+        key = self._session_key
         try:
-            # A backstop: the handshake and the call are bounded by their own read timeouts.
-            with anyio.fail_after(self.connect_timeout_s + self.timeout_s + 5.0):
-                async with self._client() as client:
-                    sent = True
+            session = await POOL.session(key, self._client, self.connect_timeout_s, _ping)
+        except Exception as exc:  # noqa: BLE001 - nothing was sent: the call never reached the server
+            why = describe_failure(exc, self.connect_timeout_s)
+            raise MCPUnreachable(f"MCP server {self.name!r} could not be reached: {why}") from None
+        meta: Any = {"io.threads-celery/effect-key": effect_key} if effect_key else None
+        async with session.sending() as client:
+            try:
+                # A backstop: the call is bounded by its own read timeout.
+                with anyio.fail_after(self.timeout_s + 5.0):
                     result = await client.call_tool(
                         remote_name, arguments, read_timeout_seconds=self.timeout_s, meta=meta
                     )
-        except Exception as exc:  # noqa: BLE001 - every failure is classified below
-            if result is None:
-                why = describe_failure(exc, self.timeout_s if sent else self.connect_timeout_s)
-                if not sent:
-                    raise MCPUnreachable(f"MCP server {self.name!r} could not be reached: {why}") from None
+            except Exception as exc:  # noqa: BLE001 - classified below
+                if isinstance(exc, MCPError) and exc.code not in _NO_ANSWER:
+                    # An answer: the server refused the request, and the session is fine.
+                    raise MCPToolFailed(
+                        f"the MCP server refused the call of {remote_name!r}: {exc.message} (JSON-RPC error {exc.code})"
+                    ) from None
+                POOL.retire(key, session)  # whatever state it is in, the next call starts afresh
+                why = describe_failure(exc, self.timeout_s)
                 raise EffectUnknown(
                     f"MCP server {self.name!r} {why} during a call of {remote_name!r}, so whether the tool "
                     "acted is unknown"
                 ) from None
-            # The answer arrived and closing the connection failed: the answer stands.
-        assert result is not None
         text = render_call_result(result)
         if result.is_error:
             raise MCPToolFailed(text or f"{remote_name} failed on the MCP server")
         return text
+
+
+async def _ping(client: Client) -> None:
+    await client.send_ping()
 
 
 def _shown_url(url: str) -> str:

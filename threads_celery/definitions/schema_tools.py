@@ -52,6 +52,12 @@ class SchemaTool(Tool):
         """The JSON schema the model sees for this tool's arguments."""
         return self.json_schema
 
+    def arguments_of(self, parsed: BaseModel) -> dict[str, Any]:
+        """The argument values themselves, not the :class:`ToolArguments` that carries them."""
+        if isinstance(parsed, ToolArguments):
+            return dict(parsed.values)
+        return Tool.arguments_of(self, parsed)
+
     def parse_arguments(self, raw: str | dict[str, Any] | None) -> BaseModel:
         """Decode the model's arguments as any tool does, then check them with ``validate``."""
         # Explicit base call: zero-argument super() does not work in a slots dataclass.
@@ -73,6 +79,7 @@ def schema_tool(
     dedup_window_ms: int | None = None,
     reconcile: Reconcile | None = None,
     queue: str | None = None,
+    destructive: bool = False,
 ) -> SchemaTool:
     """A :class:`SchemaTool`, with the effect rules of :func:`~threads_celery.definitions.tools.tool`."""
     if effect not in EFFECTS:
@@ -99,6 +106,7 @@ def schema_tool(
         queue=queue,
         json_schema=dict(json_schema),
         validate=validate,
+        destructive=destructive and effect != "read_only",
     )
 
 

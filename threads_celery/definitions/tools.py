@@ -75,6 +75,9 @@ class Tool:
     subagent_op: str | None = None
     #: May run at the same time as the neighbouring concurrent calls of one model reply.
     concurrent: bool = False
+    #: May destroy or overwrite what was there (an MCP tool's ``destructiveHint``): under
+    #: ``accept_edits`` it asks first, whatever its effect.
+    destructive: bool = False
 
     @property
     def is_async(self) -> bool:
@@ -96,8 +99,14 @@ class Tool:
                 "ends_turn": self.ends_turn,
                 "dedup_window_ms": self.dedup_window_ms,
                 "finality": self.reconcile.finality if self.reconcile else None,
+                **({"destructive": True} if self.destructive else {}),
             }
         )
+
+    def arguments_of(self, parsed: BaseModel) -> dict[str, Any]:
+        """The arguments ``parsed`` stands for, as the model sent them (JSON data): what hooks,
+        approvals and a ``Modify`` see and edit."""
+        return parsed.model_dump(mode="json")
 
     def parse_arguments(self, raw: str | dict[str, Any] | None) -> BaseModel:
         """Parse the model's arguments (JSON text or a mapping) into the input model.

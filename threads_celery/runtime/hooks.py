@@ -165,7 +165,7 @@ def gate_call(runtime: Runtime, run: Run, call: CallRow, agent: Agent, tool: Too
     if not wanted and not observed:
         return Gated(call, parsed, None, None)
     ctx = HookContext(run_id=run.id, thread_id=run.thread_id, agent=agent.name, step=call.step, deps=agent.deps)
-    hook_call = HookCall(tool.name, parsed.model_dump(mode="json"), call.effect_key, call.call_id, tool.effect)
+    hook_call = HookCall(tool.name, tool.arguments_of(parsed), call.effect_key, call.call_id, tool.effect)
     for point in wanted:
         verdict = decide(agent, point, hook_call, ctx)
         assert verdict is not None
@@ -177,13 +177,7 @@ def gate_call(runtime: Runtime, run: Run, call: CallRow, agent: Agent, tool: Too
             except ToolArgumentsError as exc:
                 content = f"a {point} hook changed the arguments to ones that fail validation: {exc}"
                 return runtime._commit_call(run, run.fence, call, tool, content, is_error=True)
-            hook_call = HookCall(
-                tool.name,
-                parsed.model_dump(mode="json"),
-                call.effect_key,
-                call.call_id,
-                tool.effect,
-            )
+            hook_call = HookCall(tool.name, tool.arguments_of(parsed), call.effect_key, call.call_id, tool.effect)
     new_args = render_result(hook_call.args)
     if new_args != call.args and _json(call.args) != hook_call.args:
         with runtime.store.transaction() as tx:

@@ -43,17 +43,20 @@ def check_call(
         and call.approved_args_hash == args_digest(call.args)
     )
     own: Permissions | None = agent.permissions
-    if run.agent_tool_run_id is None and not may_be_remembered(tool.name, tool.effect, own):
-        return decide_permission(tool.name, tool.effect, own, approved_for_these_args=approved)
+    destructive = tool.destructive
+    if run.agent_tool_run_id is None and not may_be_remembered(tool.name, tool.effect, own, destructive=destructive):
+        return decide_permission(tool.name, tool.effect, own, approved_for_these_args=approved, destructive=destructive)
     with store.read() as tx:
         chain = tx.thread_chain(run.thread_id) if run.agent_tool_run_id is not None else [(run.thread_id, run.agent)]
         levels = [(thread_id, _permissions_of(registry, name)) for thread_id, name in chain]
         levels[0] = (levels[0][0], own)  # the calling agent as this worker defines it
-        wanted = any(may_be_remembered(tool.name, tool.effect, p) for _, p in levels)
+        wanted = any(may_be_remembered(tool.name, tool.effect, p, destructive=destructive) for _, p in levels)
         granted = tx.granted_threads([t for t, _ in levels], tool.name) if wanted else set()
     here = run.thread_id in granted
     layers = [Layer(p, remembered=here or thread_id in granted) for thread_id, p in levels]
-    return decide_with_ceiling(tool.name, tool.effect, layers, approved_for_these_args=approved)
+    return decide_with_ceiling(
+        tool.name, tool.effect, layers, approved_for_these_args=approved, destructive=destructive
+    )
 
 
 def _permissions_of(registry: AgentRegistry, name: str) -> Permissions | None:

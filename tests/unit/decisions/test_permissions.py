@@ -2,7 +2,7 @@
 
 import pytest
 
-from threads_celery.decisions.permissions import Allow, Ask, Deny, Permissions, decide_permission
+from threads_celery.decisions.permissions import Allow, Ask, Deny, Permissions, decide_permission, may_be_remembered
 from threads_celery.exceptions import ConfigError
 
 EFFECTS = ("read_only", "idempotent", "reconcilable", "unguarded")
@@ -59,3 +59,28 @@ def test_bad_mode_and_string_rules_are_config_errors() -> None:
         Permissions("yolo")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="lists of tool names"):
         Permissions(allow="send_email")
+
+
+@pytest.mark.parametrize("effect", ["idempotent", "reconcilable"])
+def test_accept_edits_asks_first_for_a_destructive_edit(effect: str) -> None:
+    rules = Permissions("accept_edits")
+    assert isinstance(decide_permission("reset", effect, rules), Allow)
+    asked = decide_permission("reset", effect, rules, destructive=True)
+    assert isinstance(asked, Ask) and "destructive" in asked.reason
+    # A rule, a person's remembered decision or an approval of these arguments still settles it.
+    assert isinstance(
+        decide_permission("reset", effect, Permissions("accept_edits", allow=["reset"]), destructive=True), Allow
+    )
+    assert isinstance(decide_permission("reset", effect, rules, destructive=True, remembered=True), Allow)
+    assert isinstance(decide_permission("reset", effect, rules, destructive=True, approved_for_these_args=True), Allow)
+    assert may_be_remembered("reset", effect, rules, destructive=True)
+    assert not may_be_remembered("reset", effect, rules)
+
+
+def test_destructive_changes_nothing_outside_accept_edits() -> None:
+    for mode, effect in [("default", "idempotent"), ("plan", "idempotent"), ("dont_ask", "unguarded")]:
+        rules = Permissions(mode)  # type: ignore[arg-type]
+        plain, destructive = (decide_permission("t", effect, rules, destructive=d) for d in (False, True))
+        assert type(plain) is type(destructive), mode
+    bypass = Permissions.allow_all()
+    assert isinstance(decide_permission("t", "unguarded", bypass, destructive=True), Allow)
