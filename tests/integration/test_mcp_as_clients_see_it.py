@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -26,6 +28,7 @@ import pytest
 
 from tests.support.mcp_servers import SERVER_MODULE, ledger_lines, stdio_server
 from tests.support.processes import REPO_ROOT
+from tests.support.waiting import eventually
 from threads_celery import Agent, MCPServer, Settings, Threads
 from threads_celery.decisions.permissions import Permissions
 from threads_celery.definitions.hooks import Allow, HookCall, HookContext, HookResult, Modify
@@ -169,17 +172,24 @@ def test_a_destructive_tool_asks_first_under_accept_edits(threads: Threads, ledg
 
 def test_connect_timeout_bounds_everything_before_the_call_is_sent(tmp_path: Path) -> None:
     hang = tmp_path / "hang"  # once it exists, the "server" never answers a byte
-    server = MCPServer(
-        "sometimes-silent",
-        command="sh",
-        args=["-c", f'if [ -e "{hang}" ]; then exec sleep 60; fi; exec "{sys.executable}" -m {SERVER_MODULE} stdio'],
-        env={"PYTHONPATH": str(REPO_ROOT)},
-        cwd=str(REPO_ROOT),
-        dedup_window_ms=60_000,
-        connect_timeout_s=1,
-    )
-    assert "lookup_city" in [t.name for t in server.tools()]  # listed while it still answers
+
+    def sometimes_silent(connect_timeout_s: float) -> MCPServer:
+        return MCPServer(
+            "sometimes-silent",
+            command="sh",
+            args=[
+                "-c",
+                f'if [ -e "{hang}" ]; then exec sleep 60; fi; exec "{sys.executable}" -m {SERVER_MODULE} stdio',
+            ],
+            env={"PYTHONPATH": str(REPO_ROOT)},
+            cwd=str(REPO_ROOT),
+            dedup_window_ms=60_000,
+            connect_timeout_s=connect_timeout_s,
+        )
+
+    assert "lookup_city" in [t.name for t in sometimes_silent(30).tools()]  # it answers, until...
     hang.touch()
+    server = sometimes_silent(1)
     outcome: dict[str, BaseException | str] = {}
 
     def call_it() -> None:
@@ -212,3 +222,39 @@ def test_one_session_per_server_started_again_when_it_died(threads: Threads, led
     assert first.content == second.content  # the same server process answered both
     assert died.is_error and "read_only" not in died.content
     assert third.content.isdigit() and third.content != first.content  # a new server after it died
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_a_server_that_died_while_idle_is_started_again_before_the_call_is_sent(threads: Threads, ledger: Path) -> None:
+    server = stdio_server(ledger)
+    first = Agent(
+        f"mcp_idle_{next(_names)}",
+        "Use the tools.",
+        ScriptedModel([call("server_pid"), say("done")]),
+        mcp_servers=[server],
+    )
+    handle = threads.start(first, "Which process?")
+    assert threads.wait(handle.run_id, WAIT_S).status == "completed"
+    [answered] = results(threads, handle.thread_id)
+    assert answered.tool_result is not None
+    pid = int(answered.tool_result.content)
+    os.kill(pid, signal.SIGKILL)  # the session is idle: no call in flight
+    eventually(lambda: _gone(pid), timeout=WAIT_S, what="the killed server process gone")
+    second = Agent(
+        f"mcp_idle_{next(_names)}",
+        "Use the tools.",
+        ScriptedModel([call("send_note", to="cy", text="still here"), say("sent")]),
+        mcp_servers=[server],
+        permissions=Permissions.allow_all(),
+    )
+    handle = threads.start(second, "Tell Cy")
+    run = threads.wait(handle.run_id, WAIT_S)
+    assert run.status == "completed", run.error  # an unguarded call on a dead session would park
+    assert ledger_lines(ledger) == ["send_note cy: still here"]

@@ -58,8 +58,9 @@ class Session:
 
     @property
     def alive(self) -> bool:
-        """Whether the connection is still open (its holding task has not ended)."""
-        return self.client is not None and not self._ended.is_set()
+        """Whether the connection is still open: its holding task has not ended, and the SDK has
+        not seen it close (a stdio server that exited while the session was idle)."""
+        return self.client is not None and not self._ended.is_set() and not _seen_closed(self.client)
 
     @contextlib.asynccontextmanager
     async def sending(self) -> AsyncIterator[Client]:
@@ -95,6 +96,20 @@ class Session:
         """Close the client and wait until it is closed."""
         self._stop.set()
         await self._ended.wait()
+
+
+def _seen_closed(client: Client) -> bool:
+    """Whether the SDK has marked the connection closed (its reader saw the end of the stream).
+
+    The SDK then refuses to send, with the same error as a connection that closed during a call;
+    asking first tells "never sent" from "sent, no answer". Read defensively: an SDK without this
+    state is taken as open, and a dead server is then found by the idle ping or the call itself.
+    """
+    try:
+        dispatcher = getattr(client.session, "_dispatcher", None)
+    except Exception:  # noqa: BLE001 - a client without a session is not usable either
+        return True
+    return getattr(dispatcher, "_closed", False) is True
 
 
 class SessionPool:
