@@ -7,8 +7,9 @@ The adapter reads what a ``pydantic_ai.Agent`` was built with and returns a thre
 - its function tools (``@agent.tool``, ``@agent.tool_plain``, ``tools=[...]``), each a durable tool
   call whose effect the author states in ``effects={...}``; a tool with no stated effect is
   unguarded, so it asks a person first under the default permission mode;
-- its output type: a structured ``output_type`` is offered to the model as Pydantic AI does (an
-  output tool), and the run's output is the validated value as JSON (see
+- its output type: a structured ``output_type`` is offered to the model through the output tools
+  Pydantic AI's own output schema builds (one type, a list, a union with one tool per member,
+  ``ToolOutput``), and the run's output is the validated value as JSON (see
   :meth:`PydanticAIAgent.parse_output`);
 - its model and model settings.
 
@@ -20,7 +21,8 @@ tool runs. Tools see a ``RunContext`` whose ``deps`` are those dependencies and 
 
 What does not carry over is a ConfigError rather than a silent difference: other toolsets
 (give MCP servers to ``Agent(mcp_servers=...)`` instead), tools with a ``prepare`` function,
-output validators, async instruction functions, and output specs other than ``str`` or one type.
+output validators, async instruction functions, ``NativeOutput``, ``PromptedOutput``, output
+functions and output specs that also allow text.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import json
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Union
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai import Agent as PydanticAgent
@@ -61,7 +63,6 @@ from threads_celery.definitions.tools import ToolArgumentsError, describe_valida
 from threads_celery.exceptions import ConfigError
 from threads_celery.redaction import describe_exception, known_secrets
 
-OUTPUT_TOOL = "final_result"
 OUTPUT_TOOL_DESCRIPTION = "The final response which ends this conversation"
 
 DepsFactory = Callable[[], Any]
@@ -75,11 +76,18 @@ class PydanticAIAgent(Agent):
     #: ``"module:function"`` of the factory that builds the tools' dependencies (None: no deps).
     deps_factory: str | None = None
 
-    def __init__(self, *args: Any, output_type: Any = str, deps_factory: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        output_type: Any = str,
+        deps_factory: str | None = None,
+        output: _OutputTools | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.output_type = output_type
         self.deps_factory = deps_factory
         self._deps_by_thread = threading.local()
-        self._output = _OutputSpec.for_type(output_type)
+        self._output = output
         super().__init__(*args, **kwargs)
 
     def preflight(self) -> None:
@@ -119,7 +127,7 @@ class PydanticAIAgent(Agent):
     def config_hash(self) -> str:
         """The base fingerprint, plus the output type and the dependency factory."""
         extra = json.dumps(
-            {"output": self._output.schema if self._output else None, "deps": self.deps_factory},
+            {"output": self._output.fingerprint if self._output else None, "deps": self.deps_factory},
             sort_keys=True,
         )
         return hashlib.sha256((super().config_hash() + extra).encode()).hexdigest()[:32]
@@ -169,7 +177,7 @@ def from_pydantic_ai(
             "pass deps=<factory> (a module-level function or 'module:function') to build them in the worker"
         )
 
-    output = _OutputSpec.for_type(agent.output_type)
+    output = _OutputTools.of(agent, owner)
     function_tools: dict[str, Any] = dict(agent._function_toolset.tools)
     stated = dict(effects or {})
     unknown = sorted(set(stated) - set(function_tools))
@@ -178,8 +186,9 @@ def from_pydantic_ai(
             f"{owner}: effects names {', '.join(map(repr, unknown))}, which the agent has no tool of "
             f"(its tools: {', '.join(sorted(function_tools)) or 'none'})"
         )
-    if output is not None and OUTPUT_TOOL in function_tools:
-        raise ConfigError(f"{owner}: a tool may not be named {OUTPUT_TOOL!r} when the agent has an output type")
+    clashing = sorted({d.name for d in output.definitions} & set(function_tools)) if output is not None else []
+    if clashing:
+        raise ConfigError(f"{owner}: a tool may not be named {clashing[0]!r}: it is an output tool of the agent")
 
     holder: dict[str, PydanticAIAgent] = {}
     tools: list[SchemaTool] = []
@@ -187,7 +196,7 @@ def from_pydantic_ai(
         effect, window, reconcile = stated_effect(owner, tool_name, stated.get(tool_name, "unguarded"), dedup_window_ms)
         tools.append(_durable_tool(pai_tool, effect, window, reconcile, holder))
     if output is not None:
-        tools.append(output.tool())
+        tools.extend(output.tools())
     if permissions is None:
         needs_approval = [n for n, t in function_tools.items() if getattr(t, "requires_approval", False)]
         permissions = Permissions(ask=needs_approval)
@@ -202,6 +211,7 @@ def from_pydantic_ai(
         mcp_servers=mcp_servers,
         output_type=agent.output_type,
         deps_factory=factory_path,
+        output=output,
     )
     holder["agent"] = durable
     return durable
@@ -366,45 +376,68 @@ def _instructions(agent: Any, holder: dict[str, PydanticAIAgent]) -> str | Calla
 
 
 @dataclasses.dataclass(frozen=True)
-class _OutputSpec:
-    """A structured output type, offered to the model as an output tool."""
+class _OutputTools:
+    """A structured output type offered to the model exactly as Pydantic AI offers it: the output
+    tools its own output schema builds (``final_result``, or ``final_result_<Name>`` per member of
+    a union; the type's docstring as the description; its JSON schema as Pydantic AI shapes it),
+    each checked by the processor Pydantic AI would check it with."""
 
     output_type: Any
-    adapter: TypeAdapter[Any]
-    schema: dict[str, Any]
-    wrapped: bool  # a non-object type travels as {"response": value}
+    adapter: TypeAdapter[Any]  # the run's output, kept as JSON of the output type
+    definitions: tuple[ToolDefinition, ...]
+    processors: Mapping[str, Any]  # pydantic_ai's ObjectOutputProcessor, by tool name
 
     @classmethod
-    def for_type(cls, output_type: Any) -> _OutputSpec | None:
-        if output_type is str or output_type is None:
-            return None
-        if isinstance(output_type, list | tuple) or type(output_type).__module__.startswith("pydantic_ai"):
-            raise ConfigError(
-                f"output_type {output_type!r} does not carry over: use str or a single type (a model, a "
-                "dataclass, a TypedDict, ...)"
-            )
-        try:
-            adapter: TypeAdapter[Any] = TypeAdapter(output_type)
-            schema = adapter.json_schema()
-        except Exception as exc:  # noqa: BLE001 - pydantic refuses the type
-            raise ConfigError(f"output_type {output_type!r} has no JSON schema: {exc}") from None
-        wrapped = schema.get("type") != "object"
-        if wrapped:
-            schema = {
-                "type": "object",
-                "properties": {"response": schema},
-                "required": ["response"],
-            }
-        return cls(output_type, adapter, schema, wrapped)
+    def of(cls, agent: Any, owner: str) -> _OutputTools | None:
+        """The output tools of a Pydantic AI agent (None for text output); ConfigError for an
+        output spec that cannot be durable."""
+        from pydantic_ai import _output  # the agent's own output schema: the one source of parity
 
-    def validate_args(self, args: Any) -> Any:
-        """The output value for the output tool's arguments; ValidationError or ValueError if they fail."""
+        schema = agent._output_schema
+        if isinstance(schema, _output.TextOutputSchema) and schema.toolset is None:
+            if type(schema.text_processor) is not _output.TextOutputProcessor:
+                raise ConfigError(f"{owner}: a text output function does not carry over; return the text instead")
+            return None
+        if not isinstance(schema, (_output.AutoOutputSchema, _output.ToolOutputSchema)) or schema.toolset is None:
+            raise ConfigError(
+                f"{owner}: output_type={agent.output_type!r} ({type(schema).__name__.removesuffix('Schema')}) does not carry over "
+                "(NativeOutput, PromptedOutput and text output are not durable yet); use an output type or ToolOutput"
+            )
+        # An auto schema's text processor is its object processor read from text, not plain text.
+        mixed = isinstance(schema, _output.ToolOutputSchema) and schema.allows_text
+        if mixed or schema.allows_deferred_tools or schema.allows_image:
+            raise ConfigError(
+                f"{owner}: output_type={agent.output_type!r} also allows text, images or deferred tools, "
+                "which does not carry over; give output types only"
+            )
+        toolset = schema.toolset
+        processors = dict(toolset.processors)
+        for name, processor in processors.items():
+            if getattr(processor, "_function_schema", None) is not None or getattr(processor, "_choice_values", None):
+                raise ConfigError(f"{owner}: output tool {name!r} runs an output function, which does not carry over")
+        kinds: list[Any] = list(_output.types_from_output_spec(agent.output_type))
+        kept: Any = kinds[0] if len(kinds) == 1 else Union[tuple(kinds)]  # noqa: UP007 - built at run time
+        try:  # ToolOutput(X, ...) and lists of specs: the types they stand for
+            adapter: TypeAdapter[Any] = TypeAdapter(kept)
+        except Exception as exc:  # noqa: BLE001 - pydantic refuses the type
+            raise ConfigError(f"{owner}: output type {agent.output_type!r} cannot be kept as JSON: {exc}") from None
+        return cls(agent.output_type, adapter, tuple(toolset._tool_defs), processors)
+
+    @property
+    def fingerprint(self) -> list[Any]:
+        """What a live thread is pinned to: each tool's name, description and schema."""
+        return [[d.name, d.description, d.parameters_json_schema] for d in self.definitions]
+
+    def validate_call(self, tool_name: str, args: Any) -> Any:
+        """The output value for a call of output tool ``tool_name``; ValidationError or
+        ValueError when the arguments do not make one."""
+        processor = self.processors[tool_name]
         data = json.loads(args) if isinstance(args, str) else (args or {})
-        if self.wrapped:
-            if not isinstance(data, dict) or "response" not in data:
-                raise ValueError("the output must be an object with a 'response' key")
-            data = data["response"]
-        return self.adapter.validate_python(data)
+        value = processor.validator.validate_python(data)
+        key = getattr(processor, "outer_typed_dict_key", None)
+        if key is not None:
+            value = value[key]
+        return value
 
     def to_json(self, value: Any) -> str:
         return self.adapter.dump_json(value).decode()
@@ -412,38 +445,34 @@ class _OutputSpec:
     def parse_json(self, text: str) -> Any:
         return self.adapter.validate_json(text)
 
-    def definition(self) -> ToolDefinition:
-        return ToolDefinition(
-            name=OUTPUT_TOOL,
-            description=OUTPUT_TOOL_DESCRIPTION,
-            parameters_json_schema=self.schema,
-            kind="output",
-        )
-
-    def tool(self) -> SchemaTool:
-        """The output tool as the runtime sees it: reached only when the model's output failed
+    def tools(self) -> list[SchemaTool]:
+        """The output tools as the runtime sees them: reached only when the model's output failed
         validation, so the model gets the reason and can try again."""
+        built = []
+        for definition in self.definitions:
+            name = definition.name
 
-        def validate(values: dict[str, Any]) -> dict[str, Any]:
-            try:
-                self.validate_args(values)
-            except (ValidationError, ValueError) as exc:
-                why = describe_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
-                raise ToolArgumentsError(f"the final result is not valid: {why}") from None
-            return values
+            def validate(values: dict[str, Any], name: str = name) -> dict[str, Any]:
+                try:
+                    self.validate_call(name, values)
+                except (ValidationError, ValueError) as exc:
+                    why = describe_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
+                    raise ToolArgumentsError(f"the final result is not valid: {why}") from None
+                return values
 
-        def execute(arguments: ToolArguments, ctx: Any) -> str:
-            return self.to_json(self.validate_args(arguments.values))
+            def execute(arguments: ToolArguments, ctx: Any, name: str = name) -> str:
+                return self.to_json(self.validate_call(name, arguments.values))
 
-        built = schema_tool(
-            name=OUTPUT_TOOL,
-            description=OUTPUT_TOOL_DESCRIPTION,
-            json_schema=self.schema,
-            validate=validate,
-            execute=execute,
-            effect="read_only",
-        )
-        return dataclasses.replace(built, ends_turn=True)
+            tool = schema_tool(
+                name=name,
+                description=definition.description or OUTPUT_TOOL_DESCRIPTION,
+                json_schema=definition.parameters_json_schema,
+                validate=validate,
+                execute=execute,
+                effect="read_only",
+            )
+            built.append(dataclasses.replace(tool, ends_turn=True))
+        return built
 
 
 # -- the model ------------------------------------------------------------------------------------
@@ -456,7 +485,7 @@ class DurableModel(WrapperModel):
     no provider credentials.
     """
 
-    def __init__(self, model: Any, *, settings: dict[str, Any], output: _OutputSpec | None) -> None:
+    def __init__(self, model: Any, *, settings: dict[str, Any], output: _OutputTools | None) -> None:
         Model.__init__(self)
         self._spec = model
         self._agent_settings = settings
@@ -507,10 +536,11 @@ class DurableModel(WrapperModel):
     def _parameters(self, params: ModelRequestParameters) -> ModelRequestParameters:
         if self._output is None:
             return params
+        names = self._output.processors
         return dataclasses.replace(
             params,
-            function_tools=[t for t in params.function_tools if t.name != OUTPUT_TOOL],
-            output_tools=[self._output.definition()],
+            function_tools=[t for t in params.function_tools if t.name not in names],
+            output_tools=list(self._output.definitions),
             output_mode="tool",
             allow_text_output=False,
         )
@@ -521,9 +551,9 @@ class DurableModel(WrapperModel):
         if self._output is None:
             return response
         for part in response.parts:
-            if isinstance(part, ToolCallPart) and part.tool_name == OUTPUT_TOOL:
+            if isinstance(part, ToolCallPart) and part.tool_name in self._output.processors:
                 try:
-                    value = self._output.validate_args(part.args)
+                    value = self._output.validate_call(part.tool_name, part.args)
                 except (ValidationError, ValueError):
                     return response
                 return dataclasses.replace(response, parts=[TextPart(content=self._output.to_json(value))])
