@@ -3,7 +3,10 @@
 The adapter reads what a ``pydantic_ai.Agent`` was built with and returns a threads-celery
 :class:`~threads_celery.definitions.agents.Agent` that does the same, one durable step at a time:
 
-- its system prompts and instructions (strings, and functions with or without a ``RunContext``);
+- its system prompts and instructions (strings, and functions with or without a ``RunContext``,
+  sync or async);
+- its capabilities that add model settings, instructions or plain function tools
+  (:mod:`.pydantic_ai_capabilities`);
 - its function tools (``@agent.tool``, ``@agent.tool_plain``, ``tools=[...]``), each a durable tool
   call whose effect the author states in ``effects={...}``; a tool with no stated effect is
   unguarded, so it asks a person first under the default permission mode;
@@ -21,12 +24,14 @@ tool runs. Tools see a ``RunContext`` whose ``deps`` are those dependencies and 
 
 What does not carry over is a ConfigError rather than a silent difference: other toolsets
 (give MCP servers to ``Agent(mcp_servers=...)`` instead), tools with a ``prepare`` function,
-output validators, async instruction functions, ``NativeOutput``, ``PromptedOutput``, output
+output validators, capabilities that hook into runs, requests or tool calls, ``NativeOutput``, ``PromptedOutput``, output
 functions and output specs that also allow text.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 import hashlib
 import importlib
@@ -35,9 +40,9 @@ import json
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Union
+from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai import RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
@@ -50,7 +55,6 @@ from pydantic_ai.models import (
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
-from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import RunUsage
 
 from threads_celery.decisions.effects import Reconcile
@@ -58,12 +62,12 @@ from threads_celery.decisions.permissions import Permissions
 from threads_celery.definitions.agents import Agent
 from threads_celery.definitions.mcp_servers import MCPServer
 from threads_celery.definitions.model_strings import resolve_model
+from threads_celery.definitions.pydantic_ai_capabilities import carried_capabilities
+from threads_celery.definitions.pydantic_ai_outputs import OutputTools
 from threads_celery.definitions.schema_tools import EffectChoice, SchemaTool, ToolArguments, schema_tool, stated_effect
 from threads_celery.definitions.tools import ToolArgumentsError, describe_validation_error
 from threads_celery.exceptions import ConfigError
 from threads_celery.redaction import describe_exception, known_secrets
-
-OUTPUT_TOOL_DESCRIPTION = "The final response which ends this conversation"
 
 DepsFactory = Callable[[], Any]
 
@@ -81,7 +85,7 @@ class PydanticAIAgent(Agent):
         *args: Any,
         output_type: Any = str,
         deps_factory: str | None = None,
-        output: _OutputTools | None = None,
+        output: OutputTools | None = None,
         **kwargs: Any,
     ) -> None:
         self.output_type = output_type
@@ -169,6 +173,7 @@ def from_pydantic_ai(
     if base_model is None:
         raise ConfigError(f"{owner}: the Pydantic AI agent has no model: pass from_pydantic_ai(agent, model=...)")
     _refuse_what_does_not_carry_over(agent, owner)
+    carried = carried_capabilities(agent, owner)
     factory_path = factory_reference(owner, deps) if deps is not None else None
     deps_type = getattr(agent, "deps_type", type(None))
     if factory_path is None and deps_type not in (type(None), None, object):
@@ -177,8 +182,12 @@ def from_pydantic_ai(
             "pass deps=<factory> (a module-level function or 'module:function') to build them in the worker"
         )
 
-    output = _OutputTools.of(agent, owner)
+    output = OutputTools.of(agent, owner)
     function_tools: dict[str, Any] = dict(agent._function_toolset.tools)
+    for tool_name, pai_tool in carried.tools.items():
+        if tool_name in function_tools:
+            raise ConfigError(f"{owner}: a capability adds a tool named {tool_name!r}, which the agent has already")
+        function_tools[tool_name] = pai_tool
     stated = dict(effects or {})
     unknown = sorted(set(stated) - set(function_tools))
     if unknown:
@@ -203,8 +212,8 @@ def from_pydantic_ai(
 
     durable = PydanticAIAgent(
         name=agent_name,
-        instructions=_instructions(agent, holder),
-        model=DurableModel(base_model, settings=_model_settings(agent, owner), output=output),
+        instructions=_instructions(agent, holder, carried.instructions),
+        model=DurableModel(base_model, settings={**_model_settings(agent, owner), **carried.settings}, output=output),
         tools=tools,
         permissions=permissions,
         max_steps=max_steps,
@@ -340,17 +349,15 @@ def _refuse_what_does_not_carry_over(agent: Any, owner: str) -> None:
 # -- instructions ---------------------------------------------------------------------------------
 
 
-def _instructions(agent: Any, holder: dict[str, PydanticAIAgent]) -> str | Callable[[], str]:
-    """The agent's system prompts then instructions: a string, or a function of the run context."""
+def _instructions(
+    agent: Any, holder: dict[str, PydanticAIAgent], extra: Sequence[str | Callable[..., Any]] = ()
+) -> str | Callable[[], str]:
+    """The agent's system prompts, instructions, then its capabilities' instructions: a string, or a
+    function of the run context (a part may be a coroutine function: it is awaited)."""
     parts: list[str | Callable[..., Any]] = list(agent._system_prompts)
     parts += [runner.function for runner in agent._system_prompt_functions]
     parts += [sourced.instruction for sourced in agent._instructions]
-    for part in parts:
-        if callable(part) and inspect.iscoroutinefunction(part):
-            raise ConfigError(
-                f"agent {agent.name!r}: async instruction function {getattr(part, '__qualname__', part)!r} "
-                "does not carry over; make it a plain function"
-            )
+    parts += list(extra)
     if all(isinstance(p, str) for p in parts):
         return "\n\n".join(p for p in parts if isinstance(p, str) and p)
 
@@ -362,6 +369,8 @@ def _instructions(agent: Any, holder: dict[str, PydanticAIAgent]) -> str | Calla
                 continue
             takes_ctx = len(inspect.signature(part).parameters) > 0
             value = part(_run_context(holder["agent"])) if takes_ctx else part()
+            if inspect.isawaitable(value):
+                value = _await(value)
             if value:
                 texts.append(str(value))
         return "\n\n".join(t for t in texts if t)
@@ -372,107 +381,25 @@ def _instructions(agent: Any, holder: dict[str, PydanticAIAgent]) -> str | Calla
     return render
 
 
-# -- output ---------------------------------------------------------------------------------------
+_loops = threading.local()
 
 
-@dataclasses.dataclass(frozen=True)
-class _OutputTools:
-    """A structured output type offered to the model exactly as Pydantic AI offers it: the output
-    tools its own output schema builds (``final_result``, or ``final_result_<Name>`` per member of
-    a union; the type's docstring as the description; its JSON schema as Pydantic AI shapes it),
-    each checked by the processor Pydantic AI would check it with."""
+def _await(awaitable: Any) -> Any:
+    """The value of an async instruction function, awaited on this thread's own event loop (the
+    thread's dependencies may be bound to it), or on a thread of its own inside a running loop."""
 
-    output_type: Any
-    adapter: TypeAdapter[Any]  # the run's output, kept as JSON of the output type
-    definitions: tuple[ToolDefinition, ...]
-    processors: Mapping[str, Any]  # pydantic_ai's ObjectOutputProcessor, by tool name
+    async def wrapped() -> Any:
+        return await awaitable
 
-    @classmethod
-    def of(cls, agent: Any, owner: str) -> _OutputTools | None:
-        """The output tools of a Pydantic AI agent (None for text output); ConfigError for an
-        output spec that cannot be durable."""
-        from pydantic_ai import _output  # the agent's own output schema: the one source of parity
-
-        schema = agent._output_schema
-        if isinstance(schema, _output.TextOutputSchema) and schema.toolset is None:
-            if type(schema.text_processor) is not _output.TextOutputProcessor:
-                raise ConfigError(f"{owner}: a text output function does not carry over; return the text instead")
-            return None
-        if not isinstance(schema, (_output.AutoOutputSchema, _output.ToolOutputSchema)) or schema.toolset is None:
-            raise ConfigError(
-                f"{owner}: output_type={agent.output_type!r} ({type(schema).__name__.removesuffix('Schema')}) does not carry over "
-                "(NativeOutput, PromptedOutput and text output are not durable yet); use an output type or ToolOutput"
-            )
-        # An auto schema's text processor is its object processor read from text, not plain text.
-        mixed = isinstance(schema, _output.ToolOutputSchema) and schema.allows_text
-        if mixed or schema.allows_deferred_tools or schema.allows_image:
-            raise ConfigError(
-                f"{owner}: output_type={agent.output_type!r} also allows text, images or deferred tools, "
-                "which does not carry over; give output types only"
-            )
-        toolset = schema.toolset
-        processors = dict(toolset.processors)
-        for name, processor in processors.items():
-            if getattr(processor, "_function_schema", None) is not None or getattr(processor, "_choice_values", None):
-                raise ConfigError(f"{owner}: output tool {name!r} runs an output function, which does not carry over")
-        kinds: list[Any] = list(_output.types_from_output_spec(agent.output_type))
-        kept: Any = kinds[0] if len(kinds) == 1 else Union[tuple(kinds)]  # noqa: UP007 - built at run time
-        try:  # ToolOutput(X, ...) and lists of specs: the types they stand for
-            adapter: TypeAdapter[Any] = TypeAdapter(kept)
-        except Exception as exc:  # noqa: BLE001 - pydantic refuses the type
-            raise ConfigError(f"{owner}: output type {agent.output_type!r} cannot be kept as JSON: {exc}") from None
-        return cls(agent.output_type, adapter, tuple(toolset._tool_defs), processors)
-
-    @property
-    def fingerprint(self) -> list[Any]:
-        """What a live thread is pinned to: each tool's name, description and schema."""
-        return [[d.name, d.description, d.parameters_json_schema] for d in self.definitions]
-
-    def validate_call(self, tool_name: str, args: Any) -> Any:
-        """The output value for a call of output tool ``tool_name``; ValidationError or
-        ValueError when the arguments do not make one."""
-        processor = self.processors[tool_name]
-        data = json.loads(args) if isinstance(args, str) else (args or {})
-        value = processor.validator.validate_python(data)
-        key = getattr(processor, "outer_typed_dict_key", None)
-        if key is not None:
-            value = value[key]
-        return value
-
-    def to_json(self, value: Any) -> str:
-        return self.adapter.dump_json(value).decode()
-
-    def parse_json(self, text: str) -> Any:
-        return self.adapter.validate_json(text)
-
-    def tools(self) -> list[SchemaTool]:
-        """The output tools as the runtime sees them: reached only when the model's output failed
-        validation, so the model gets the reason and can try again."""
-        built = []
-        for definition in self.definitions:
-            name = definition.name
-
-            def validate(values: dict[str, Any], name: str = name) -> dict[str, Any]:
-                try:
-                    self.validate_call(name, values)
-                except (ValidationError, ValueError) as exc:
-                    why = describe_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
-                    raise ToolArgumentsError(f"the final result is not valid: {why}") from None
-                return values
-
-            def execute(arguments: ToolArguments, ctx: Any, name: str = name) -> str:
-                return self.to_json(self.validate_call(name, arguments.values))
-
-            tool = schema_tool(
-                name=name,
-                description=definition.description or OUTPUT_TOOL_DESCRIPTION,
-                json_schema=definition.parameters_json_schema,
-                validate=validate,
-                execute=execute,
-                effect="read_only",
-            )
-            built.append(dataclasses.replace(tool, ends_turn=True))
-        return built
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        loop = getattr(_loops, "loop", None)
+        if loop is None or loop.is_closed():
+            loop = _loops.loop = asyncio.new_event_loop()
+        return loop.run_until_complete(wrapped())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, wrapped()).result()
 
 
 # -- the model ------------------------------------------------------------------------------------
@@ -485,7 +412,7 @@ class DurableModel(WrapperModel):
     no provider credentials.
     """
 
-    def __init__(self, model: Any, *, settings: dict[str, Any], output: _OutputTools | None) -> None:
+    def __init__(self, model: Any, *, settings: dict[str, Any], output: OutputTools | None) -> None:
         Model.__init__(self)
         self._spec = model
         self._agent_settings = settings

@@ -1,0 +1,128 @@
+"""Capabilities and async instructions, side by side: plain Pydantic AI and from_pydantic_ai.
+
+One FunctionModel answers both runs and records what it was given: the model settings, the text
+of the instructions and system prompts, and the tools offered. What a capability adds (``Caching``'s
+setting, instructions, a plain tool) and what an async instruction function returns must reach the
+model in both. A capability that does anything else is a ConfigError naming it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai import RunContext
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities.caching import Caching
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, TextPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.profiles import ModelProfile
+from pydantic_ai.toolsets import FunctionToolset
+
+from threads_celery import ConfigError, Threads, from_pydantic_ai
+
+WAIT_S = 30.0
+_names = itertools.count()
+
+ping_tools = FunctionToolset()
+
+
+@ping_tools.tool_plain
+def ping(times: int) -> str:
+    """Ping the service."""
+    return "pong" * times
+
+
+@dataclass
+class Brief(AbstractCapability[Any]):
+    """Adds an instruction and a tool."""
+
+    def get_instructions(self) -> str:
+        return "Answer in one line."
+
+    def get_toolset(self) -> FunctionToolset[Any]:
+        return ping_tools
+
+
+@dataclass
+class Audited(AbstractCapability[Any]):
+    """Runs code around every tool call: nothing a durable step can replay."""
+
+    async def before_tool_execute(self, ctx: Any, **kwargs: Any) -> Any:
+        return None
+
+
+def recording(seen: dict[str, Any]) -> FunctionModel:
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        texts = [
+            p.content
+            for m in messages
+            if isinstance(m, ModelRequest)
+            for p in m.parts
+            if isinstance(p, SystemPromptPart)
+        ]
+        texts += [m.instructions for m in messages if isinstance(m, ModelRequest) and m.instructions]
+        seen["prompt"] = "\n\n".join(texts)
+        seen["cache"] = info.model_request_parameters.cache  # the unified setting, resolved by the model
+        seen["tools"] = sorted(t.name for t in info.function_tools)
+        return ModelResponse(parts=[TextPart("done")])
+
+    return FunctionModel(answer, profile=ModelProfile(supports_cache=True))
+
+
+def side_by_side(threads: Threads, build: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    plain_seen: dict[str, Any] = {}
+    build(recording(plain_seen), None).run_sync("hello", deps=7)
+    durable_seen: dict[str, Any] = {}
+    agent = from_pydantic_ai(build(recording(durable_seen), f"pai_cap_{next(_names)}"), deps=make_deps)
+    run = threads.wait(threads.start(agent, "hello").run_id, WAIT_S)
+    assert run.status == "completed", run.error
+    return plain_seen, durable_seen
+
+
+def make_deps() -> int:
+    return 7
+
+
+def test_caching_carries_its_model_setting(threads: Threads) -> None:
+    plain, durable = side_by_side(
+        threads, lambda model, name: PydanticAgent(model, name=name, deps_type=int, capabilities=[Caching()])
+    )
+    assert plain["cache"] is True and durable["cache"] is True
+
+
+def test_a_capabilitys_instructions_and_tools_reach_the_model(threads: Threads) -> None:
+    plain, durable = side_by_side(
+        threads,
+        lambda model, name: PydanticAgent(
+            model, name=name, deps_type=int, instructions="You help.", capabilities=[Brief()]
+        ),
+    )
+    assert plain["tools"] == durable["tools"] == ["ping"]
+    assert "Answer in one line." in plain["prompt"] and "Answer in one line." in durable["prompt"]
+    assert "You help." in durable["prompt"]
+
+
+def test_an_async_instruction_function_is_awaited_each_turn(threads: Threads) -> None:
+    def build(model: FunctionModel, name: str | None) -> PydanticAgent[int, str]:
+        agent = PydanticAgent(model, name=name, deps_type=int)
+
+        @agent.instructions
+        async def customer(ctx: RunContext[int]) -> str:
+            return f"The customer's id is {ctx.deps}."
+
+        return agent
+
+    plain, durable = side_by_side(threads, build)
+    assert plain["prompt"] == durable["prompt"] == "The customer's id is 7."
+
+
+def test_a_capability_that_hooks_into_tool_calls_is_a_config_error_naming_it() -> None:
+    source = PydanticAgent(
+        FunctionModel(lambda m, i: ModelResponse(parts=[])), name="audited", capabilities=[Audited()]
+    )
+    with pytest.raises(ConfigError, match=r"capability Audited uses before_tool_execute"):
+        from_pydantic_ai(source)

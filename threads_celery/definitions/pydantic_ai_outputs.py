@@ -1,0 +1,126 @@
+"""A Pydantic AI agent's structured output, offered to the model as Pydantic AI offers it.
+
+Part of :func:`~threads_celery.definitions.pydantic_ai_adapter.from_pydantic_ai`. The output tools
+are the ones the Pydantic AI agent's own output schema builds, so their names, descriptions and
+JSON schemas are Pydantic AI's by construction, and each call is checked by the processor Pydantic
+AI would check it with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any, Union
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic_ai.tools import ToolDefinition
+
+from threads_celery.definitions.schema_tools import SchemaTool, ToolArguments, schema_tool
+from threads_celery.definitions.tools import ToolArgumentsError, describe_validation_error
+from threads_celery.exceptions import ConfigError
+
+OUTPUT_TOOL_DESCRIPTION = "The final response which ends this conversation"
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputTools:
+    """A structured output type offered to the model exactly as Pydantic AI offers it: the output
+    tools its own output schema builds (``final_result``, or ``final_result_<Name>`` per member of
+    a union; the type's docstring as the description; its JSON schema as Pydantic AI shapes it),
+    each checked by the processor Pydantic AI would check it with."""
+
+    output_type: Any
+    adapter: TypeAdapter[Any]  # the run's output, kept as JSON of the output type
+    definitions: tuple[ToolDefinition, ...]
+    processors: Mapping[str, Any]  # pydantic_ai's ObjectOutputProcessor, by tool name
+
+    @classmethod
+    def of(cls, agent: Any, owner: str) -> OutputTools | None:
+        """The output tools of a Pydantic AI agent (None for text output); ConfigError for an
+        output spec that cannot be durable."""
+        from pydantic_ai import _output  # the agent's own output schema: the one source of parity
+
+        schema = agent._output_schema
+        if isinstance(schema, _output.TextOutputSchema) and schema.toolset is None:
+            if type(schema.text_processor) is not _output.TextOutputProcessor:
+                raise ConfigError(f"{owner}: a text output function does not carry over; return the text instead")
+            return None
+        if not isinstance(schema, (_output.AutoOutputSchema, _output.ToolOutputSchema)) or schema.toolset is None:
+            raise ConfigError(
+                f"{owner}: output_type={agent.output_type!r} ({type(schema).__name__.removesuffix('Schema')}) does not carry over "
+                "(NativeOutput, PromptedOutput and text output are not durable yet); use an output type or ToolOutput"
+            )
+        # An auto schema's text processor is its object processor read from text, not plain text.
+        mixed = isinstance(schema, _output.ToolOutputSchema) and schema.allows_text
+        if mixed or schema.allows_deferred_tools or schema.allows_image:
+            raise ConfigError(
+                f"{owner}: output_type={agent.output_type!r} also allows text, images or deferred tools, "
+                "which does not carry over; give output types only"
+            )
+        toolset = schema.toolset
+        processors = dict(toolset.processors)
+        for name, processor in processors.items():
+            if getattr(processor, "_function_schema", None) is not None or getattr(processor, "_choice_values", None):
+                raise ConfigError(f"{owner}: output tool {name!r} runs an output function, which does not carry over")
+        kinds: list[Any] = list(_output.types_from_output_spec(agent.output_type))
+        kept: Any = kinds[0] if len(kinds) == 1 else Union[tuple(kinds)]  # noqa: UP007 - built at run time
+        try:  # ToolOutput(X, ...) and lists of specs: the types they stand for
+            adapter: TypeAdapter[Any] = TypeAdapter(kept)
+        except Exception as exc:  # noqa: BLE001 - pydantic refuses the type
+            raise ConfigError(f"{owner}: output type {agent.output_type!r} cannot be kept as JSON: {exc}") from None
+        return cls(agent.output_type, adapter, tuple(toolset._tool_defs), processors)
+
+    @property
+    def fingerprint(self) -> list[Any]:
+        """What a live thread is pinned to: each tool's name, description and schema."""
+        return [[d.name, d.description, d.parameters_json_schema] for d in self.definitions]
+
+    def validate_call(self, tool_name: str, args: Any) -> Any:
+        """The output value for a call of output tool ``tool_name``; ValidationError or
+        ValueError when the arguments do not make one."""
+        processor = self.processors[tool_name]
+        data = json.loads(args) if isinstance(args, str) else (args or {})
+        value = processor.validator.validate_python(data)
+        key = getattr(processor, "outer_typed_dict_key", None)
+        if key is not None:
+            value = value[key]
+        return value
+
+    def to_json(self, value: Any) -> str:
+        return self.adapter.dump_json(value).decode()
+
+    def parse_json(self, text: str) -> Any:
+        return self.adapter.validate_json(text)
+
+    def tools(self) -> list[SchemaTool]:
+        """The output tools as the runtime sees them: reached only when the model's output failed
+        validation, so the model gets the reason and can try again."""
+        built = []
+        for definition in self.definitions:
+            name = definition.name
+
+            def validate(values: dict[str, Any], name: str = name) -> dict[str, Any]:
+                try:
+                    self.validate_call(name, values)
+                except (ValidationError, ValueError) as exc:
+                    why = describe_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
+                    raise ToolArgumentsError(f"the final result is not valid: {why}") from None
+                return values
+
+            def execute(arguments: ToolArguments, ctx: Any, name: str = name) -> str:
+                return self.to_json(self.validate_call(name, arguments.values))
+
+            tool = schema_tool(
+                name=name,
+                description=definition.description or OUTPUT_TOOL_DESCRIPTION,
+                json_schema=definition.parameters_json_schema,
+                validate=validate,
+                execute=execute,
+                effect="read_only",
+            )
+            built.append(dataclasses.replace(tool, ends_turn=True))
+        return built
+
+
+__all__ = ["OUTPUT_TOOL_DESCRIPTION", "OutputTools"]
