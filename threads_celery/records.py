@@ -74,22 +74,36 @@ class ToolCall:
         return cls(id=data["id"], name=data["name"], args=data["args"], effect_key=data["effect_key"])
 
 
+#: A tool result's ``kind``: what the content stands for, beyond text (None: text as returned).
+RESULT_KINDS = ("json", "retry", "invalid")
+
+
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    """What the model sees for one call: ``content`` is text, ``is_error`` marks a failure."""
+    """What the model sees for one call: ``content`` is text, ``is_error`` marks a failure.
+
+    ``kind`` says what the text stands for: ``"json"``, a value the tool returned (not a string),
+    rendered as JSON, which the model is given back as that value; ``"retry"``, the tool asked
+    the model to try again (Pydantic AI's ``ModelRetry``); ``"invalid"``, the arguments did not
+    validate. Both are shown to the model as Pydantic AI shows a retried call.
+    """
 
     call_id: str
     name: str
     content: str
     is_error: bool = False
+    kind: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "call_id": self.call_id,
             "name": self.name,
             "content": self.content,
             "is_error": self.is_error,
         }
+        if self.kind is not None:
+            data["kind"] = self.kind
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ToolResult:
@@ -98,6 +112,7 @@ class ToolResult:
             name=data["name"],
             content=data["content"],
             is_error=bool(data.get("is_error", False)),
+            kind=data.get("kind") if data.get("kind") in RESULT_KINDS else None,
         )
 
 

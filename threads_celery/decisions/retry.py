@@ -32,11 +32,13 @@ how long it has been failing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
 from threads_celery.decisions.provider_limits import RETRY_FOR_VARIABLE, TRANSIENT_STATUSES, ProviderFailure
+from threads_celery.records import Message
 
 __all__ = [
     "DELIVERY_BACKOFF",
@@ -164,3 +166,29 @@ def decide_provider_retry(
         )
     delay = failure.retry_after_s if failure.retry_after_s is not None else PROVIDER_BACKOFF.delay_s(failures_so_far)
     return RetryDecision(min(delay, remaining))
+
+
+def model_retries(messages: Sequence[Message], run_id: str, tool: str) -> int:
+    """How many model turns in a row of run ``run_id`` the model was asked to retry ``tool``, as
+    Pydantic AI counts ``ctx.retry``. Pure.
+
+    A tool result of kind ``"retry"`` (the tool raised ``ModelRetry``) or ``"invalid"`` (its
+    arguments did not validate) counts one more at the next model turn; any other result resets
+    the count.
+    """
+    retries: dict[str, int] = {}
+    failed: set[str] = set()
+    succeeded: set[str] = set()
+    for message in messages:
+        if message.run_id != run_id:
+            continue
+        if message.role == "assistant":  # a model turn: the last turn's outcomes carry over
+            for name in succeeded - failed:
+                retries.pop(name, None)
+            for name in failed:
+                retries[name] = retries.get(name, 0) + 1
+            failed, succeeded = set(), set()
+        elif message.role == "tool" and message.tool_result is not None:
+            result = message.tool_result
+            (failed if result.kind in ("retry", "invalid") else succeeded).add(result.name)
+    return retries.get(tool, 0)

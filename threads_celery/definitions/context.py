@@ -45,6 +45,7 @@ class ToolContext:
         report: Callable[..., str] | None = None,
         settings: Settings | None = None,
         start_child: Callable[..., DetachedHandle] | None = None,
+        model_retries: Callable[[], int] | None = None,
     ) -> None:
         self.effect_key = effect_key
         self.run_id = run_id
@@ -62,6 +63,14 @@ class ToolContext:
         self._files: ThreadFiles | None = None
         self._start_child = start_child
         self._children_started = 0
+        self._model_retries = model_retries
+
+    @property
+    def model_retries(self) -> int:
+        """How many model turns in a row this run's model was asked to call this tool again (the
+        tool raised ``ModelRetry``, or its arguments did not validate): Pydantic AI's ``ctx.retry``.
+        Read from the run's messages when asked."""
+        return self._model_retries() if self._model_retries is not None else 0
 
     def heartbeat(self) -> bool:
         """Extend this call's lease. Returns False if the run moved on without this worker."""

@@ -317,7 +317,7 @@ def _durable_tool(
             holder["agent"],
             tool_name=pai_tool.name,
             call_key=ctx.effect_key,
-            retry=max(ctx.attempt - 1, 0),
+            retry=ctx.model_retries,
         )
         return await schema.call(arguments.values, run_ctx)
 

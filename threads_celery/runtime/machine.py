@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, assert_never
 
+from pydantic_ai.exceptions import ModelRetry
+
 from threads_celery.decisions.effects import NeedsLookup, Park, RecordFound, RunAgain
 from threads_celery.decisions.next_step import (  # Busy, Proceed, Skip, decide_*: re-exported
     Busy,
@@ -31,6 +33,7 @@ from threads_celery.decisions.next_step import (  # Busy, Proceed, Skip, decide_
 )
 from threads_celery.decisions.permissions import Ask, Deny
 from threads_celery.decisions.provider_limits import provider_of
+from threads_celery.decisions.retry import model_retries
 from threads_celery.decisions.usage import LIMIT_REASON, limit_reached
 from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.context import ToolContext
@@ -286,8 +289,8 @@ class Runtime:
             return self._commit_call(run, run.fence, call, None, content, is_error=True)
         try:
             parsed = tool.parse_arguments(call.args)
-        except ToolArgumentsError as exc:
-            return self._commit_call(run, run.fence, call, tool, str(exc), is_error=True)
+        except ToolArgumentsError as exc:  # the model is asked to fix them, as Pydantic AI asks
+            return self._commit_call(run, run.fence, call, tool, str(exc), is_error=True, kind="invalid")
         gated = hooks.gate_call(self, run, call, agent, tool, parsed)
         if isinstance(gated, str):
             return gated
@@ -358,6 +361,9 @@ class Runtime:
             ),
             settings=self.settings,
             start_child=redacting(functools.partial(self.start_detached_child, run, call), env.revealed),
+            model_retries=lambda: model_retries(
+                self.history.load(self.store, run.thread_id).messages, run.id, call.tool
+            ),
         )
         install_log_redaction()
         # A secret the tool reads is redacted from this process's logs and stdout while it runs,
@@ -376,25 +382,28 @@ class Runtime:
                     )
                 value = tool.check_output(value)
                 content, is_error = render_result(redact_value(value, env.revealed)), False
+                kind = None if isinstance(value, str) else "json"
             except pauses.PausedPastLease:
                 if tool.is_async:
                     models.cancel_pending()
                 log.warning("call %s: stopped past its lease; the tool was left before it could act", call.effect_key)
                 raise FenceLost(run.id, fence) from None
             except ToolOutputError as exc:
-                content, is_error = tool_faults.message(exc, env.revealed), True
+                content, is_error, kind = tool_faults.message(exc, env.revealed), True, None
+            except ModelRetry as exc:  # the tool asks the model to try again: a retry prompt
+                content, is_error, kind = tool_faults.message(exc, env.revealed), True, "retry"
             except EffectUnknown as exc:
                 reason = tool_faults.message(exc, env.revealed)
                 if not read_only:  # it may have acted: as after a crash mid-call, a person decides
                     return f"parked: {self._park(run, call, reason, fence=fence)}"
-                content, is_error = reason, True
+                content, is_error, kind = reason, True, None
             except BaseException as exc:  # the tool failed: the model sees why and the run goes on
                 # Anything tool code raises (SystemExit, a BaseException that cannot be
                 # unpickled, one whose __str__ raises) is handled here, in the pool process:
                 # only the worker's and the runtime's own signals go on up.
                 if tool_faults.is_control(exc):
                     raise
-                content, is_error = tool_faults.describe(exc, env.revealed), True
+                content, is_error, kind = tool_faults.describe(exc, env.revealed), True, None
             if env.revealed:
                 content = redact_text(content, env.revealed)
             fails_run = None
@@ -402,11 +411,20 @@ class Runtime:
                 # Whatever the tool made of it: a worker whose key cannot open the thread's
                 # secrets must not let the model carry on as if the tool had them.
                 fails_run = SecretUndecryptable(env.undecryptable[0]).message
-                content, is_error = f"{tool.name}: {fails_run}", True
+                content, is_error, kind = f"{tool.name}: {fails_run}", True, None
             # Still holding the lease: a store outage here must not lose a result that exists
             # only in this process (dropping it turns a blip into a rerun or a park).
             outcome = result_commit.commit_executed(
-                self, run, fence, call, tool, content, is_error=is_error, own_outbox=read_only, fails_run=fails_run
+                self,
+                run,
+                fence,
+                call,
+                tool,
+                content,
+                is_error=is_error,
+                own_outbox=read_only,
+                fails_run=fails_run,
+                kind=kind,
             )
         hooks.observe_result(agent, gated, content, is_error)
         if outcome.startswith("ended the turn"):
@@ -488,6 +506,7 @@ class Runtime:
         is_error: bool,
         own_outbox: bool = True,
         fails_run: str | None = None,
+        kind: str | None = None,
     ) -> str:
         if call.batch is not None:
             # A concurrent call's siblings may still run: its result is recorded on the call (and
@@ -505,6 +524,7 @@ class Runtime:
             step_queue=self._step_queue(run.agent),
             now=self.clock(),
             fails_run=fails_run,
+            kind=kind,
         )
         self.publish(entries)
         return outcome

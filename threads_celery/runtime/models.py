@@ -153,6 +153,7 @@ class ModelHistory:
         from pydantic_ai.messages import (
             ModelRequest,
             ModelResponse,
+            RetryInfo,
             TextPart,
             ToolCallPart,
             ToolReturnPart,
@@ -173,16 +174,35 @@ class ModelHistory:
                 self._closed.append(ModelResponse(parts=parts or [TextPart(content="")]))
             elif message.role == "tool" and message.tool_result is not None:
                 result = message.tool_result
+                if result.kind in ("retry", "invalid"):  # the model is asked to call it again
+                    self._pending.append(
+                        ToolReturnPart(
+                            tool_name=result.name,
+                            content=result.content,
+                            tool_call_id=result.call_id,
+                            outcome="retried",
+                            retry=RetryInfo(cause="model_retry" if result.kind == "retry" else "validation_error"),
+                        )
+                    )
+                    continue
                 self._pending.append(
                     ToolReturnPart(
                         tool_name=result.name,
-                        content=result.content,
+                        content=_returned(result.content) if result.kind == "json" else result.content,
                         tool_call_id=result.call_id,
                         outcome="failed" if result.is_error else "success",
                     )
                 )
             else:
                 self._pending.append(UserPromptPart(content=message.text))
+
+
+def _returned(content: str) -> Any:
+    """The value a tool returned, from its JSON text (the text itself if it is not JSON)."""
+    try:
+        return json.loads(content)
+    except ValueError:
+        return content
 
 
 def tool_definitions(tools: Sequence[Tool]) -> list[Any]:

@@ -33,8 +33,12 @@ def commit_executed(
     is_error: bool,
     own_outbox: bool,
     fails_run: str | None = None,
+    kind: str | None = None,
 ) -> str:
     """Commit an executed call's result, retrying while the store is unreachable.
+
+    ``kind`` (see :class:`~threads_celery.records.ToolResult`) is dropped when the result is
+    shown shortened: the text no longer stands for the whole value.
 
     Gives up (re-raising) after the tool lease, at least 5 s; the fence keeps a commit that
     arrives after another worker took the call over from being written.
@@ -44,13 +48,21 @@ def commit_executed(
         # Kept whole first (rewritten as it is if the call runs again), shown shortened.
         with runtime.store.transaction() as tx:
             tx.keep_full_result(call.effect_key, content)
-        content = shortened
+        content, kind = shortened, (None if kind == "json" else kind)
     deadline = time.monotonic() + max(runtime.settings.tool_lease_s, 5.0)
     unreachable = 0
     while True:
         try:
             return runtime._commit_call(
-                run, fence, call, tool, content, is_error=is_error, own_outbox=own_outbox, fails_run=fails_run
+                run,
+                fence,
+                call,
+                tool,
+                content,
+                is_error=is_error,
+                own_outbox=own_outbox,
+                fails_run=fails_run,
+                kind=kind,
             )
         except StoreUnavailable as exc:
             unreachable += 1
@@ -65,4 +77,4 @@ def commit_executed(
             if is_error and content.startswith(UNSTORED_RESULT):
                 raise
             log.warning("call %s: its result could not be stored: %s", call.effect_key, describe_exception(exc, ()))
-            content, is_error = f"{UNSTORED_RESULT} ({describe_exception(exc, ())})", True
+            content, is_error, kind = f"{UNSTORED_RESULT} ({describe_exception(exc, ())})", True, None

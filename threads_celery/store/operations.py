@@ -60,9 +60,10 @@ def commit_result_params(
     next_entry: OutboxEntry | None,
     now: datetime,
     next_due: datetime,
+    kind: str | None = None,
 ) -> dict[str, Any]:
     """The parameters of COMMIT_CALL_RESULT_PG (``next_due``: when the next task counts as lost)."""
-    tool_result = ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error)
+    tool_result = ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error, kind=kind)
     parts = {"tool_result": tool_result.to_json()}
     following = next_entry or _NO_NEXT_ENTRY
     return {
@@ -112,6 +113,7 @@ class OwnOperations:
         own_outbox: bool,
         next_entry: OutboxEntry,
         now: datetime,
+        kind: str | None = None,
     ) -> int | None:
         """:meth:`Tx.commit_call_result` in a transaction of its own: a worker's hot path.
 
@@ -130,6 +132,7 @@ class OwnOperations:
                 next_entry=next_entry,
                 now=now,
                 next_due=now + (self.tool_grace if next_entry.task == TOOL_TASK_NAME else self.step_grace),
+                kind=kind,
             )
             fenced: int | None = self._direct.scalar(statements.COMMIT_CALL_RESULT_PG, params)
             return fenced
@@ -144,6 +147,7 @@ class OwnOperations:
                 own_outbox=own_outbox,
                 next_entry=next_entry,
                 now=now,
+                kind=kind,
             )
 
     def claim_call_and_run(

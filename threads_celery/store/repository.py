@@ -312,6 +312,7 @@ class Tx(CallQueries, OutboxQueries, MessageQueries, AgentToolQueries, UsageQuer
         next_entry: OutboxEntry | None,
         now: datetime,
         resume: bool = False,
+        kind: str | None = None,
     ) -> int | None:
         """Commit a tool call's result, fenced; the run's new fence, or None (nothing written).
 
@@ -334,6 +335,7 @@ class Tx(CallQueries, OutboxQueries, MessageQueries, AgentToolQueries, UsageQuer
                 own_outbox=own_outbox,
                 next_entry=next_entry,
                 now=now,
+                kind=kind,
             )
         changes: dict[str, Any] = {"status": "running"} if resume else {}
         moved = self.advance_run(run_id, fence=fence, now=now, lease_owner=None, lease_expires_at=None, **changes)
@@ -347,7 +349,7 @@ class Tx(CallQueries, OutboxQueries, MessageQueries, AgentToolQueries, UsageQuer
             role="tool",
             text=content,
             now=now,
-            tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error),
+            tool_result=ToolResult(call_id=call.call_id, name=call.tool, content=content, is_error=is_error, kind=kind),
         )
         if own_outbox:
             self.delete_outbox(call.effect_key)
@@ -367,6 +369,7 @@ class Tx(CallQueries, OutboxQueries, MessageQueries, AgentToolQueries, UsageQuer
         own_outbox: bool,
         next_entry: OutboxEntry | None,
         now: datetime,
+        kind: str | None = None,
     ) -> int | None:
         """PostgreSQL: :meth:`commit_call_result` as the one statement COMMIT_CALL_RESULT_PG."""
         params = commit_result_params(
@@ -380,6 +383,7 @@ class Tx(CallQueries, OutboxQueries, MessageQueries, AgentToolQueries, UsageQuer
             next_entry=next_entry,
             now=now,
             next_due=now + self._outbox_grace(next_entry.task if next_entry is not None else ""),
+            kind=kind,
         )
         return self.conn.execute(statements.COMMIT_CALL_RESULT_PG, params).scalar()
 

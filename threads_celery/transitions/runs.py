@@ -308,6 +308,7 @@ def commit_call_result(
     step_queue: str | None,
     now: datetime,
     fails_run: str | None = None,
+    kind: str | None = None,
 ) -> tuple[str, list[OutboxEntry]]:
     """A worker's result commit of a call, in a transaction of its own (fenced).
 
@@ -331,6 +332,7 @@ def commit_call_result(
                 now=now,
                 own_outbox=own_outbox,
                 fails_run=fails_run,
+                kind=kind,
             )
     moved = store.commit_call_result(
         run_id=run.id,
@@ -342,6 +344,7 @@ def commit_call_result(
         own_outbox=own_outbox,
         next_entry=following,
         now=now,
+        kind=kind,
     )
     if moved is None:
         raise FenceLost(run.id, fence)
@@ -361,6 +364,7 @@ def record_call_result(
     resume: bool = False,
     own_outbox: bool = True,
     fails_run: str | None = None,
+    kind: str | None = None,
 ) -> tuple[str, list[OutboxEntry]]:
     """Commit a call's result as a tool message and record what runs next (fenced), in ``tx``.
 
@@ -382,6 +386,7 @@ def record_call_result(
         next_entry=following,
         now=now,
         resume=resume,
+        kind=kind,
     )
     if moved is None:
         raise FenceLost(run.id, fence)

@@ -83,3 +83,26 @@ def test_a_refused_model_request_is_not_retried() -> None:
         "model step 1 failed after 1 attempts: bad key"
     )
     assert isinstance(decide_model_step_retry(attempt=0, retries=3, status=429, step=1, reason="x"), RetryDecision)
+
+
+def test_model_retries_count_turns_in_a_row_per_tool_and_run() -> None:
+    from threads_celery.decisions.retry import model_retries
+    from threads_celery.records import Message, ToolCall, ToolResult
+
+    def turn(seq: int, run: str = "r1") -> Message:
+        return Message("t", seq, "assistant", tool_calls=(ToolCall(f"c{seq}", "lookup", "{}", f"k{seq}"),), run_id=run)
+
+    def result(seq: int, kind: str | None, name: str = "lookup", run: str = "r1") -> Message:
+        return Message(
+            "t", seq, "tool", tool_result=ToolResult(f"c{seq}", name, "x", kind is not None, kind), run_id=run
+        )
+
+    history = [Message("t", 0, "user", "go", run_id="r1"), turn(1), result(2, "invalid"), turn(3)]
+    assert model_retries(history, "r1", "lookup") == 1
+    history += [result(4, "retry"), turn(5)]
+    assert model_retries(history, "r1", "lookup") == 2
+    history += [result(6, "json"), turn(7)]  # a success resets it
+    assert model_retries(history, "r1", "lookup") == 0
+    history += [result(8, "retry", name="other"), turn(9)]
+    assert model_retries(history, "r1", "lookup") == 0 and model_retries(history, "r1", "other") == 1
+    assert model_retries(history, "r2", "other") == 0  # counted per run
