@@ -45,7 +45,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai import RunContext
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.messages import InstructionPart, ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models import (
     CompletedStreamedResponse,
     Model,
@@ -86,12 +86,14 @@ class PydanticAIAgent(Agent):
         output_type: Any = str,
         deps_factory: str | None = None,
         output: OutputTools | None = None,
+        prompt_names: Sequence[str] = (),
         **kwargs: Any,
     ) -> None:
         self.output_type = output_type
         self.deps_factory = deps_factory
         self._deps_by_thread = threading.local()
         self._output = output
+        self._prompt_names = list(prompt_names)
         super().__init__(*args, **kwargs)
 
     def preflight(self) -> None:
@@ -129,9 +131,14 @@ class PydanticAIAgent(Agent):
         return self._output.parse_json(text or "")
 
     def config_hash(self) -> str:
-        """The base fingerprint, plus the output type and the dependency factory."""
+        """The base fingerprint, plus the output type, the dependency factory and the prompt's parts
+        (the instructions travel with the model, not as the agent's own instructions)."""
         extra = json.dumps(
-            {"output": self._output.fingerprint if self._output else None, "deps": self.deps_factory},
+            {
+                "output": self._output.fingerprint if self._output else None,
+                "deps": self.deps_factory,
+                "prompt": self._prompt_names,
+            },
             sort_keys=True,
         )
         return hashlib.sha256((super().config_hash() + extra).encode()).hexdigest()[:32]
@@ -210,10 +217,27 @@ def from_pydantic_ai(
         needs_approval = [n for n, t in function_tools.items() if getattr(t, "requires_approval", False)]
         permissions = Permissions(ask=needs_approval)
 
+    # System prompts travel as the run's system prompt; instructions as the request's instructions,
+    # as Pydantic AI sends them (a model told apart the two, AgentInfo.instructions for one).
+    system_prompt = _Prompt([*agent._system_prompts, *(r.function for r in agent._system_prompt_functions)], holder)
+    own: list[str | Callable[..., Any]] = []
+    for sourced in agent._instructions:
+        part: Any = sourced.instruction
+        if not (isinstance(part, str) or callable(part)):
+            raise ConfigError(
+                f"{owner}: instructions given as a {type(part).__name__} do not carry over; give text or a function"
+            )
+        own.append(part)
+    instructions = _Prompt([*own, *carried.instructions], holder)
     durable = PydanticAIAgent(
         name=agent_name,
-        instructions=_instructions(agent, holder, carried.instructions),
-        model=DurableModel(base_model, settings={**_model_settings(agent, owner), **carried.settings}, output=output),
+        instructions=system_prompt.for_agent(),
+        model=DurableModel(
+            base_model,
+            settings={**_model_settings(agent, owner), **carried.settings},
+            output=output,
+            instructions=instructions,
+        ),
         tools=tools,
         permissions=permissions,
         max_steps=max_steps,
@@ -221,6 +245,7 @@ def from_pydantic_ai(
         output_type=agent.output_type,
         deps_factory=factory_path,
         output=output,
+        prompt_names=system_prompt.names + instructions.names,
     )
     holder["agent"] = durable
     return durable
@@ -349,36 +374,53 @@ def _refuse_what_does_not_carry_over(agent: Any, owner: str) -> None:
 # -- instructions ---------------------------------------------------------------------------------
 
 
-def _instructions(
-    agent: Any, holder: dict[str, PydanticAIAgent], extra: Sequence[str | Callable[..., Any]] = ()
-) -> str | Callable[[], str]:
-    """The agent's system prompts, instructions, then its capabilities' instructions: a string, or a
-    function of the run context (a part may be a coroutine function: it is awaited)."""
-    parts: list[str | Callable[..., Any]] = list(agent._system_prompts)
-    parts += [runner.function for runner in agent._system_prompt_functions]
-    parts += [sourced.instruction for sourced in agent._instructions]
-    parts += list(extra)
-    if all(isinstance(p, str) for p in parts):
-        return "\n\n".join(p for p in parts if isinstance(p, str) and p)
+class _Prompt:
+    """Parts of a prompt as Pydantic AI takes them: strings, and functions with or without a
+    ``RunContext``, sync or async, evaluated on each model turn."""
 
-    def render() -> str:
-        texts: list[str] = []
-        for part in parts:
+    def __init__(self, parts: Sequence[str | Callable[..., Any]], holder: dict[str, PydanticAIAgent]) -> None:
+        self.parts = list(parts)
+        self.holder = holder
+
+    @property
+    def names(self) -> list[str]:
+        """What the configuration fingerprint pins: each string, and each function's name."""
+        return [p if isinstance(p, str) else f"{p.__module__}.{p.__qualname__}" for p in self.parts]
+
+    def _values(self) -> list[Any]:
+        values: list[Any] = []
+        for part in self.parts:
             if isinstance(part, str):
-                texts.append(part)
+                values.append(part)
                 continue
             takes_ctx = len(inspect.signature(part).parameters) > 0
-            value = part(_run_context(holder["agent"])) if takes_ctx else part()
-            if inspect.isawaitable(value):
-                value = _await(value)
-            if value:
-                texts.append(str(value))
-        return "\n\n".join(t for t in texts if t)
+            values.append(part(_run_context(self.holder["agent"])) if takes_ctx else part())
+        return values
 
-    # The config fingerprint reads a callable's __qualname__: make it name every part.
-    names = [p if isinstance(p, str) else f"{p.__module__}.{p.__qualname__}" for p in parts]
-    render.__qualname__ = "pydantic_ai_instructions:" + hashlib.sha256(json.dumps(names).encode()).hexdigest()[:16]
-    return render
+    def text(self) -> str:
+        """The prompt now, from synchronous code (an async part runs on this thread's loop)."""
+        return _joined([_await(v) if inspect.isawaitable(v) else v for v in self._values()])
+
+    async def text_async(self) -> str:
+        """The prompt now, from a coroutine (an async part is awaited on the caller's loop)."""
+        return _joined([await v if inspect.isawaitable(v) else v for v in self._values()])
+
+    def for_agent(self) -> str | Callable[[], str]:
+        """As ``Agent(instructions=...)`` takes it: the text itself when every part is a string."""
+        if all(isinstance(p, str) for p in self.parts):
+            return _joined(self.parts)
+
+        def render() -> str:
+            return self.text()
+
+        # The config fingerprint reads a callable's __qualname__: make it name every part.
+        digest = hashlib.sha256(json.dumps(self.names).encode()).hexdigest()[:16]
+        render.__qualname__ = "pydantic_ai_system_prompt:" + digest
+        return render
+
+
+def _joined(values: Sequence[Any]) -> str:
+    return "\n\n".join(str(v) for v in values if v)
 
 
 _loops = threading.local()
@@ -412,11 +454,14 @@ class DurableModel(WrapperModel):
     no provider credentials.
     """
 
-    def __init__(self, model: Any, *, settings: dict[str, Any], output: OutputTools | None) -> None:
+    def __init__(
+        self, model: Any, *, settings: dict[str, Any], output: OutputTools | None, instructions: _Prompt | None = None
+    ) -> None:
         Model.__init__(self)
         self._spec = model
         self._agent_settings = settings
         self._output = output
+        self._instructions = instructions
         self._inner: Model | None = None
         self._lock = threading.Lock()
 
@@ -490,12 +535,25 @@ class DurableModel(WrapperModel):
         inner = self.inner
         return not (isinstance(inner, FunctionModel) and inner.stream_function is None)
 
+    async def _with_instructions(
+        self, messages: list[ModelMessage], params: ModelRequestParameters
+    ) -> tuple[list[ModelMessage], ModelRequestParameters]:
+        """The agent's instructions on the request, as Pydantic AI sends them: on the last request
+        and as the request's instruction parts."""
+        text = await self._instructions.text_async() if self._instructions is not None else ""
+        if not text:
+            return messages, params
+        if messages and isinstance(messages[-1], ModelRequest):
+            messages = [*messages[:-1], dataclasses.replace(messages[-1], instructions=text)]
+        return messages, dataclasses.replace(params, instruction_parts=[InstructionPart(content=text)])
+
     async def request(
         self,
         messages: list[ModelMessage],
         model_settings: ModelSettings | None,
         model_request_parameters: ModelRequestParameters,
     ) -> ModelResponse:
+        messages, model_request_parameters = await self._with_instructions(messages, model_request_parameters)
         params = self._parameters(model_request_parameters)
         return self._finalise(await self.inner.request(messages, self._merged_settings(model_settings), params))
 
@@ -507,6 +565,7 @@ class DurableModel(WrapperModel):
         model_request_parameters: ModelRequestParameters,
         run_context: RunContext[Any] | None = None,
     ) -> AsyncIterator[StreamedResponse]:
+        messages, model_request_parameters = await self._with_instructions(messages, model_request_parameters)
         params = self._parameters(model_request_parameters)
         settings = self._merged_settings(model_settings)
         if self._output is None and self._streams():

@@ -61,10 +61,12 @@ def test_instructions_tools_and_model_settings_reach_the_model(threads: Threads)
     run = threads.wait(handle.run_id, WAIT_S)
     assert run.status == "completed", run.error
     seen = json.loads(run.output or "")
-    system = "\n\n".join(seen["system"])
-    assert "You are a careful assistant." in system
-    assert "Use the lookup tool." in system
-    assert "Report temperatures in C." in system  # a RunContext instruction, built from the deps
+    # As Pydantic AI sends them: the system prompt as a system prompt part, the instructions as the
+    # request's instructions (a RunContext instruction built from the worker's dependencies).
+    assert seen["system"] == ["You are a careful assistant."]
+    assert seen["instructions"] == "Use the lookup tool.\n\nReport temperatures in C."
+    plain = json.loads(pai.reporter.run_sync("Look up alpha", deps=pai.make_weather_deps()).output)
+    assert (plain["system"], plain["instructions"]) == (seen["system"], seen["instructions"])
     assert seen["settings"] == {"temperature": 0.25, "max_tokens": 321}
     assert seen["tools"] == ["lookup"]
     schema = seen["lookup_schema"]
