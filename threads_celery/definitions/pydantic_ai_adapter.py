@@ -24,7 +24,7 @@ tool runs. Tools see a ``RunContext`` whose ``deps`` are those dependencies and 
 
 What does not carry over is a ConfigError rather than a silent difference: other toolsets
 (give MCP servers to ``Agent(mcp_servers=...)`` instead), tools with a ``prepare`` function,
-output validators, capabilities that hook into runs, requests or tool calls, ``NativeOutput``, ``PromptedOutput``, output
+capabilities that hook into runs, requests or tool calls, ``NativeOutput``, ``PromptedOutput``, output
 functions and output specs that also allow text.
 """
 
@@ -44,7 +44,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from pydantic_ai import Agent as PydanticAgent
-from pydantic_ai import RunContext
+from pydantic_ai import ModelRetry, RunContext
 from pydantic_ai.messages import InstructionPart, ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models import (
     CompletedStreamedResponse,
@@ -189,7 +189,7 @@ def from_pydantic_ai(
             "pass deps=<factory> (a module-level function or 'module:function') to build them in the worker"
         )
 
-    output = OutputTools.of(agent, owner)
+    output = OutputTools.of(agent, owner, context=lambda: _run_context(holder["agent"]))
     function_tools: dict[str, Any] = dict(agent._function_toolset.tools)
     for tool_name, pai_tool in carried.tools.items():
         if tool_name in function_tools:
@@ -367,8 +367,6 @@ def _refuse_what_does_not_carry_over(agent: Any, owner: str) -> None:
     for tool_name, pai_tool in agent._function_toolset.tools.items():
         if getattr(pai_tool, "prepare", None) is not None:
             raise ConfigError(f"{owner}: tool {tool_name!r} has a prepare function, which does not carry over")
-    if getattr(agent, "_output_validators", None):
-        raise ConfigError(f"{owner}: output validators do not carry over; validate in the output type instead")
 
 
 # -- instructions ---------------------------------------------------------------------------------
@@ -517,16 +515,16 @@ class DurableModel(WrapperModel):
             allow_text_output=False,
         )
 
-    def _finalise(self, response: ModelResponse) -> ModelResponse:
-        """A valid output call becomes the answer's text (the run's output); an invalid one is left
-        as a call of the output tool, whose argument check tells the model what failed."""
+    async def _finalise(self, response: ModelResponse) -> ModelResponse:
+        """A valid output call becomes the answer's text (the run's output); one that fails its
+        type or an output validator is left as a call of the output tool, which tells the model why."""
         if self._output is None:
             return response
         for part in response.parts:
             if isinstance(part, ToolCallPart) and part.tool_name in self._output.processors:
                 try:
-                    value = self._output.validate_call(part.tool_name, part.args)
-                except (ValidationError, ValueError):
+                    value = await self._output.finished(part.tool_name, part.args)
+                except (ValidationError, ValueError, ModelRetry):
                     return response
                 return dataclasses.replace(response, parts=[TextPart(content=self._output.to_json(value))])
         return response
@@ -555,7 +553,7 @@ class DurableModel(WrapperModel):
     ) -> ModelResponse:
         messages, model_request_parameters = await self._with_instructions(messages, model_request_parameters)
         params = self._parameters(model_request_parameters)
-        return self._finalise(await self.inner.request(messages, self._merged_settings(model_settings), params))
+        return await self._finalise(await self.inner.request(messages, self._merged_settings(model_settings), params))
 
     @asynccontextmanager
     async def request_stream(
@@ -574,7 +572,7 @@ class DurableModel(WrapperModel):
             return
         # Whether the output call is valid is only known once the answer is complete (and a
         # FunctionModel without a stream function answers whole): take the answer whole.
-        response = self._finalise(await self.inner.request(messages, settings, params))
+        response = await self._finalise(await self.inner.request(messages, settings, params))
         yield CompletedStreamedResponse(response, model_request_parameters=params, replay_events=True)
 
 

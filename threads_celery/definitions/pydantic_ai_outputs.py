@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Union
 
 from pydantic import TypeAdapter, ValidationError
@@ -34,9 +34,13 @@ class OutputTools:
     adapter: TypeAdapter[Any]  # the run's output, kept as JSON of the output type
     definitions: tuple[ToolDefinition, ...]
     processors: Mapping[str, Any]  # pydantic_ai's ObjectOutputProcessor, by tool name
+    #: The agent's output validators (pydantic_ai's OutputValidator), run in order on a valid output.
+    validators: tuple[Any, ...] = ()
+    #: The RunContext a validator is given (the worker thread's dependencies).
+    context: Callable[[], Any] | None = None
 
     @classmethod
-    def of(cls, agent: Any, owner: str) -> OutputTools | None:
+    def of(cls, agent: Any, owner: str, context: Callable[[], Any] | None = None) -> OutputTools | None:
         """The output tools of a Pydantic AI agent (None for text output); ConfigError for an
         output spec that cannot be durable."""
         from pydantic_ai import _output  # the agent's own output schema: the one source of parity
@@ -69,7 +73,8 @@ class OutputTools:
             adapter: TypeAdapter[Any] = TypeAdapter(kept)
         except Exception as exc:  # noqa: BLE001 - pydantic refuses the type
             raise ConfigError(f"{owner}: output type {agent.output_type!r} cannot be kept as JSON: {exc}") from None
-        return cls(agent.output_type, adapter, tuple(toolset._tool_defs), processors)
+        validators = tuple(agent._output_validators)
+        return cls(agent.output_type, adapter, tuple(toolset._tool_defs), processors, validators, context)
 
     @property
     def fingerprint(self) -> list[Any]:
@@ -87,6 +92,15 @@ class OutputTools:
             value = value[key]
         return value
 
+    async def finished(self, tool_name: str, args: Any) -> Any:
+        """The run's output for a call of output tool ``tool_name``: the validated value, then each
+        output validator's. Raises ValidationError or ValueError for arguments that make no value,
+        and ``ModelRetry`` when a validator asks the model to try again."""
+        value = self.validate_call(tool_name, args)
+        for validator in self.validators:
+            value = await validator.validate(value, self.context() if self.context is not None else None)
+        return value
+
     def to_json(self, value: Any) -> str:
         return self.adapter.dump_json(value).decode()
 
@@ -95,7 +109,8 @@ class OutputTools:
 
     def tools(self) -> list[SchemaTool]:
         """The output tools as the runtime sees them: reached only when the model's output failed
-        validation, so the model gets the reason and can try again."""
+        validation or an output validator, so the model gets the reason and can try again (a
+        validator's ``ModelRetry`` reaches it as a retried call, as in Pydantic AI)."""
         built = []
         for definition in self.definitions:
             name = definition.name
@@ -108,8 +123,8 @@ class OutputTools:
                     raise ToolArgumentsError(f"the final result is not valid: {why}") from None
                 return values
 
-            def execute(arguments: ToolArguments, ctx: Any, name: str = name) -> str:
-                return self.to_json(self.validate_call(name, arguments.values))
+            async def execute(arguments: ToolArguments, ctx: Any, name: str = name) -> str:
+                return self.to_json(await self.finished(name, arguments.values))
 
             tool = schema_tool(
                 name=name,

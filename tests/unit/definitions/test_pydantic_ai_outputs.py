@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 from pydantic_ai import Agent as PydanticAgent
-from pydantic_ai import NativeOutput, PromptedOutput, ToolOutput
+from pydantic_ai import ModelRetry, NativeOutput, PromptedOutput, RunContext, ToolOutput
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from typing_extensions import TypedDict
@@ -131,3 +131,38 @@ def test_output_specs_that_cannot_be_durable_are_a_config_error(output_type: Any
     source = PydanticAgent(FunctionModel(lambda m, i: None), output_type=output_type, name="refused")  # type: ignore[arg-type, return-value]
     with pytest.raises(ConfigError, match="output_type="):
         from_pydantic_ai(source)
+
+
+def test_output_validators_run_in_the_worker_and_their_model_retry_goes_back_to_the_model(
+    threads: Threads,
+) -> None:
+    def build(model: FunctionModel, name: str | None) -> PydanticAgent[None, FlightDetails]:
+        agent = PydanticAgent(model, output_type=FlightDetails, name=name)
+
+        @agent.output_validator
+        async def affordable(ctx: RunContext[None], output: FlightDetails) -> FlightDetails:
+            if output.price > 100:
+                raise ModelRetry(f"{output.flight_number} costs too much; find one under 100")
+            return output.model_copy(update={"flight_number": output.flight_number.upper()})
+
+        return agent
+
+    def model(seen: list[Any]) -> FunctionModel:
+        def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            retried = [
+                p.content for m in messages for p in getattr(m, "parts", ()) if getattr(p, "outcome", "") == "retried"
+            ]
+            seen.append(retried)
+            price = 500 if not retried else 50
+            return ModelResponse(parts=[ToolCallPart("final_result", {"flight_number": "ak1", "price": price})])
+
+        return FunctionModel(answer)
+
+    plain_seen: list[Any] = []
+    expected = build(model(plain_seen), None).run_sync("go").output
+    durable_seen: list[Any] = []
+    agent = from_pydantic_ai(build(model(durable_seen), f"pai_validated_{next(_names)}"))
+    run = threads.wait(threads.start(agent, "go").run_id, WAIT_S)
+    assert run.status == "completed", run.error
+    assert agent.parse_output(run.output) == expected == FlightDetails(flight_number="AK1", price=50)
+    assert durable_seen == plain_seen == [[], ["ak1 costs too much; find one under 100"]]
