@@ -23,7 +23,7 @@ tool runs. Tools see a ``RunContext`` whose ``deps`` are those dependencies and 
 ``tool_call_id`` is the call's effect key (stable across reruns: an idempotency key).
 
 What does not carry over is a ConfigError rather than a silent difference: other toolsets
-(give MCP servers to ``Agent(mcp_servers=...)`` instead), tools with a ``prepare`` function,
+(give MCP servers to ``Agent(mcp_servers=...)`` instead),
 capabilities that hook into runs, requests or tool calls, ``NativeOutput``, ``PromptedOutput``, output
 functions and output specs that also allow text.
 """
@@ -55,6 +55,7 @@ from pydantic_ai.models import (
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import RunUsage
 
 from threads_celery.decisions.effects import Reconcile
@@ -237,6 +238,8 @@ def from_pydantic_ai(
             settings={**_model_settings(agent, owner), **carried.settings},
             output=output,
             instructions=instructions,
+            prepared={name: t for name, t in function_tools.items() if getattr(t, "prepare", None) is not None},
+            context=lambda: _run_context(holder["agent"]),
         ),
         tools=tools,
         permissions=permissions,
@@ -364,9 +367,6 @@ def _refuse_what_does_not_carry_over(agent: Any, owner: str) -> None:
             f"{owner}: the Pydantic AI agent has toolsets, which do not carry over; give MCP servers as "
             "from_pydantic_ai(..., mcp_servers=[threads_celery.MCPServer(...)]) and plain functions as tools"
         )
-    for tool_name, pai_tool in agent._function_toolset.tools.items():
-        if getattr(pai_tool, "prepare", None) is not None:
-            raise ConfigError(f"{owner}: tool {tool_name!r} has a prepare function, which does not carry over")
 
 
 # -- instructions ---------------------------------------------------------------------------------
@@ -453,13 +453,23 @@ class DurableModel(WrapperModel):
     """
 
     def __init__(
-        self, model: Any, *, settings: dict[str, Any], output: OutputTools | None, instructions: _Prompt | None = None
+        self,
+        model: Any,
+        *,
+        settings: dict[str, Any],
+        output: OutputTools | None,
+        instructions: _Prompt | None = None,
+        prepared: Mapping[str, Any] | None = None,
+        context: Callable[[], Any] | None = None,
     ) -> None:
         Model.__init__(self)
         self._spec = model
         self._agent_settings = settings
         self._output = output
         self._instructions = instructions
+        #: Tools with a ``prepare`` function (pydantic_ai Tool), by name: asked on each model turn.
+        self._prepared = dict(prepared or {})
+        self._context = context
         self._inner: Model | None = None
         self._lock = threading.Lock()
 
@@ -538,12 +548,28 @@ class DurableModel(WrapperModel):
     ) -> tuple[list[ModelMessage], ModelRequestParameters]:
         """The agent's instructions on the request, as Pydantic AI sends them: on the last request
         and as the request's instruction parts."""
+        if self._prepared:
+            params = dataclasses.replace(params, function_tools=await self._prepare_tools(params.function_tools))
         text = await self._instructions.text_async() if self._instructions is not None else ""
         if not text:
             return messages, params
         if messages and isinstance(messages[-1], ModelRequest):
             messages = [*messages[:-1], dataclasses.replace(messages[-1], instructions=text)]
         return messages, dataclasses.replace(params, instruction_parts=[InstructionPart(content=text)])
+
+    async def _prepare_tools(self, definitions: Sequence[ToolDefinition]) -> list[ToolDefinition]:
+        """Each tool with a ``prepare`` function as that function shapes it for this turn (or left
+        out when it returns None), as Pydantic AI asks it on every step."""
+        prepared: list[ToolDefinition] = []
+        for definition in definitions:
+            pai_tool = self._prepared.get(definition.name)
+            if pai_tool is None:
+                prepared.append(definition)
+                continue
+            shaped = await pai_tool.prepare_tool_def(self._context() if self._context is not None else None)
+            if shaped is not None:
+                prepared.append(shaped)
+        return prepared
 
     async def request(
         self,

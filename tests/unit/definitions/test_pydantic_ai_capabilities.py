@@ -9,7 +9,7 @@ model in both. A capability that does anything else is a ConfigError naming it.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ from pydantic_ai.capabilities.caching import Caching
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, TextPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.profiles import ModelProfile
+from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import FunctionToolset
 
 from threads_celery import ConfigError, Threads, from_pydantic_ai
@@ -126,3 +127,52 @@ def test_a_capability_that_hooks_into_tool_calls_is_a_config_error_naming_it() -
     )
     with pytest.raises(ConfigError, match=r"capability Audited uses before_tool_execute"):
         from_pydantic_ai(source)
+
+
+def test_a_tools_prepare_function_shapes_it_on_each_turn(threads: Threads) -> None:
+    def build(model: FunctionModel, name: str | None) -> PydanticAgent[int, str]:
+        agent = PydanticAgent(model, name=name, deps_type=int)
+
+        async def only_for_big_customers(ctx: RunContext[int], tool_def: ToolDefinition) -> ToolDefinition | None:
+            if ctx.deps < 5:
+                return None
+            return replace(tool_def, description=f"{tool_def.description} (customer {ctx.deps})")
+
+        @agent.tool(prepare=only_for_big_customers)
+        def discount(ctx: RunContext[int], percent: int) -> str:
+            """Give a discount."""
+            return f"{percent}% off"
+
+        @agent.tool_plain
+        def hello() -> str:
+            """Say hello."""
+            return "hi"
+
+        return agent
+
+    def model(seen: dict[str, Any]) -> FunctionModel:
+        def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            seen["tools"] = sorted((t.name, t.description) for t in info.function_tools)
+            return ModelResponse(parts=[TextPart("done")])
+
+        return FunctionModel(answer)
+
+    plain_seen: dict[str, Any] = {}
+    build(model(plain_seen), None).run_sync("go", deps=7)
+    durable_seen: dict[str, Any] = {}
+    agent = from_pydantic_ai(build(model(durable_seen), f"pai_prepare_{next(_names)}"), deps=make_deps)
+    assert threads.wait(threads.start(agent, "go").run_id, WAIT_S).status == "completed"
+    assert (
+        durable_seen["tools"]
+        == plain_seen["tools"]
+        == [("discount", "Give a discount. (customer 7)"), ("hello", "Say hello.")]
+    )
+
+    small_seen: dict[str, Any] = {}
+    small = from_pydantic_ai(build(model(small_seen), f"pai_prepare_{next(_names)}"), deps=make_small_deps)
+    assert threads.wait(threads.start(small, "go").run_id, WAIT_S).status == "completed"
+    assert small_seen["tools"] == [("hello", "Say hello.")]  # left out this turn
+
+
+def make_small_deps() -> int:
+    return 2
