@@ -92,6 +92,12 @@ class PayloadTooLarge(RuntimeFailure):
         return (type(self), (self.size, self.limit, self.what))
 
 
+class AgentCodeFailed(RuntimeFailure):
+    """Code of the agent's that runs with its model turn (an instruction, a tool's prepare function,
+    an output validator) raised: the run ends in error saying which, as it would in the agent's own
+    framework, instead of the turn being retried as if the provider had failed."""
+
+
 class RunTimeout(RuntimeFailure, TimeoutError):
     """The run did not finish in time."""
 

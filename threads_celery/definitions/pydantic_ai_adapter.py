@@ -67,7 +67,7 @@ from threads_celery.definitions.pydantic_ai_capabilities import carried_capabili
 from threads_celery.definitions.pydantic_ai_outputs import OutputTools
 from threads_celery.definitions.schema_tools import EffectChoice, SchemaTool, ToolArguments, schema_tool, stated_effect
 from threads_celery.definitions.tools import ToolArgumentsError, describe_validation_error
-from threads_celery.exceptions import ConfigError
+from threads_celery.exceptions import AgentCodeFailed, ConfigError
 from threads_celery.redaction import describe_exception, known_secrets
 
 DepsFactory = Callable[[], Any]
@@ -400,8 +400,15 @@ class _Prompt:
         return _joined([_await(v) if inspect.isawaitable(v) else v for v in self._values()])
 
     async def text_async(self) -> str:
-        """The prompt now, from a coroutine (an async part is awaited on the caller's loop)."""
-        return _joined([await v if inspect.isawaitable(v) else v for v in self._values()])
+        """The prompt now, from a coroutine (an async part is awaited on the caller's loop).
+
+        Raises AgentCodeFailed when a part raises."""
+        try:
+            return _joined([await v if inspect.isawaitable(v) else v for v in self._values()])
+        except Exception as exc:  # noqa: BLE001 - the agent's code: the run ends saying so
+            raise AgentCodeFailed(
+                f"an instruction function raised {describe_exception(exc, known_secrets())}"
+            ) from None
 
     def for_agent(self) -> str | Callable[[], str]:
         """As ``Agent(instructions=...)`` takes it: the text itself when every part is a string."""
@@ -536,6 +543,10 @@ class DurableModel(WrapperModel):
                     value = await self._output.finished(part.tool_name, part.args)
                 except (ValidationError, ValueError, ModelRetry):
                     return response
+                except Exception as exc:  # noqa: BLE001 - an output validator failed: the run ends saying so
+                    raise AgentCodeFailed(
+                        f"an output validator raised {describe_exception(exc, known_secrets())}"
+                    ) from None
                 return dataclasses.replace(response, parts=[TextPart(content=self._output.to_json(value))])
         return response
 
@@ -566,7 +577,12 @@ class DurableModel(WrapperModel):
             if pai_tool is None:
                 prepared.append(definition)
                 continue
-            shaped = await pai_tool.prepare_tool_def(self._context() if self._context is not None else None)
+            try:
+                shaped = await pai_tool.prepare_tool_def(self._context() if self._context is not None else None)
+            except Exception as exc:  # noqa: BLE001 - the agent's code: the run ends saying so
+                raise AgentCodeFailed(
+                    f"the prepare function of tool {definition.name!r} raised {describe_exception(exc, known_secrets())}"
+                ) from None
             if shaped is not None:
                 prepared.append(shaped)
         return prepared

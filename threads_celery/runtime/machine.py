@@ -41,6 +41,7 @@ from threads_celery.definitions.hooks import Stop
 from threads_celery.definitions.tools import Tool, ToolArgumentsError, ToolOutputError, render_result
 from threads_celery.definitions.variables import declared
 from threads_celery.exceptions import (
+    AgentCodeFailed,
     ConfigError,
     EffectUnknown,
     FenceLost,
@@ -198,6 +199,9 @@ class Runtime:
                     converted=history.model_history(),
                 )
             starts.finish()
+        except AgentCodeFailed as exc:  # not the provider: the agent's own code, which would fail again
+            self._finish(run, fence, "error", error=str(exc))
+            return "error: the agent's code failed"
         except Exception as exc:  # noqa: BLE001 - the provider failed: retry with backoff, then fail the run
             ended = provider_retry.provider_failed(self, run, fence, step, exc)
             return ended if ended is not None else provider_retry.step_failed(self, run, fence, step, attempt, exc)

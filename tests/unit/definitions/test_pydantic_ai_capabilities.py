@@ -176,3 +176,29 @@ def test_a_tools_prepare_function_shapes_it_on_each_turn(threads: Threads) -> No
 
 def make_small_deps() -> int:
     return 2
+
+
+def test_a_prepare_function_that_raises_ends_the_run_naming_it_without_retrying(threads: Threads) -> None:
+    asked: list[int] = []
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(1)
+        return ModelResponse(parts=[TextPart("done")])
+
+    source = PydanticAgent(FunctionModel(answer), name=f"pai_broken_prepare_{next(_names)}")
+
+    def broken(ctx: RunContext[None], tool_def: ToolDefinition) -> ToolDefinition | None:
+        raise KeyError("no such plan")
+
+    @source.tool(prepare=broken)
+    def upgrade(ctx: RunContext[None], plan: str) -> str:
+        """Upgrade the plan."""
+        return plan
+
+    run = threads.wait(threads.start(from_pydantic_ai(source), "go").run_id, WAIT_S)
+    assert (
+        run.status == "error"
+        and "prepare function of tool 'upgrade'" in (run.error or "")
+        and "KeyError" in (run.error or "")
+    )
+    assert asked == []  # the model was never asked, and the turn was not retried as a provider failure
