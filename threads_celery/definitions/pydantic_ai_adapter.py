@@ -211,7 +211,9 @@ def from_pydantic_ai(
     tools: list[SchemaTool] = []
     for tool_name, pai_tool in function_tools.items():
         effect, window, reconcile = stated_effect(owner, tool_name, stated.get(tool_name, "unguarded"), dedup_window_ms)
-        tools.append(_durable_tool(pai_tool, effect, window, reconcile, holder))
+        durable_tool = _durable_tool(pai_tool, effect, window, reconcile, holder)
+        limit = pai_tool.max_retries if pai_tool.max_retries is not None else agent._max_tool_retries
+        tools.append(dataclasses.replace(durable_tool, max_retries=limit))
     if output is not None:
         tools.extend(output.tools())
     if permissions is None:

@@ -78,6 +78,9 @@ class Tool:
     #: May destroy or overwrite what was there (an MCP tool's ``destructiveHint``): under
     #: ``accept_edits`` it asks first, whatever its effect.
     destructive: bool = False
+    #: How many model turns in a row may be asked to retry this tool (``ModelRetry``, invalid
+    #: arguments) before the run ends in error, as Pydantic AI's ``max_retries`` (None: no limit).
+    max_retries: int | None = None
 
     @property
     def is_async(self) -> bool:

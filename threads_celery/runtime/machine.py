@@ -80,7 +80,7 @@ from threads_celery.runtime.rate_limiter import rate_limiter_for
 from threads_celery.runtime.reconcile_lookup import run_lookup
 from threads_celery.runtime.streaming import ToolCallStarted, ToolCallStarts
 from threads_celery.runtime.usage_limits import totals_for_limits
-from threads_celery.runtime.variables import ThreadEnv
+from threads_celery.runtime.variables import ThreadEnv, redacted_for_thread
 from threads_celery.settings import Settings
 from threads_celery.store import Store
 from threads_celery.telemetry import metrics, tracing
@@ -294,7 +294,12 @@ class Runtime:
         try:
             parsed = tool.parse_arguments(call.args)
         except ToolArgumentsError as exc:  # the model is asked to fix them, as Pydantic AI asks
-            return self._commit_call(run, run.fence, call, tool, str(exc), is_error=True, kind="invalid")
+            fails_run = tool_faults.retries_exhausted(
+                tool, run.id, lambda: self.history.load(self.store, run.thread_id)
+            )
+            return self._commit_call(
+                run, run.fence, call, tool, str(exc), is_error=True, kind="invalid", fails_run=fails_run
+            )
         gated = hooks.gate_call(self, run, call, agent, tool, parsed)
         if isinstance(gated, str):
             return gated
@@ -379,6 +384,7 @@ class Runtime:
                 # elsewhere since, so an effect now could be the second one. Stop before acting.
                 log.warning("call %s: lease lapsed before the tool ran; not running it", call.effect_key)
                 raise FenceLost(run.id, fence)
+            retries_exhausted: str | None = None
             try:
                 with pauses.stop_if_paused(still_held):
                     value = (
@@ -396,6 +402,9 @@ class Runtime:
                 content, is_error, kind = tool_faults.message(exc, env.revealed), True, None
             except ModelRetry as exc:  # the tool asks the model to try again: a retry prompt
                 content, is_error, kind = tool_faults.message(exc, env.revealed), True, "retry"
+                retries_exhausted = tool_faults.retries_exhausted(
+                    tool, run.id, lambda: self.history.load(self.store, run.thread_id)
+                )
             except EffectUnknown as exc:
                 reason = tool_faults.message(exc, env.revealed)
                 if not read_only:  # it may have acted: as after a crash mid-call, a person decides
@@ -410,7 +419,7 @@ class Runtime:
                 content, is_error, kind = tool_faults.describe(exc, env.revealed), True, None
             if env.revealed:
                 content = redact_text(content, env.revealed)
-            fails_run = None
+            fails_run = retries_exhausted
             if env.undecryptable:
                 # Whatever the tool made of it: a worker whose key cannot open the thread's
                 # secrets must not let the model carry on as if the tool had them.
@@ -535,7 +544,7 @@ class Runtime:
 
     def _await_approval(self, run: Run, call: CallRow, reason: str, *, status: str = "awaiting_approval") -> None:
         """The run waits for a person (an approval, or a variable's value), holding no worker."""
-        reason = self._redacted_for_thread(run, reason)  # a hook's verdict may quote a secret
+        reason = redacted_for_thread(self.store, self.registry, run, reason)  # a hook's verdict may quote a secret
         wait_for_a_person(self.store, run, call, reason, status=status, now=self.clock())
 
     def _park(self, run: Run, call: CallRow, reason: str, *, fence: int | None = None) -> str:
@@ -545,20 +554,10 @@ class Runtime:
         of those may quote a secret of the thread: it is redacted of every secret the agent's
         variables hold on this thread before it is stored, logged or returned.
         """
-        reason = self._redacted_for_thread(run, reason)
+        reason = redacted_for_thread(self.store, self.registry, run, reason)
         wait_for_a_person(self.store, run, call, reason, status="parked", now=self.clock(), fence=fence)
         log.warning("run %s parked at call %s (%s): %s", run.id, call.effect_key, call.tool, reason)
         return reason
-
-    def _redacted_for_thread(self, run: Run, text: str) -> str:
-        agent = self.registry.get(run.agent) if run.agent in self.registry else None
-        if agent is None:
-            return text
-        env = ThreadEnv(
-            self.store, self.registry, run.thread_id, agent.declared_variables(), owner=f"agent {agent.name!r}"
-        )
-        secrets = env.secret_values()
-        return redact_text(text, secrets) if secrets else text
 
     def _extend_call_lease(
         self, run_id: str, effect_key: str, fence: int, read_only: bool, agent_tool_run_id: str | None = None

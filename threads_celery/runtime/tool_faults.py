@@ -16,14 +16,20 @@ as before; its hard limit kills the process, which nothing here can see.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from billiard.exceptions import Terminated, WorkerLostError
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 
+from threads_celery.decisions.retry import model_retries
 from threads_celery.exceptions import FenceLost, RetryLater
 from threads_celery.redaction import describe_exception, known_secrets, redact_text
 from threads_celery.runtime.pauses import PausedPastLease
+
+if TYPE_CHECKING:
+    from threads_celery.definitions.tools import Tool
+    from threads_celery.runtime.history import ThreadHistory
 
 # The runtime's and the worker's own control flow: never turned into a tool's error.
 CONTROL = (PausedPastLease, FenceLost, RetryLater, WorkerShutdown, WorkerTerminate, Terminated, WorkerLostError)
@@ -85,6 +91,17 @@ def survives_pickling(exc: BaseException) -> bool:
         if is_control(failed):
             raise
         return False
+
+
+def retries_exhausted(tool: Tool, run_id: str, history: Callable[[], ThreadHistory]) -> str | None:
+    """Why the run ends, when ``tool`` was asked to retry as many model turns in a row as its
+    ``max_retries`` allows and fails again (Pydantic AI's limit); None while it may retry. The
+    thread's history is read only for a tool with a limit."""
+    if tool.max_retries is None:
+        return None
+    if model_retries(history().messages, run_id, tool.name) < tool.max_retries:
+        return None
+    return f"tool {tool.name!r} exceeded max retries count of {tool.max_retries}"
 
 
 def picklable(exc: BaseException) -> ToolCodeFailed:

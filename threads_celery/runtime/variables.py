@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 
 from threads_celery.definitions.variables import SecretBox, Variable, VariableError, resolve
 from threads_celery.exceptions import SecretUndecryptable
+from threads_celery.redaction import redact_text
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import AgentRegistry
+    from threads_celery.records import Run
     from threads_celery.store import Store, Tx
 
 
@@ -96,3 +98,14 @@ class ThreadEnv:
         with self.store.read() as tx:
             chain = self._chain(tx)
         return [name for name in required if resolve(name, chain) is None]
+
+
+def redacted_for_thread(store: Store, registry: AgentRegistry, run: Run, text: str) -> str:
+    """``text`` redacted of every secret the run's agent's variables hold on its thread (a park or
+    approval reason may quote one the tool or lookup read by other means)."""
+    agent = registry.get(run.agent) if run.agent in registry else None
+    if agent is None:
+        return text
+    env = ThreadEnv(store, registry, run.thread_id, agent.declared_variables(), owner=f"agent {agent.name!r}")
+    secrets = env.secret_values()
+    return redact_text(text, secrets) if secrets else text

@@ -117,3 +117,33 @@ def test_a_testmodel_run_sees_the_returned_objects_as_plain_pydantic_ai_does(thr
     expected = build(None).run_sync("go").output
     assert run_durable(threads, build(f"pai_objects_{next(_names)}")) == expected
     assert '{"lat":51.5' in expected.replace(" ", "")  # the object, not its JSON text escaped again
+
+
+def test_a_tool_retried_past_its_limit_ends_the_run_as_in_pydantic_ai(threads: Threads) -> None:
+    def build(model: FunctionModel, name: str | None) -> PydanticAgent[None, str]:
+        agent = PydanticAgent(model, name=name, retries=2)
+
+        @agent.tool_plain
+        def stubborn(word: str) -> str:
+            """Never happy."""
+            raise ModelRetry(f"not {word!r}")
+
+        return agent
+
+    def always_calls(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart("stubborn", {"word": "again"})])
+
+    try:
+        build(FunctionModel(always_calls), None).run_sync("go")
+        raise AssertionError("plain Pydantic AI should have stopped the run")
+    except Exception as exc:  # noqa: BLE001 - pydantic_ai's UnexpectedModelBehavior
+        plain_error = str(exc)
+    agent = from_pydantic_ai(
+        build(FunctionModel(always_calls), f"pai_limit_{next(_names)}"), permissions=Permissions.allow_all()
+    )
+    handle = threads.start(agent, "go")
+    run = threads.wait(handle.run_id, WAIT_S)
+    assert plain_error.startswith("Tool 'stubborn' exceeded max retries count of 2")
+    assert run.status == "error" and run.error is not None and "exceeded max retries count of 2" in run.error
+    tries = [m.tool_result for m in threads.messages(handle.thread_id) if m.tool_result is not None]
+    assert len(tries) == 3  # two retries allowed, the third failure ends it (as many calls as Pydantic AI makes)
