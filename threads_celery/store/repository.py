@@ -103,9 +103,10 @@ class Tx(CallQueries, OutboxQueries, MessageQueries, AgentToolQueries, UsageQuer
 
     def upsert_agent(self, name: str, config_hash: str, description: dict[str, Any], now: datetime) -> None:
         row = self.conn.execute(select(agents.c.config_hash, agents.c.description).where(agents.c.name == name)).first()
-        if row is None:
+        if row is None:  # another process may insert it meanwhile: then this definition is written over it
             self.conn.execute(
-                insert(agents).values(name=name, config_hash=config_hash, description=description, updated_at=now)
+                statements.insert_agent(self.dialect),
+                {"b_name": name, "b_config_hash": config_hash, "b_description": description, "b_updated_at": now},
             )
         elif row.config_hash != config_hash or row.description != description:
             # The description also holds what the hash leaves out on purpose (the agent's queue).

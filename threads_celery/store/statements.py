@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.dml import Insert, Update
 
-from threads_celery.store.schema import UTCDateTime, events, messages, outbox, runs, threads, tool_calls
+from threads_celery.store.schema import UTCDateTime, agents, events, messages, outbox, runs, threads, tool_calls
 
 _next = tool_calls.alias("nxt")
 
@@ -124,6 +124,19 @@ def insert_outbox(dialect: str) -> Insert:
         _INSERT_OUTBOX[dialect] = statement
     return statement
 
+
+def insert_agent(dialect: str) -> Insert:
+    """An agent's row, or its definition written over the row that a process starting at the same
+    time inserted first (a worker, Beat and the API start together)."""
+    values = {name: bindparam(f"b_{name}", type_=agents.c[name].type) for name in _AGENT_COLUMNS}
+    statement = (pg_insert if dialect == "postgresql" else sqlite_insert)(agents).values(**values)
+    return statement.on_conflict_do_update(
+        index_elements=["name"],
+        set_={name: statement.excluded[name] for name in _AGENT_COLUMNS if name != "name"},
+    )
+
+
+_AGENT_COLUMNS = ("name", "config_hash", "description", "updated_at")
 
 CLAIM_RUN = (
     update(runs)
