@@ -168,6 +168,20 @@ def decide_provider_retry(
     return RetryDecision(min(delay, remaining))
 
 
+def failed_outputs(messages: Sequence[Message], run_id: str, output_tools: frozenset[str]) -> int:
+    """How many outputs of run ``run_id`` failed (a call of an output tool that did not validate,
+    or that an output validator answered with ``ModelRetry``), as Pydantic AI counts output
+    retries: over the whole run and every output tool. Pure."""
+    return sum(
+        1
+        for m in messages
+        if m.run_id == run_id
+        and m.tool_result is not None
+        and m.tool_result.name in output_tools
+        and m.tool_result.kind in ("retry", "invalid")
+    )
+
+
 def model_retries(messages: Sequence[Message], run_id: str, tool: str) -> int:
     """How many model turns in a row of run ``run_id`` the model was asked to retry ``tool``, as
     Pydantic AI counts ``ctx.retry``. Pure.

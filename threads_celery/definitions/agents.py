@@ -133,6 +133,8 @@ class Agent:
         #: What the model sees: the agent's tools plus the injected subagent lifecycle tools.
         self.runtime_tools: tuple[Tool, ...] = (*self.tools, *lifecycle_tools(list(self.subagents)))
         self._tools_by_name = {t.name: t for t in self.runtime_tools}
+        #: The tools whose call is the run's output (Pydantic AI's output tools), counted together.
+        self.output_tool_names = frozenset(t.name for t in self.runtime_tools if t.output_retries is not None)
 
     def _validate(self) -> None:
         if not isinstance(self.name, str) or not AGENT_NAME.match(self.name):

@@ -215,7 +215,8 @@ def from_pydantic_ai(
         limit = pai_tool.max_retries if pai_tool.max_retries is not None else agent._max_tool_retries
         tools.append(dataclasses.replace(durable_tool, max_retries=limit))
     if output is not None:
-        tools.extend(output.tools())
+        limit = agent._max_output_retries
+        tools.extend(dataclasses.replace(t, output_retries=limit) for t in output.tools())
     if permissions is None:
         needs_approval = [n for n, t in function_tools.items() if getattr(t, "requires_approval", False)]
         permissions = Permissions(ask=needs_approval)

@@ -81,6 +81,9 @@ class Tool:
     #: How many model turns in a row may be asked to retry this tool (``ModelRetry``, invalid
     #: arguments) before the run ends in error, as Pydantic AI's ``max_retries`` (None: no limit).
     max_retries: int | None = None
+    #: Set on an output tool (``from_pydantic_ai``): how many failed outputs a run may send in all,
+    #: over every output tool, before it ends in error (Pydantic AI's output retries).
+    output_retries: int | None = None
 
     @property
     def is_async(self) -> bool:

@@ -295,7 +295,7 @@ class Runtime:
             parsed = tool.parse_arguments(call.args)
         except ToolArgumentsError as exc:  # the model is asked to fix them, as Pydantic AI asks
             fails_run = tool_faults.retries_exhausted(
-                tool, run.id, lambda: self.history.load(self.store, run.thread_id)
+                tool, run.id, lambda: self.history.load(self.store, run.thread_id), agent.output_tool_names
             )
             return self._commit_call(
                 run, run.fence, call, tool, str(exc), is_error=True, kind="invalid", fails_run=fails_run
@@ -403,7 +403,7 @@ class Runtime:
             except ModelRetry as exc:  # the tool asks the model to try again: a retry prompt
                 content, is_error, kind = tool_faults.message(exc, env.revealed), True, "retry"
                 retries_exhausted = tool_faults.retries_exhausted(
-                    tool, run.id, lambda: self.history.load(self.store, run.thread_id)
+                    tool, run.id, lambda: self.history.load(self.store, run.thread_id), agent.output_tool_names
                 )
             except EffectUnknown as exc:
                 reason = tool_faults.message(exc, env.revealed)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from billiard.exceptions import Terminated, WorkerLostError
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 
-from threads_celery.decisions.retry import model_retries
+from threads_celery.decisions.retry import failed_outputs, model_retries
 from threads_celery.exceptions import FenceLost, RetryLater
 from threads_celery.redaction import describe_exception, known_secrets, redact_text
 from threads_celery.runtime.pauses import PausedPastLease
@@ -93,10 +93,17 @@ def survives_pickling(exc: BaseException) -> bool:
         return False
 
 
-def retries_exhausted(tool: Tool, run_id: str, history: Callable[[], ThreadHistory]) -> str | None:
+def retries_exhausted(
+    tool: Tool, run_id: str, history: Callable[[], ThreadHistory], output_tools: frozenset[str] = frozenset()
+) -> str | None:
     """Why the run ends, when ``tool`` was asked to retry as many model turns in a row as its
-    ``max_retries`` allows and fails again (Pydantic AI's limit); None while it may retry. The
-    thread's history is read only for a tool with a limit."""
+    ``max_retries`` allows and fails again, or an output tool fails once more than the run's
+    ``output_retries`` allow (Pydantic AI's limits); None while it may retry. The thread's history
+    is read only for a tool with a limit."""
+    if tool.output_retries is not None:
+        if failed_outputs(history().messages, run_id, output_tools) + 1 <= tool.output_retries:
+            return None
+        return f"Exceeded maximum output retries ({tool.output_retries})"
     if tool.max_retries is None:
         return None
     if model_retries(history().messages, run_id, tool.name) < tool.max_retries:
