@@ -435,6 +435,12 @@ def _json_schema_validator(
         raise ConfigError(
             f"MCP server {server!r}: tool {tool_name!r} has an invalid input schema: {exc.message}"
         ) from None
+    cycle = _reference_cycle(schema)
+    if cycle:
+        raise ConfigError(
+            f"MCP server {server!r}: tool {tool_name!r} has a recursive input schema ({' -> '.join(cycle)}), "
+            "which a model cannot be given; leave the tool out with include=[...]"
+        )
     validator = cls(schema)
 
     def validate(values: dict[str, Any]) -> dict[str, Any]:
@@ -452,6 +458,49 @@ def _json_schema_validator(
         return values
 
     return validate
+
+
+def _reference_cycle(schema: dict[str, Any]) -> list[str]:
+    """A chain of local ``$ref`` that comes back to where it started (``#`` is the whole schema),
+    or [] for a schema without one."""
+    definitions: dict[str, Any] = {"#": schema}
+    for key in ("$defs", "definitions"):
+        for name, value in (schema.get(key) or {}).items():
+            definitions[f"#/{key}/{name}"] = value
+
+    def references(node: Any) -> set[str]:
+        found: set[str] = set()
+        pending = [node]
+        while pending:
+            current = pending.pop()
+            if isinstance(current, dict):
+                ref = current.get("$ref")
+                if isinstance(ref, str) and ref in definitions:
+                    found.add(ref)
+                pending.extend(v for k, v in current.items() if k not in ("$defs", "definitions"))
+            elif isinstance(current, list):
+                pending.extend(current)
+        return found
+
+    edges = {name: references(value) for name, value in definitions.items()}
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def walk(name: str) -> list[str]:
+        if name in visiting:
+            return [*visiting[visiting.index(name) :], name]
+        if name in done:
+            return []
+        visiting.append(name)
+        for target in sorted(edges.get(name, ())):
+            cycle = walk(target)
+            if cycle:
+                return cycle
+        visiting.pop()
+        done.add(name)
+        return []
+
+    return walk("#")
 
 
 def _http_client_with_headers(

@@ -110,3 +110,21 @@ def test_a_servers_default_name_shows_no_credentials_from_its_url() -> None:
     server = MCPServer(url="https://user:s3cret@mcp.example.com:8443/mcp?token=abc")
     assert server.name == "https://mcp.example.com:8443/mcp"
     assert "s3cret" not in repr(server) and "abc" not in repr(server)
+
+
+def test_a_tool_with_a_recursive_input_schema_is_a_config_error_naming_it() -> None:
+    from threads_celery.definitions.mcp_servers import _json_schema_validator
+
+    tree = {
+        "type": "object",
+        "properties": {"root": {"$ref": "#/$defs/Node"}},
+        "$defs": {
+            "Node": {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}
+        },
+    }
+    with pytest.raises(
+        ConfigError, match=r"'files'.*'make_tree' has a recursive input schema \(#/\$defs/Node -> #/\$defs/Node\)"
+    ):
+        _json_schema_validator("files", "make_tree", tree)
+    flat = {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"type": "string"}}}
+    assert _json_schema_validator("files", "flat", flat)({"a": "x"}) == {"a": "x"}
