@@ -38,32 +38,20 @@ import importlib
 import inspect
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 from pydantic_ai import Agent as PydanticAgent
-from pydantic_ai import ModelRetry, RunContext
-from pydantic_ai.messages import InstructionPart, ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart
-from pydantic_ai.models import (
-    CompletedStreamedResponse,
-    Model,
-    ModelRequestParameters,
-    StreamedResponse,
-)
-from pydantic_ai.models.function import FunctionModel
-from pydantic_ai.models.wrapper import WrapperModel
-from pydantic_ai.settings import ModelSettings
-from pydantic_ai.tools import ToolDefinition
+from pydantic_ai import RunContext
 from pydantic_ai.usage import RunUsage
 
 from threads_celery.decisions.effects import Reconcile
 from threads_celery.decisions.permissions import Permissions
 from threads_celery.definitions.agents import Agent
 from threads_celery.definitions.mcp_servers import MCPServer
-from threads_celery.definitions.model_strings import resolve_model
 from threads_celery.definitions.pydantic_ai_capabilities import carried_capabilities
+from threads_celery.definitions.pydantic_ai_model import DurableModel
 from threads_celery.definitions.pydantic_ai_outputs import OutputTools
 from threads_celery.definitions.schema_tools import EffectChoice, SchemaTool, ToolArguments, schema_tool, stated_effect
 from threads_celery.definitions.tools import ToolArgumentsError, describe_validation_error
@@ -450,175 +438,6 @@ def _await(awaitable: Any) -> Any:
         return loop.run_until_complete(wrapped())
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, wrapped()).result()
-
-
-# -- the model ------------------------------------------------------------------------------------
-
-
-class DurableModel(WrapperModel):
-    """The agent's model with its model settings, and its output type offered as an output tool.
-
-    The wrapped model is resolved on first use, so building the agent (in a web app, say) needs
-    no provider credentials.
-    """
-
-    def __init__(
-        self,
-        model: Any,
-        *,
-        settings: dict[str, Any],
-        output: OutputTools | None,
-        instructions: _Prompt | None = None,
-        prepared: Mapping[str, Any] | None = None,
-        context: Callable[[], Any] | None = None,
-    ) -> None:
-        Model.__init__(self)
-        self._spec = model
-        self._agent_settings = settings
-        self._output = output
-        self._instructions = instructions
-        #: Tools with a ``prepare`` function (pydantic_ai Tool), by name: asked on each model turn.
-        self._prepared = dict(prepared or {})
-        self._context = context
-        self._inner: Model | None = None
-        self._lock = threading.Lock()
-
-    # WrapperModel declares ``wrapped`` a field; here it is resolved lazily (a model string needs
-    # credentials only when a request is made), so a read-only property stands in for it.
-    @property
-    def wrapped(self) -> Model:  # type: ignore[override]
-        return self.inner
-
-    def __repr__(self) -> str:
-        # Never resolve the model to show it: a missing key must not turn a message into an error.
-        return repr(self._spec) if isinstance(self._spec, str) else f"DurableModel({self._spec!r})"
-
-    @property
-    def unresolved_spec(self) -> str | None:
-        """The model string not resolved yet (None once resolved, or for a model object)."""
-        return self._spec if isinstance(self._spec, str) and self._inner is None else None
-
-    @property
-    def inner(self) -> Model:
-        """The wrapped pydantic-ai model (resolved from a model string on first use)."""
-        with self._lock:
-            if self._inner is None:
-                self._inner = resolve_model(self._spec)
-            return self._inner
-
-    @property
-    def model_name(self) -> str:
-        if isinstance(self._spec, str):
-            return self._spec.partition(":")[2] or self._spec
-        return str(self.inner.model_name)
-
-    @property
-    def system(self) -> str:
-        if isinstance(self._spec, str):
-            return self._spec.partition(":")[0]
-        return str(self.inner.system)
-
-    def _merged_settings(self, model_settings: ModelSettings | None) -> ModelSettings | None:
-        merged: dict[str, Any] = {**self._agent_settings, **dict(model_settings or {})}
-        # The agent's settings are the user's plain dict: its keys are pydantic-ai's to check.
-        return ModelSettings(**merged) if merged else None  # type: ignore[typeddict-item]
-
-    def _parameters(self, params: ModelRequestParameters) -> ModelRequestParameters:
-        if self._output is None:
-            return params
-        names = self._output.processors
-        return dataclasses.replace(
-            params,
-            function_tools=[t for t in params.function_tools if t.name not in names],
-            output_tools=list(self._output.definitions),
-            output_mode="tool",
-            allow_text_output=False,
-        )
-
-    async def _finalise(self, response: ModelResponse) -> ModelResponse:
-        """A valid output call becomes the answer's text (the run's output); one that fails its
-        type or an output validator is left as a call of the output tool, which tells the model why."""
-        if self._output is None:
-            return response
-        for part in response.parts:
-            if isinstance(part, ToolCallPart) and part.tool_name in self._output.processors:
-                try:
-                    value = await self._output.finished(part.tool_name, part.args)
-                except (ValidationError, ValueError, ModelRetry):
-                    return response
-                except Exception as exc:  # noqa: BLE001 - an output validator failed: the run ends saying so
-                    raise AgentCodeFailed(
-                        f"an output validator raised {describe_exception(exc, known_secrets())}"
-                    ) from None
-                return dataclasses.replace(response, parts=[TextPart(content=self._output.to_json(value))])
-        return response
-
-    def _streams(self) -> bool:
-        inner = self.inner
-        return not (isinstance(inner, FunctionModel) and inner.stream_function is None)
-
-    async def _with_instructions(
-        self, messages: list[ModelMessage], params: ModelRequestParameters
-    ) -> tuple[list[ModelMessage], ModelRequestParameters]:
-        """The agent's instructions on the request, as Pydantic AI sends them: on the last request
-        and as the request's instruction parts."""
-        if self._prepared:
-            params = dataclasses.replace(params, function_tools=await self._prepare_tools(params.function_tools))
-        text = await self._instructions.text_async() if self._instructions is not None else ""
-        if not text:
-            return messages, params
-        if messages and isinstance(messages[-1], ModelRequest):
-            messages = [*messages[:-1], dataclasses.replace(messages[-1], instructions=text)]
-        return messages, dataclasses.replace(params, instruction_parts=[InstructionPart(content=text)])
-
-    async def _prepare_tools(self, definitions: Sequence[ToolDefinition]) -> list[ToolDefinition]:
-        """Each tool with a ``prepare`` function as that function shapes it for this turn (or left
-        out when it returns None), as Pydantic AI asks it on every step."""
-        prepared: list[ToolDefinition] = []
-        for definition in definitions:
-            pai_tool = self._prepared.get(definition.name)
-            if pai_tool is None:
-                prepared.append(definition)
-                continue
-            try:
-                shaped = await pai_tool.prepare_tool_def(self._context() if self._context is not None else None)
-            except Exception as exc:  # noqa: BLE001 - the agent's code: the run ends saying so
-                raise AgentCodeFailed(
-                    f"the prepare function of tool {definition.name!r} raised {describe_exception(exc, known_secrets())}"
-                ) from None
-            if shaped is not None:
-                prepared.append(shaped)
-        return prepared
-
-    async def request(
-        self,
-        messages: list[ModelMessage],
-        model_settings: ModelSettings | None,
-        model_request_parameters: ModelRequestParameters,
-    ) -> ModelResponse:
-        messages, model_request_parameters = await self._with_instructions(messages, model_request_parameters)
-        params = self._parameters(model_request_parameters)
-        return await self._finalise(await self.inner.request(messages, self._merged_settings(model_settings), params))
-
-    @asynccontextmanager
-    async def request_stream(
-        self,
-        messages: list[ModelMessage],
-        model_settings: ModelSettings | None,
-        model_request_parameters: ModelRequestParameters,
-        run_context: RunContext[Any] | None = None,
-    ) -> AsyncIterator[StreamedResponse]:
-        messages, model_request_parameters = await self._with_instructions(messages, model_request_parameters)
-        params = self._parameters(model_request_parameters)
-        settings = self._merged_settings(model_settings)
-        if self._output is None and self._streams():
-            async with self.inner.request_stream(messages, settings, params, run_context) as stream:
-                yield stream
-            return
-        # Whether the output call is valid is only known once the answer is complete (and a
-        # FunctionModel without a stream function answers whole): take the answer whole.
-        response = await self._finalise(await self.inner.request(messages, settings, params))
-        yield CompletedStreamedResponse(response, model_request_parameters=params, replay_events=True)
 
 
 __all__ = ["PydanticAIAgent", "factory_reference", "from_pydantic_ai", "resolve_factory"]
