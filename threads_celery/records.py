@@ -83,7 +83,8 @@ class ToolResult:
     """What the model sees for one call: ``content`` is text, ``is_error`` marks a failure.
 
     ``kind`` says what the text stands for: ``"json"``, a value the tool returned (not a string),
-    rendered as JSON, which the model is given back as that value; ``"retry"``, the tool asked
+    rendered as JSON (an agent adapted from Pydantic AI gives its model the value itself, as
+    Pydantic AI does; others the JSON text); ``"retry"``, the tool asked
     the model to try again (Pydantic AI's ``ModelRetry``); ``"invalid"``, the arguments did not
     validate. Both are shown to the model as Pydantic AI shows a retried call.
     """

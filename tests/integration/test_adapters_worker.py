@@ -82,7 +82,9 @@ def test_instructions_and_settings_carry_over_on_the_worker(client: Any) -> None
     run = client.wait(client.start("pai_reporter", "Look up alpha").run_id, WAIT_S)
     assert run.status == "completed", run.error
     seen = json.loads(run.output)
-    assert "Report temperatures in C." in "\n".join(seen["system"])
+    # Built from the worker's dependencies, and sent as the request's instructions (as Pydantic AI does).
+    assert seen["system"] == ["You are a careful assistant."]
+    assert "Report temperatures in C." in seen["instructions"]
     assert seen["settings"] == {"temperature": 0.25, "max_tokens": 321}
 
 

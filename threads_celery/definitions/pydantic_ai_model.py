@@ -9,6 +9,7 @@ the run's output.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -16,7 +17,15 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 from pydantic_ai import ModelRetry, RunContext
-from pydantic_ai.messages import InstructionPart, ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.messages import (
+    InstructionPart,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
 from pydantic_ai.models import (
     CompletedStreamedResponse,
     Model,
@@ -30,8 +39,35 @@ from pydantic_ai.tools import ToolDefinition
 
 from threads_celery.definitions.model_strings import resolve_model
 from threads_celery.definitions.pydantic_ai_outputs import OutputTools
+from threads_celery.definitions.tools import RETURNED_JSON
 from threads_celery.exceptions import AgentCodeFailed
 from threads_celery.redaction import describe_exception, known_secrets
+
+
+def returned_values(messages: list[Any]) -> list[Any]:
+    """``messages`` with each tool result that stands for a value the tool returned (not a string)
+    given as that value, as Pydantic AI gives it to a model; the parts are copied, not changed."""
+    out: list[Any] = []
+    for message in messages:
+        if isinstance(message, ModelRequest) and any(
+            isinstance(p, ToolReturnPart) and p.metadata == RETURNED_JSON for p in message.parts
+        ):
+            parts = [
+                dataclasses.replace(p, content=_decoded(p.content), metadata=None)
+                if isinstance(p, ToolReturnPart) and p.metadata == RETURNED_JSON
+                else p
+                for p in message.parts
+            ]
+            message = dataclasses.replace(message, parts=parts)
+        out.append(message)
+    return out
+
+
+def _decoded(content: Any) -> Any:
+    try:
+        return json.loads(content) if isinstance(content, str) else content
+    except ValueError:
+        return content
 
 
 class PromptText(Protocol):
@@ -149,6 +185,7 @@ class DurableModel(WrapperModel):
         and as the request's instruction parts."""
         if self._prepared:
             params = dataclasses.replace(params, function_tools=await self._prepare_tools(params.function_tools))
+        messages = returned_values(messages)  # tools' values as returned, not as JSON text
         text = await self._instructions.text_async() if self._instructions is not None else ""
         if not text:
             return messages, params

@@ -296,6 +296,10 @@ def render_result(value: Any) -> str:
     return pydantic_core.to_json(storable(value)).decode()
 
 
+#: The metadata of a tool return part whose text is the JSON of the value the tool returned.
+RETURNED_JSON = {"threads_celery": "returned_json"}
+
+
 def shorten_for_model(content: str, max_bytes: int) -> str | None:
     """``content`` cut to ``max_bytes`` of UTF-8 with a note saying so; None when it fits."""
     encoded = content.encode("utf-8", errors="surrogatepass")

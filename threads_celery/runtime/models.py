@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from threads_celery.definitions.model_strings import resolve_model
-from threads_celery.definitions.tools import Tool
+from threads_celery.definitions.tools import RETURNED_JSON, Tool
 from threads_celery.records import Message
 
 _loops = threading.local()
@@ -188,21 +188,16 @@ class ModelHistory:
                 self._pending.append(
                     ToolReturnPart(
                         tool_name=result.name,
-                        content=_returned(result.content) if result.kind == "json" else result.content,
+                        content=result.content,
                         tool_call_id=result.call_id,
                         outcome="failed" if result.is_error else "success",
+                        # A value the tool returned, rendered as JSON: an agent that gives models
+                        # the value itself, as Pydantic AI does, reads it back (see returned_values).
+                        metadata=RETURNED_JSON if result.kind == "json" else None,
                     )
                 )
             else:
                 self._pending.append(UserPromptPart(content=message.text))
-
-
-def _returned(content: str) -> Any:
-    """The value a tool returned, from its JSON text (the text itself if it is not JSON)."""
-    try:
-        return json.loads(content)
-    except ValueError:
-        return content
 
 
 def tool_definitions(tools: Sequence[Tool]) -> list[Any]:

@@ -320,13 +320,13 @@ class SeenByModel:
 
     def __init__(self, answer: str) -> None:
         self.answer = answer
-        self.results: list[Any] = []
+        self.results: list[str] = []
 
     def __call__(self, messages: list[Any]) -> str:
         from pydantic_ai.messages import ModelRequest, ToolReturnPart
 
         self.results = [
-            part.content
+            str(part.content)
             for message in messages
             if isinstance(message, ModelRequest)
             for part in message.parts
@@ -355,8 +355,8 @@ def test_a_tool_runs_code_and_the_result_reaches_the_model(threads: Threads) -> 
     assert run.status == "completed"
     assert run.output == "It printed 42."
     assert len(seen.results) == 1
-    shown = seen.results[0]  # the object the tool returned, as Pydantic AI hands it to a model
-    assert isinstance(shown, dict) and shown["ok"] is True
+    shown = json.loads(seen.results[0])
+    assert shown["ok"] is True
     assert shown["stdout"] == "42\n"
     result = threads.messages(handle.thread_id)[2].tool_result
     assert result is not None and result.is_error is False
