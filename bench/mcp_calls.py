@@ -68,25 +68,20 @@ def durable_per_call_ms(server: MCPServer, n: int) -> float:
     from threads_celery import Agent, Permissions, Threads
     from threads_celery.testing import ScriptedModel, calls, say
 
+    def one_reply_of_n_calls() -> Agent:  # a new agent each time: its script is used up by one run
+        return Agent(
+            f"mcp_bench_{time.monotonic_ns()}",
+            "Look it up.",
+            ScriptedModel([calls(*[("lookup_city", ARGS)] * n), say("done")]),
+            mcp_servers=[server],
+            permissions=Permissions.allow_all(),
+        )
+
     with Threads.embedded() as threads:
-        agent = Agent(
-            f"mcp_bench_{time.monotonic_ns()}",
-            "Look it up.",
-            ScriptedModel([calls(*[("lookup_city", ARGS)] * n), say("done")]),
-            mcp_servers=[server],
-            permissions=Permissions.allow_all(),
-        )
-        warm = threads.start(agent, "warm up")
+        warm = threads.start(one_reply_of_n_calls(), "warm up")
         threads.wait(warm.run_id, 300)
-        agent = Agent(
-            f"mcp_bench_{time.monotonic_ns()}",
-            "Look it up.",
-            ScriptedModel([calls(*[("lookup_city", ARGS)] * n), say("done")]),
-            mcp_servers=[server],
-            permissions=Permissions.allow_all(),
-        )
         started = time.perf_counter()
-        handle = threads.start(agent, "go")
+        handle = threads.start(one_reply_of_n_calls(), "go")
         run = threads.wait(handle.run_id, 600)
         elapsed = time.perf_counter() - started
         if run.status != "completed":
