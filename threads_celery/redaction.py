@@ -312,12 +312,6 @@ _remembered: dict[str, None] = {}
 REMEMBER_AT_MOST = 256
 
 
-def active_secrets() -> list[str]:
-    """The secrets revealed to tool calls running in this process right now."""
-    with _lock:
-        return [s for revealed in _active.values() for s in revealed]
-
-
 def known_secrets() -> list[str]:
     """Every secret this process must keep out of what it writes: those of the calls running
     now and the :data:`REMEMBER_AT_MOST` most recently revealed to calls that have ended.
