@@ -522,7 +522,14 @@ def test_malformed_or_mistyped_bodies_are_422_without_echoing_the_input(client: 
 def test_readyz_says_which_service_is_down(
     client: TestClient, threads: Threads, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert client.get("/readyz").json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok"}}
+    assert client.get("/readyz").json() == {
+        "status": "ok",
+        "checks": {"database": "ok", "broker": "ok"},
+        "workers": ["in-process"],  # the embedded worker, started with the first run
+    }
+    one = client.get("/readyz", params={"worker": 1}).json()
+    assert one["checks"]["workers"] == "ok" and one["workers"] == ["in-process"]
+    assert client.get("/readyz", params={"worker": 2}).status_code == 503
 
     def broker_down(*_: Any, **__: Any) -> None:
         raise BrokerUnavailable("cannot reach the broker at redis://:hunter2@10.0.0.9:6379/0")
@@ -602,7 +609,11 @@ def test_the_api_command_serves_the_api(tmp_path: Path) -> None:
     port = free_port()
     env = _cli_env(THREADS_API_TOKENS="cli-token", THREADS_AGENTS="examples.demo")
     proc = ManagedProcess(
-        "api", [THREADS_CELERY, "api", "--port", str(port)], env=env, log_path=tmp_path / "api.log", cwd=tmp_path
+        "api",
+        [THREADS_CELERY, "api", "--embedded", "--port", str(port)],
+        env=env,
+        log_path=tmp_path / "api.log",
+        cwd=tmp_path,
     )
     proc.start()
     base = f"http://127.0.0.1:{port}"
@@ -665,6 +676,14 @@ def test_no_request_the_schema_allows_or_forbids_is_a_server_error(client: TestC
         def no_server_error(case: Any) -> None:
             # Called right below, within this iteration: the loop variable is the current one.
             calls[operation.label] = calls.get(operation.label, 0) + 1  # noqa: B023
+            if case.path == "/readyz":
+                # Not ready is a 503 by design (more workers asked for than there are): only that.
+                response = case.call(headers=AUTH)
+                if response.status_code == 503:
+                    assert response.json()["error"]["type"] == "not_ready", response.text
+                else:
+                    assert response.status_code < 500, response.text
+                return
             case.call_and_validate(headers=AUTH, checks=[not_a_server_error])
 
         try:

@@ -13,7 +13,8 @@ anonymous principal of the ``default`` tenant): a caller sees and acts on its te
 runs and calls only, another tenant's ids answer as unused ones (404 where an id must exist), ids
 a caller chooses are its tenant's own (two tenants may both use ``order-1``), and decisions are recorded under the
 token's principal (see :mod:`threads_celery.api.tenancy`).
-``/healthz`` (the process is up) and ``/readyz`` (the database and the broker answer) are open.
+``/healthz`` (the process is up) and ``/readyz`` (the database and the broker answer; the workers
+that answer a ping are listed, and ``?worker=N`` waits for ``N``) are open.
 
 Errors always have the shape ``{"error": {"type": ..., "message": ...}}``: 401 unauthenticated,
 404 unknown agent, run, thread or call, 409 a call not in the state the action needs (or a thread
@@ -64,7 +65,6 @@ from threads_celery.api.bodies import (
     Decision,
     Deny,
     ErrorOut,
-    Health,
     MessageOut,
     PendingCallOut,
     Resolve,
@@ -82,6 +82,7 @@ from threads_celery.api.events import (
     last_event_seq,
     parse_cursor,
 )
+from threads_celery.api.readiness import install_health
 from threads_celery.api.tenancy import (
     Caller,
     callers_from_tokens,
@@ -150,7 +151,7 @@ def create_api(
     app.state.threads = threads
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     install_error_handlers(app)
-    _install_health(app, threads)
+    install_health(app, threads)
     caller_of = bearer_auth(callers) if auth else unauthenticated
     # At the router too, so that no route can forget it; FastAPI runs it once per request.
     app.include_router(
@@ -158,33 +159,6 @@ def create_api(
         dependencies=[Depends(caller_of)],
     )
     return app
-
-
-def _install_health(app: FastAPI, threads: Threads) -> None:
-    @app.get("/healthz", response_model=Health, tags=["health"])
-    def healthz() -> Health:
-        """The process is up (it does not look at the database or the broker)."""
-        return Health(status="ok")
-
-    @app.get("/readyz", response_model=Health, tags=["health"], responses={503: {"model": ErrorOut}})
-    def readyz() -> Any:
-        """Ready to serve: the database answers a query and the broker accepts a connection."""
-        checks: dict[str, Any] = {}
-        for name, check in (("database", threads.store.ping), ("broker", lambda: threads.publisher.check(timeout=2.0))):
-            try:
-                check()
-                checks[name] = "ok"
-            except Exception as exc:  # noqa: BLE001 - a readiness probe answers whatever went wrong
-                log.warning("readyz: the %s is unavailable: %s", name, exc)
-                checks[name] = "unavailable"
-        down = [name for name, state in checks.items() if state != "ok"]
-        if not down:
-            return Health(status="ok", checks=checks)
-        message = f"not ready: the {' and the '.join(down)} {'is' if len(down) == 1 else 'are'} unavailable"
-        return JSONResponse(
-            {"error": {"type": "not_ready", "message": message}, "status": "unavailable", "checks": checks},
-            status_code=503,
-        )
 
 
 # -- /v1 ---------------------------------------------------------------------------------------
@@ -380,12 +354,14 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
 # -- for uvicorn and the CLI -------------------------------------------------------------------
 
 
-def app_from_environment() -> FastAPI:
+def app_from_environment(*, embedded: bool = False) -> FastAPI:
     """The API for ``threads-celery api`` or ``uvicorn --factory threads_celery.api.app:app_from_environment``.
 
-    The runtime comes from ``THREADS_DATABASE_URL`` / ``THREADS_BROKER_URL`` (embedded SQLite
-    when neither is set), and the agents of ``THREADS_AGENTS`` are loaded so that approvals with
-    edited arguments can be validated against the tool's schema.
+    The runtime comes from ``THREADS_DATABASE_URL`` and ``THREADS_BROKER_URL``; with neither set
+    it is refused (``ConfigError``) unless ``embedded`` asks for the embedded SQLite store and its
+    in-process worker. A database is used as it is, never migrated here: one that is not at the
+    latest migration is refused, as worker and Beat refuse it. The agents of ``THREADS_AGENTS``
+    are loaded so that approvals with edited arguments can be validated against the tool's schema.
     """
     env = os.environ
     # Refuse a misconfigured API before opening any connection.
@@ -393,7 +369,16 @@ def app_from_environment() -> FastAPI:
     check_secret_key()
     max_body_from_env(env)
     settings = Settings.from_env()
-    threads = Threads(settings=settings)
+    if not (embedded or settings.database_url or settings.broker_url):
+        raise ConfigError(
+            "THREADS_DATABASE_URL and THREADS_BROKER_URL are not set: set them to serve your "
+            "deployment, or pass --embedded to serve the embedded SQLite store"
+        )
+    if embedded and (settings.database_url or settings.broker_url):
+        raise ConfigError(
+            "--embedded serves the embedded SQLite store, but THREADS_DATABASE_URL or THREADS_BROKER_URL is set"
+        )
+    threads = Threads(settings=settings, migrate=None if settings.database_url is None else False)
     try:
         if not threads.is_embedded:
             check_database(threads.store)

@@ -328,6 +328,8 @@ class ErrorOut(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     checks: dict[str, Literal["ok", "unavailable"]] = {}
+    #: ``/readyz``: the workers that answered a ping (``in-process`` for the embedded worker).
+    workers: list[str] | None = None
 
 
 __all__ = [

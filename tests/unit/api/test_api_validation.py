@@ -47,6 +47,7 @@ class StubThreads:
     """Answers like Threads; ``fail_with`` makes every call raise that exception instead."""
 
     def __init__(self) -> None:
+        self.is_embedded = True  # /readyz counts the in-process worker, no broker to ping
         self.fail_with: BaseException | None = None
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
 
