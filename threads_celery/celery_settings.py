@@ -36,9 +36,18 @@ GUARDED: Mapping[str, object] = {
     "task_acks_late": True,
     "task_reject_on_worker_lost": True,
 }
-#: Settings that have a THREADS_* variable of their own.
+#: Settings that have a THREADS_* variable of their own. The time limits and the broker's
+#: visibility timeout are checked against each other there (a task must end well inside the time
+#: the broker waits before delivering it again), so they are set only there.
 OWNED: Mapping[str, str] = {"broker_url": "THREADS_BROKER_URL", "broker_read_url": "THREADS_BROKER_URL",
-                            "broker_write_url": "THREADS_BROKER_URL"}  # fmt: skip
+                            "broker_write_url": "THREADS_BROKER_URL",
+                            "task_time_limit": "THREADS_TASK_TIME_LIMIT_S",
+                            "task_soft_time_limit": "THREADS_TASK_SOFT_TIME_LIMIT_S"}  # fmt: skip
+#: Keys of mapping settings that have a THREADS_* variable of their own.
+OWNED_KEYS: Mapping[str, Mapping[str, str]] = {
+    "broker_transport_options": {"visibility_timeout": "THREADS_VISIBILITY_TIMEOUT_S"},
+    "result_backend_transport_options": {"visibility_timeout": "THREADS_VISIBILITY_TIMEOUT_S"},
+}
 #: Settings merged key by key with ours instead of replacing them.
 MERGED = ("beat_schedule", "broker_transport_options")
 
@@ -69,6 +78,9 @@ def _check(settings: Mapping[str, Any], source: str) -> dict[str, Any]:
             raise _unknown(name, source)
         if name in OWNED:
             raise ConfigError(f"{source}: set {OWNED[name]} instead of the Celery setting {name!r}")
+        for key, variable in OWNED_KEYS.get(name, {}).items():
+            if isinstance(value, Mapping) and key in value:
+                raise ConfigError(f"{source}: set {variable} instead of {name}[{key!r}]")
         if name in GUARDED and value != GUARDED[name]:
             raise ConfigError(
                 f"{source}: {name}={value!r} would break the runtime's delivery guarantees "

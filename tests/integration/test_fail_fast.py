@@ -210,3 +210,62 @@ def test_the_embedded_run_refuses_a_malformed_secret_key(agents_dir: Path, tmp_p
     assert "THREADS_SECRET_KEY is not a valid Fernet key" in output
     assert "Traceback" not in output and CUT_KEY not in output
     assert not (tmp_path / "t.db").exists(), "it started before refusing"
+
+
+# -- the command line: a typo, a bypassed limit, no database, no extra ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        ([*CLI_WORKER, "--concurency", "2"], "No such option '--concurency'. Did you mean '--concurrency'?"),
+        ([*CLI_WORKER, "--autoscale", "abc"], "'--autoscale'"),
+        ([*CLI_BEAT, "--bad"], "No such option '--bad'"),
+    ],
+    ids=["worker-typo", "worker-bad-value", "beat-typo"],
+)
+def test_an_option_celery_refuses_is_one_line(
+    argv: list[str], fragment: str, agents_dir: Path, migrated_pg_url: str, redis_url: str
+) -> None:
+    result = start(argv, agents_dir, THREADS_DATABASE_URL=migrated_pg_url, THREADS_BROKER_URL=redis_url,
+                   THREADS_AGENTS="scripted_agents")  # fmt: skip
+    line = assert_refused(result, fragment)
+    assert line.startswith(f"error: {argv[3]} cannot start: "), line
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "fragment"),
+    [
+        ("THREADS_CELERY_TASK_TIME_LIMIT", "7200", "set THREADS_TASK_TIME_LIMIT_S instead"),
+        ("THREADS_CELERY_BROKER_TRANSPORT_OPTIONS", '{"visibility_timeout": 60}', "set THREADS_VISIBILITY_TIMEOUT_S"),
+    ],
+    ids=["time-limit", "visibility-timeout"],
+)
+@pytest.mark.parametrize("argv", [WORKER, CLI_WORKER], ids=["worker", "cli-worker"])
+def test_the_time_limit_cannot_be_set_around_its_check(
+    argv: list[str], variable: str, value: str, fragment: str, agents_dir: Path, migrated_pg_url: str, redis_url: str
+) -> None:
+    env = {variable: value, "THREADS_AGENTS": "scripted_agents"}
+    result = start(argv, agents_dir, THREADS_DATABASE_URL=migrated_pg_url, THREADS_BROKER_URL=redis_url, **env)
+    assert_refused(result, fragment)
+
+
+def test_the_api_without_a_database_refuses_unless_embedded(agents_dir: Path) -> None:
+    line = assert_refused(start(CLI_API, agents_dir), "THREADS_DATABASE_URL and THREADS_BROKER_URL are not set")
+    assert line.startswith("error: api cannot start: ") and "--embedded" in line, line
+    assert not (agents_dir / ".threads-celery").exists(), "it opened the embedded store before refusing"
+
+
+def test_the_api_does_not_migrate_a_sqlite_file_it_is_given(agents_dir: Path, redis_url: str) -> None:
+    database = agents_dir / "given.db"
+    result = start(CLI_API, agents_dir, THREADS_DATABASE_URL=f"sqlite:///{database}", THREADS_BROKER_URL=redis_url)
+    assert_refused(result, "is at migration none", "threads-celery db upgrade")
+
+
+def test_flower_without_its_extra_names_the_extra(agents_dir: Path, redis_url: str) -> None:
+    # Flower's packages made unimportable, as in an environment installed without the extra.
+    hide = "import sys; sys.modules.update(flower=None, tornado=None); sys.argv[0] = 'threads-celery'; "
+    run_cli = "from threads_celery.cli.app import app; app()"
+    argv = [sys.executable, "-c", hide + run_cli, "flower", "--port", "1"]
+    result = start(argv, agents_dir, THREADS_BROKER_URL=redis_url, FLOWER_USER="u", FLOWER_PASSWORD="p")
+    assert_refused(result, "pip install 'threads-celery[flower]'")

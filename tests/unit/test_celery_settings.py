@@ -126,6 +126,13 @@ def test_variables_are_converted_to_the_settings_type() -> None:
         ({"THREADS_CELERY_TASK_SERIALIZER": "pickle"}, "must stay 'json'"),
         ({"THREADS_CELERY_TASK_ACKS_LATE": "false"}, "delivery guarantees"),
         ({"THREADS_CELERY_BROKER_URL": "redis://elsewhere"}, "set THREADS_BROKER_URL instead"),
+        # The time limits and the visibility timeout are checked against each other in one place.
+        ({"THREADS_CELERY_TASK_TIME_LIMIT": "7200"}, "set THREADS_TASK_TIME_LIMIT_S instead"),
+        ({"THREADS_CELERY_TASK_SOFT_TIME_LIMIT": "60"}, "set THREADS_TASK_SOFT_TIME_LIMIT_S instead"),
+        (
+            {"THREADS_CELERY_BROKER_TRANSPORT_OPTIONS": '{"visibility_timeout": 60}'},
+            "set THREADS_VISIBILITY_TIMEOUT_S instead of broker_transport_options['visibility_timeout']",
+        ),
         (
             {"THREADS_CELERY_CONFIG": "no_such_celery_config_module"},
             "cannot import 'no_such_celery_config_module'",
@@ -156,3 +163,10 @@ def test_unknown_names_in_an_object_are_refused_with_the_closest_setting() -> No
 def test_merging_refuses_a_guarded_setting_passed_in_python() -> None:
     with pytest.raises(ConfigError, match="accept_content"):
         merge_celery_settings({"accept_content": ["json"]}, {"accept_content": ["json", "pickle"]})
+
+
+def test_a_configuration_object_cannot_shorten_the_visibility_timeout_either() -> None:
+    with pytest.raises(ConfigError, match="set THREADS_VISIBILITY_TIMEOUT_S instead"):
+        settings_of_object({"broker_transport_options": {"visibility_timeout": 60, "max_retries": 3}}, "test")
+    with pytest.raises(ConfigError, match="set THREADS_TASK_TIME_LIMIT_S instead"):
+        merge_celery_settings({}, {"task_time_limit": 7200})

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
 
 import typer
 
@@ -16,19 +17,23 @@ from threads_celery.cli.common import (
     DEFAULT_EMBEDDED_DB,
     UsageError,
     err,
+    fail,
     friendly_errors,
     out,
     require_services,
     resolve_spec,
     settings_from_env,
 )
-from threads_celery.exceptions import ConfigError
+from threads_celery.exceptions import ConfigError, ThreadsError
 from threads_celery.worker.flower_gate import flower_credentials, start_flower
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from threads_celery.worker.application import ThreadsCelery
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 db_app = typer.Typer(
     help="Database migrations.\n\n\b\n  threads-celery db upgrade --database-url postgresql://app@db/threads\n  threads-celery db current",
@@ -42,13 +47,39 @@ class Pool(str, Enum):
     solo = "solo"
 
 
+# -- refusals ----------------------------------------------------------------------------------
+
+
+def refuses_to_start(service: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """A service command whose library errors read as ``error: <service> cannot start: ...``.
+
+    The same one line, and the same exit status 2, as ``celery -A tasks worker`` or ``beat`` print
+    when they refuse (:func:`threads_celery.runtime.preflight.refuse`), never a traceback.
+    """
+
+    def decorate(command: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(command)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return command(*args, **kwargs)
+            except ThreadsError as exc:
+                # Here, not at the top: the preflight loads SQLAlchemy, and --help stays fast.
+                from threads_celery.runtime.preflight import one_line
+
+                fail(f"{service} cannot start: {one_line(exc)}")
+
+        return wrapper
+
+    return decorate
+
+
 # -- worker and beat ---------------------------------------------------------------------------
 
 
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@friendly_errors
+@refuses_to_start("worker")
 def worker(
     ctx: typer.Context,
     agents: Annotated[
@@ -102,7 +133,27 @@ def worker(
         argv.append(f"--concurrency={concurrency}")
     if queues:
         argv.append(f"--queues={queues}")
-    celery_app.worker_main([*argv, *ctx.args])
+    _run_celery(celery_app, [*argv, *ctx.args])
+
+
+def _run_celery(celery_app: ThreadsCelery, argv: list[str]) -> None:
+    """Run Celery's own ``worker`` or ``beat`` command, its usage errors as one line and exit 2.
+
+    Celery parses the options passed through (``--autoscale``, ``-n``, ...) itself, with click, and
+    run this way its usage errors would end in a traceback. Here a typo reads as Celery's own
+    command says it (``No such option '--concurency'. Did you mean '--concurrency'?``), and the
+    command's exit status is this process's.
+    """
+    from click.exceptions import Abort, ClickException
+
+    try:
+        code: int | None = celery_app.start(argv)
+    except ClickException as exc:
+        raise UsageError(exc.format_message()) from None
+    except Abort:
+        raise typer.Exit(1) from None
+    if code:
+        raise typer.Exit(code)
 
 
 def _preflight(celery_app: ThreadsCelery, service: str) -> None:
@@ -113,7 +164,7 @@ def _preflight(celery_app: ThreadsCelery, service: str) -> None:
     err.print(f"agents: {', '.join(ready.agents) or 'none'}", style="dim")
 
 
-@friendly_errors
+@refuses_to_start("beat")
 def beat(
     ctx: typer.Context,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
@@ -142,13 +193,13 @@ def beat(
         user = getattr(os, "getuid", lambda: "user")()
         schedule = Path(tempfile.gettempdir()) / f"threads-celery-{user}" / "beat-schedule"
     schedule.parent.mkdir(parents=True, exist_ok=True)
-    celery_app.start(["beat", f"--loglevel={loglevel.upper()}", f"--schedule={schedule}", *ctx.args])
+    _run_celery(celery_app, ["beat", f"--loglevel={loglevel.upper()}", f"--schedule={schedule}", *ctx.args])
 
 
 # -- flower ------------------------------------------------------------------------------------
 
 
-@friendly_errors
+@refuses_to_start("flower")
 def flower(
     address: Annotated[
         str, typer.Option("--address", help="Address to listen on (0.0.0.0 in a container).")
@@ -174,11 +225,19 @@ def flower(
 # -- api ---------------------------------------------------------------------------------------
 
 
-@friendly_errors
+@refuses_to_start("api")
 def api(
     host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0 in a container).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8000,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="debug, info, warning, error.")] = "info",
+    embedded: Annotated[
+        bool,
+        typer.Option(
+            "--embedded",
+            help="With neither THREADS_DATABASE_URL nor THREADS_BROKER_URL set, serve the embedded "
+            f"SQLite store ({DEFAULT_EMBEDDED_DB}) with an in-process worker, to try things out.",
+        ),
+    ] = False,
 ) -> None:
     """Serve the HTTP API (start runs, read them, stream events, approve, deny, resolve).
 
@@ -188,14 +247,19 @@ def api(
     against. OpenAPI at /openapi.json; /healthz and /readyz are open.
 
     \b
+    Needs THREADS_DATABASE_URL and THREADS_BROKER_URL, a database at the latest migration, or
+    --embedded.
+
+    \b
       THREADS_API_TOKENS=change-me threads-celery api
       threads-celery api --host 0.0.0.0 --port 8000
+      THREADS_API_TOKENS=change-me threads-celery api --embedded
     """
     import uvicorn
 
     from threads_celery.api.app import app_from_environment
 
-    api_app = app_from_environment()  # here, not in uvicorn: a bad configuration is one red line
+    api_app = app_from_environment(embedded=embedded)  # here, not in uvicorn: a bad configuration is one red line
     uvicorn.run(api_app, host=host, port=port, log_level=loglevel.lower(), proxy_headers=True)
 
 

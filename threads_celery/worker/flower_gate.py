@@ -66,9 +66,12 @@ def require_auth_on_metrics() -> None:
     """
     # Flower (and tornado, which it brings) is the optional flower extra: imported when the gate
     # is installed by `threads-celery flower`, never by a worker.
-    import tornado.web
-    from flower import urls
-    from flower.views.monitor import Metrics
+    try:
+        import tornado.web
+        from flower import urls
+        from flower.views.monitor import Metrics
+    except ImportError as exc:
+        raise ConfigError(f"Flower is not installed here ({exc}): pip install 'threads-celery[flower]'") from None
 
     # Flower ships no type information, so Metrics is Any to mypy: subclassing it is allowed here.
     class AuthenticatedMetrics(Metrics):  # type: ignore[misc]
