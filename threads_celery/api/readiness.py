@@ -13,6 +13,7 @@ with the first run, so it is always counted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -84,7 +85,7 @@ def census_of(threads: Threads) -> WorkerCensus:
 
 def install_health(app: FastAPI, threads: Threads) -> None:
     """Add ``/healthz`` and ``/readyz`` to ``app``; both are open (no token)."""
-    census = census_of(threads)
+    census = functools.cache(lambda: census_of(threads))  # on the first probe: building routes reads nothing
 
     @app.get("/healthz", response_model=Health, response_model_exclude_none=True, tags=["health"])
     def healthz() -> Health:
@@ -107,7 +108,7 @@ def install_health(app: FastAPI, threads: Threads) -> None:
             except Exception as exc:  # noqa: BLE001 - a readiness probe answers whatever went wrong
                 log.warning("readyz: the %s is unavailable: %s", name, exc)
                 checks[name] = "unavailable"
-        workers = census.workers(at_least=worker) if checks["broker"] == "ok" else []
+        workers = census().workers(at_least=worker) if checks["broker"] == "ok" else []
         down = [name for name, state in checks.items() if state != "ok"]
         problems = [f"the {' and the '.join(down)} {'is' if len(down) == 1 else 'are'} unavailable"] if down else []
         if worker:
