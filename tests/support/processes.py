@@ -352,26 +352,14 @@ class BeatProcess(ManagedProcess):
         *,
         env: Mapping[str, str],
         log_path: Path,
-        schedule_path: Path,
+        schedule_path: Path | None,
         cli: bool = False,
         cwd: Path = REPO_ROOT,
     ) -> None:
-        if cli:
-            argv = [THREADS_CELERY, "beat", "--schedule", str(schedule_path), "--loglevel", "INFO"]
-        else:
-            argv = [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tasks",
-                "beat",
-                "-s",
-                str(schedule_path),
-                "--loglevel",
-                "INFO",
-            ]
-        super().__init__(name, argv, env=env, log_path=log_path, cwd=cwd)
+        # schedule_path None: Beat's own default (.threads-celery/celerybeat-schedule in ``cwd``).
+        schedule = [] if schedule_path is None else ["--schedule", str(schedule_path)]
+        command = [THREADS_CELERY, "beat"] if cli else [sys.executable, "-m", "celery", "-A", "tasks", "beat"]
+        super().__init__(name, [*command, *schedule, "--loglevel", "INFO"], env=env, log_path=log_path, cwd=cwd)
 
     def wait_ready(self, timeout: float = 60.0) -> BeatProcess:
         self.wait_for_log(r"beat: Starting", timeout=timeout, what="beat start-up")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
@@ -171,7 +170,10 @@ def beat(
     schedule: Annotated[
         Path | None,
         typer.Option(
-            "--schedule", "-s", help="Beat's schedule state file [default: a file under the temp dir].", dir_okay=False
+            "--schedule",
+            "-s",
+            help="Beat's schedule state file [default: .threads-celery/celerybeat-schedule].",
+            dir_okay=False,
         ),
     ] = None,
 ) -> None:
@@ -189,9 +191,7 @@ def beat(
 
     celery_app = app_from_environment()
     _preflight(celery_app, "beat")
-    if schedule is None:
-        user = getattr(os, "getuid", lambda: "user")()
-        schedule = Path(tempfile.gettempdir()) / f"threads-celery-{user}" / "beat-schedule"
+    schedule = schedule or Path(celery_app.conf.beat_schedule_filename)
     schedule.parent.mkdir(parents=True, exist_ok=True)
     _run_celery(celery_app, ["beat", f"--loglevel={loglevel.upper()}", f"--schedule={schedule}", *ctx.args])
 

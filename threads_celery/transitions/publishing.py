@@ -86,6 +86,10 @@ def shadow_name(entry: OutboxEntry) -> str | None:
     return f"{entry.task} {named['name']}" if named else None
 
 
+#: Where Beat keeps its schedule state unless told (``--schedule``), relative to its working directory.
+BEAT_SCHEDULE_FILE = ".threads-celery/celerybeat-schedule"
+
+
 def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
     """Celery settings for at-least-once, JSON-only delivery of id-only task messages.
 
@@ -116,6 +120,9 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_default_queue": work_queue,
+        # Beat's memory of the slots it has published, next to the embedded store: in the working
+        # directory, where a restart finds it (not under /tmp), and never a stray file in a checkout.
+        "beat_schedule_filename": BEAT_SCHEDULE_FILE,
         # A worker started without -Q consumes both; one started with -Q gets the control queue
         # added (see threads_celery.worker.application.consume_control_queue).
         "task_queues": (task_queue(work_queue), task_queue(control_queue_for(work_queue))),

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -159,6 +160,9 @@ class Scheduler(PersistentScheduler):
         if declared:
             self.app.conf.beat_schedule = {**(self.app.conf.beat_schedule or {}), **declared}
             log.info("beat: scheduled batch agents: %s", ", ".join(sorted(declared)))
+        # The default state file lives in .threads-celery/, which a fresh checkout does not have.
+        # (PersistentScheduler sets schedule_filename; celery-types does not declare it.)
+        Path(self.schedule_filename).parent.mkdir(parents=True, exist_ok=True)  # type: ignore[attr-defined]
         super().setup_schedule()
 
     def apply_async(
