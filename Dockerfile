@@ -26,6 +26,8 @@ COPY threads_celery ./threads_celery
 # own. Installed, the same app is `celery -A threads_celery.worker`.
 COPY tasks ./tasks
 COPY beat ./beat
+# `alembic upgrade head` works from /app as from a checkout (THREADS_DATABASE_URL names the database).
+COPY alembic.ini ./
 # Extras: flower, plus the model providers your agents use (openai, anthropic): an agent whose
 # provider package is missing stops every service at start-up with one line.
 ARG THREADS_EXTRAS=flower,openai

@@ -346,3 +346,17 @@ def test_an_unknown_sandbox_cgroup_setting_is_a_config_error() -> None:
     assert Settings.from_env({}).sandbox_cgroup == "auto"
     with pytest.raises(ConfigError, match="THREADS_SANDBOX_CGROUP"):
         Settings.from_env({"THREADS_SANDBOX_CGROUP": "relative/dir"})
+
+
+def test_alembic_runs_from_the_images_workdir() -> None:
+    """The image holds alembic.ini in its WORKDIR, and the migrations folder it points at."""
+    import configparser
+
+    dockerfile = (REPO / "Dockerfile").read_text()
+    copies = [line.split()[1:] for line in dockerfile.splitlines() if line.startswith("COPY ")]
+    into_workdir = {source for *sources, dest in copies if dest in ("./", ".") for source in sources}
+    assert "alembic.ini" in into_workdir, copies
+    ini = configparser.ConfigParser()
+    ini.read(REPO / "alembic.ini")
+    package = ini["alembic"]["script_location"].split("/")[0]
+    assert [package, f"./{package}"] in copies, copies
