@@ -10,14 +10,16 @@ had a price in ``THREADS_MODEL_PRICES``). An unknown run or thread, or one of an
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import date
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 from pydantic import BaseModel, Field
 
 from threads_celery.api.bodies import ID_PATTERN, ErrorOut, RunOut, _Request
+from threads_celery.api.errors import ApiError
 from threads_celery.api.tenancy import Caller, owned_run, owned_thread, shown_to
+from threads_celery.decisions.usage import named_day
 from threads_celery.telemetry.metrics import render
 
 if TYPE_CHECKING:
@@ -107,11 +109,22 @@ def add_usage_routes(router: APIRouter, threads: Threads, *, caller_of: Callable
     @router.get("/usage", response_model=UsageOut, tags=["usage"])
     def usage(
         agent: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
-        day: Annotated[date | None, Query(description="A UTC day, YYYY-MM-DD.")] = None,
+        day: Annotated[
+            str | None,
+            Query(
+                pattern=r"^(today|\d{4}-\d{2}-\d{2})$",
+                description="A UTC day, YYYY-MM-DD, or 'today' (as the CLI's --day).",
+                examples=["2026-12-03", "today"],
+            ),
+        ] = None,
         caller: Caller = Depends(caller_of),
     ) -> UsageOut:
         """The caller's tenant's model usage of an agent, a UTC day, or both (all of it when neither is given)."""
-        return UsageOut.of(threads.usage(agent=agent, day=day, tenant=caller.tenant))
+        try:
+            on_day = None if day is None else named_day(day, now=datetime.now(UTC))
+        except ValueError:
+            raise ApiError(422, "validation_error", f"day must be YYYY-MM-DD or 'today', not {day!r}") from None
+        return UsageOut.of(threads.usage(agent=agent, day=on_day, tenant=caller.tenant))
 
 
 __all__ = ["UsageOut", "add_usage_routes"]

@@ -306,10 +306,12 @@ def usage_command(
     """
     from datetime import UTC, date, datetime
 
+    from threads_celery.decisions.usage import named_day
+
     on_day: date | None = None
     if day is not None:
         try:
-            on_day = datetime.now(UTC).date() if day == "today" else date.fromisoformat(day)
+            on_day = named_day(day, now=datetime.now(UTC))
         except ValueError:
             raise UsageError(f"--day must be YYYY-MM-DD or 'today', not {day!r}") from None
     threads = open_threads(db, need_broker=False)

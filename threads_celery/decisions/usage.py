@@ -23,7 +23,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Literal
 
 from threads_celery.exceptions import ConfigError
@@ -188,6 +188,7 @@ __all__ = [
     "UsageLimits",
     "day_bounds",
     "limit_reached",
+    "named_day",
 ]
 
 
@@ -195,3 +196,13 @@ def day_bounds(now: datetime) -> tuple[datetime, datetime]:
     """The UTC day that holds ``now``: [midnight, next midnight)."""
     start = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     return start, start + timedelta(days=1)
+
+
+def named_day(text: str, *, now: datetime) -> date:
+    """The UTC day ``text`` names: ``YYYY-MM-DD`` or ``today`` (the UTC day of ``now``).
+
+    Raises ValueError for anything else. The CLI's ``--day`` and the API's ``?day=`` read days with it.
+    """
+    if text.strip().lower() == "today":
+        return now.astimezone(UTC).date()
+    return date.fromisoformat(text.strip())

@@ -177,7 +177,10 @@ def test_the_api_and_the_cli_show_usage(tmp_path: Any) -> None:
         assert api.get(f"/v1/usage?agent=usage-shown&day={today}", headers=auth).json() == expected
         assert api.get("/v1/runs/run_nosuchrun/usage", headers=auth).status_code == 404
         assert api.get("/v1/threads/thr_nosuchthread/usage", headers=auth).status_code == 404
+        assert api.get("/v1/usage?agent=usage-shown&day=today", headers=auth).json() == expected  # as the CLI
         assert api.get("/v1/usage?day=yesterday", headers=auth).status_code == 422
+        impossible = api.get("/v1/usage?day=2026-13-45", headers=auth)
+        assert impossible.status_code == 422 and impossible.json()["error"]["type"] == "validation_error"
     runner = CliRunner()
     shown = runner.invoke(
         cli_app,
