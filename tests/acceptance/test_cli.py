@@ -105,6 +105,19 @@ def test_run_json_prints_one_object_and_runs_list_finds_the_run(workdir: Path) -
     assert payload["run_id"] in shown.stdout and "Your evening in Oslo is planned." in shown.stdout
 
 
+def test_runs_show_shows_the_run_asked_for_not_the_whole_thread(workdir: Path) -> None:
+    first = json.loads(cli("run", DEMO, "plan a dinner in Oslo", "--approve", "--json", cwd=workdir).stdout)
+    second = cli("run", DEMO, "plan a dinner in Bergen", "--approve", "--json", "--thread", first["thread_id"],
+                 cwd=workdir)  # fmt: skip
+    assert second.returncode == 0, explain(second)
+    run_id = json.loads(second.stdout)["run_id"]
+    shown = cli("runs", "show", run_id, cwd=workdir)
+    assert shown.returncode == 0, explain(shown)
+    assert "Bergen" in shown.stdout and "Oslo" not in shown.stdout, shown.stdout
+    # The footer counts this run's turns and calls (4 and 3), not the thread's (8 and 6).
+    assert "· 4 model turns · 3 tool calls" in shown.stdout, shown.stdout
+
+
 def test_a_call_that_needs_approval_stops_a_non_interactive_run_with_exit_3(tmp_path: Path) -> None:
     result = cli("run", DEMO, "plan a dinner in Paris", cwd=tmp_path)
 

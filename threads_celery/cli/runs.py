@@ -107,7 +107,9 @@ def runs_show(
     db: EmbeddedDb = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Show a run, its thread's messages and the child runs it started.
+    """Show a run: its turns and tool calls (not the thread's other runs), usage and child runs.
+
+    `threads-celery events THREAD_ID` replays the whole thread; --json adds the thread's messages.
 
     \b
       threads-celery runs show run_3f2a...
@@ -119,7 +121,8 @@ def runs_show(
     try:
         found = threads.get_run(run_id)
         usage = threads.usage(run_id=run_id)
-        history = list(threads.events(found.thread_id))
+        # This run's own part of its thread: the turns, calls and totals of the run asked for.
+        history = [event for event in threads.events(found.thread_id) if event.run_id == found.id]
         children = agent_tool_runs_of(threads, found.thread_id) if as_json else []
         messages = threads.messages(found.thread_id) if as_json else []
     finally:
