@@ -134,7 +134,7 @@ def test_worker_without_the_model_providers_package_refuses(
     )
     result = start(WORKER, agents_dir, THREADS_DATABASE_URL=migrated_pg_url, THREADS_BROKER_URL=redis_url,
                    THREADS_AGENTS="anthropic_agents", ANTHROPIC_API_KEY="not-checked")  # fmt: skip
-    assert_refused(result, "agent 'needs-package'", "anthropic")
+    assert_refused(result, "agent 'needs-package'", "anthropic", "pip install 'threads-celery[anthropic]'")
 
 
 def test_the_celery_app_without_a_broker_url_refuses(agents_dir: Path) -> None:

@@ -11,10 +11,13 @@ fails every task).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import PackageNotFoundError, metadata
 from typing import TYPE_CHECKING, NoReturn
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -85,10 +88,33 @@ def model_problem(model: object) -> str | None:
     try:
         resolve_model(model)
     except ImportError as exc:
-        return _first_line(exc) or "its provider package is not installed"
+        return our_extra(_first_line(exc)) or "its provider package is not installed"
     except Exception as exc:  # noqa: BLE001 - pydantic-ai raises UserError for a missing key or unknown provider
         return _first_line(exc) or type(exc).__name__
     return None
+
+
+_SLIM_EXTRA = re.compile(r"""`?pip install ["']?pydantic-ai-slim\[(?P<extra>[\w-]+)\]["']?`?""")
+
+
+def our_extra(message: str) -> str:
+    """Pydantic AI's "install pydantic-ai-slim[X]" hint, as ``threads-celery[X]`` where we have X.
+
+    The project's own extras pin the provider packages it is tested with; a provider it has no
+    extra for keeps Pydantic AI's hint.
+    """
+    match = _SLIM_EXTRA.search(message)
+    if match is None or match["extra"] not in _project_extras():
+        return message
+    return message.replace(match[0], f"`pip install 'threads-celery[{match['extra']}]'`")
+
+
+@cache
+def _project_extras() -> frozenset[str]:
+    try:
+        return frozenset(metadata("threads-celery").get_all("Provides-Extra") or ())
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return frozenset()
 
 
 def check_models(agents: Iterable[Agent]) -> None:
