@@ -85,6 +85,10 @@ class Settings:
     task_soft_time_limit_s: int = 1740
     outbox_stale_after_s: float = 10.0
     reconcile_interval_s: float = 5.0
+    # THREADS_TASK_EVENTS: whether workers send task events from their start and publishers send
+    # task-sent events. Off: each event is one more publish per task, a third of a bare task's CPU
+    # (bench/celery_config_cost.py), and Flower turns workers' events on itself while it runs.
+    task_events: bool = False
     # Whether the backbone's own tasks (reconcile ticks, scheduled-run starts, finish deliveries)
     # send task events: off, so Flower and other monitors list the agents' work.
     control_task_events: bool = False
@@ -163,6 +167,7 @@ class Settings:
             ),
             "outbox_stale_after_s": _float(env, "THREADS_OUTBOX_STALE_AFTER_S", 10.0),
             "reconcile_interval_s": _float(env, "THREADS_RECONCILE_INTERVAL_S", 5.0),
+            "task_events": _bool(env, "THREADS_TASK_EVENTS", False),
             "control_task_events": _bool(env, "THREADS_CONTROL_TASK_EVENTS", False),
             "capture_output": _bool(env, "THREADS_CAPTURE_OUTPUT", True),
             "max_parallel_tool_calls": _int(env, "THREADS_MAX_PARALLEL_TOOL_CALLS", 8),

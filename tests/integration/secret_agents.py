@@ -110,4 +110,7 @@ raw_writer = Agent(
     tools=[below_python, invalid_input],
 )
 
-ALL_AGENTS = [leaker, raw_writer]
+# Holds no secret: what a monitor's warm-up runs (tests.integration.test_flower.listening).
+quiet = Agent(name="it_quiet", instructions="Answer at once.", model=ScriptedModel([say("quiet")]))
+
+ALL_AGENTS = [leaker, raw_writer, quiet]

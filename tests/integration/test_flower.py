@@ -90,8 +90,21 @@ class Flower:
 
 
 @pytest.fixture(scope="module")
+def flower_warmup() -> Any:
+    """The agent whose runs show that Flower lists the worker's tasks (loaded in the module's worker)."""
+    from tests.integration.agents_for_tests import one_step
+
+    return one_step
+
+
+@pytest.fixture(scope="module")
 def flower(
-    worker: WorkerProcess, migrated_pg_url: str, integration_redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    worker: WorkerProcess,
+    threads: Any,
+    flower_warmup: Any,
+    migrated_pg_url: str,
+    integration_redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Flower]:
     pytest.importorskip("flower")
     port = free_port()
@@ -116,9 +129,26 @@ def flower(
 
     try:
         eventually(answers, timeout=DEADLINE_S, what="flower answering", detail=flower.log_tail)
+        listening(flower, threads, flower_warmup)
         yield flower
     finally:
         process.terminate()
+
+
+def listening(flower: Flower, threads: Any, agent: Any) -> None:
+    """Wait until Flower sees the workers' tasks: runs of ``agent`` until one of them is listed.
+
+    Workers send no task events by default (THREADS_TASK_EVENTS); Flower turns them on itself,
+    every few seconds, and sees only the tasks that run after that.
+    """
+    runs: list[str] = []
+
+    def a_run_listed() -> bool:
+        runs.append(run_and_wait(threads, flower, agent, "warm up").id)
+        _, listing = flower.tasks()
+        return any(listing.get(f"step:{run_id}:0", {}).get("state") == "SUCCESS" for run_id in runs)
+
+    eventually(a_run_listed, timeout=DEADLINE_S, interval=1.0, what="Flower listing a run", detail=flower.log_tail)
 
 
 def wait_for_task(flower: Flower, task_id: str, *, state: str = "SUCCESS") -> dict[str, Any]:
@@ -171,11 +201,7 @@ def test_flower_refuses_to_start_with_empty_credentials(migrated_pg_url: str, in
 def test_flower_names_the_tool_and_the_effect_key_and_never_the_conversation(
     flower: Flower, threads: Any, tmp_path: Path
 ) -> None:
-    from tests.integration.agents_for_tests import gated, one_step
-
-    # Flower only sees events sent while it listens: a first run proves it is listening.
-    warmup = run_and_wait(threads, flower, one_step, "warm up")
-    wait_for_task(flower, f"step:{warmup.id}:0")
+    from tests.integration.agents_for_tests import gated
 
     canary = f"canary-{uuid.uuid4().hex}"
     gate = tmp_path / f"gate-{canary}"

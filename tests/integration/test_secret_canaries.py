@@ -63,6 +63,13 @@ def worker(
 
 
 @pytest.fixture(scope="module")
+def flower_warmup() -> Any:
+    from tests.integration.secret_agents import quiet
+
+    return quiet
+
+
+@pytest.fixture(scope="module")
 def threads(worker: WorkerProcess, migrated_pg_url: str, integration_redis_url: str) -> Iterator[Any]:
     from tests.integration.secret_agents import ALL_AGENTS
     from threads_celery import Threads

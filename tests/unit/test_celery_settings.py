@@ -170,3 +170,11 @@ def test_a_configuration_object_cannot_shorten_the_visibility_timeout_either() -
         settings_of_object({"broker_transport_options": {"visibility_timeout": 60, "max_retries": 3}}, "test")
     with pytest.raises(ConfigError, match="set THREADS_TASK_TIME_LIMIT_S instead"):
         merge_celery_settings({}, {"task_time_limit": 7200})
+
+
+def test_task_events_are_opt_in() -> None:
+    """Each task event is one more publish per task; Flower turns the workers' events on itself."""
+    quiet = celery_config(Settings.from_env(env={}), "redis://127.0.0.1:6379/0")
+    assert quiet["worker_send_task_events"] is False and quiet["task_send_sent_event"] is False
+    loud = celery_config(Settings.from_env(env={"THREADS_TASK_EVENTS": "true"}), "redis://127.0.0.1:6379/0")
+    assert loud["worker_send_task_events"] is True and loud["task_send_sent_event"] is True

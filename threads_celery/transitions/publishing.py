@@ -117,8 +117,11 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "task_time_limit": settings.task_time_limit_s,
         "task_soft_time_limit": settings.task_soft_time_limit_s,
         "task_track_started": False,
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # Task events cost a publish each (task-sent, received, started, succeeded): opt-in
+        # (THREADS_TASK_EVENTS). Flower enables the workers' events itself while it runs, and
+        # `celery worker -E` or `celery control enable_events` do too.
+        "worker_send_task_events": settings.task_events,
+        "task_send_sent_event": settings.task_events,
         "task_default_queue": work_queue,
         # Beat's memory of the slots it has published, next to the embedded store: in the working
         # directory, where a restart finds it (not under /tmp), and never a stray file in a checkout.
