@@ -20,7 +20,7 @@ if [ "$(id -u)" = 0 ] && [ -f "$CG/cgroup.controllers" ]; then
         echo "+memory +pids" > "$CG/threads/sandbox/cgroup.subtree_control"
         chown -R threads "$CG/threads"
     else
-        echo "sandbox-cgroup-entrypoint: $CG is read-only; run_code will refuse to run code (see README)" >&2
+        echo "sandbox-cgroup-entrypoint: $CG is read-only; run_code will refuse to run code (see docs/workspace.md)" >&2
     fi
 fi
 if [ "$(id -u)" = 0 ]; then

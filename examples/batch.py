@@ -1,13 +1,14 @@
 """A scheduled batch agent: a nightly sales report, written every day at 02:00 UTC.
 
-Run it with PostgreSQL and Redis (see README.md, "Running with PostgreSQL and Redis")::
+Run it with PostgreSQL and Redis (see docs/schedules.md; the production quick-start in
+docs/production.md runs it next to the demo agent)::
 
     export THREADS_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/threads
     export THREADS_BROKER_URL=redis://127.0.0.1:6379/0
-    export THREADS_AGENTS=examples.batch
+    export THREADS_AGENTS=examples.demo,examples.batch   # every agent the workers on this queue serve
     export PYTHONPATH=.                         # from the repository root: makes `examples` importable
     threads-celery db upgrade
-    celery -A tasks worker --loglevel INFO      # runs the reports
+    celery -A tasks worker --loglevel INFO -n batch@%h   # runs the reports
     celery -A tasks beat --loglevel INFO        # publishes one run per night
 
 Beat reads ``SCHEDULES`` below from the modules in ``THREADS_AGENTS`` and, at 02:00 UTC, publishes

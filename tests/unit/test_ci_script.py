@@ -131,3 +131,20 @@ def test_ci_script_lints_the_package_before_the_tests_and_fails_on_findings() ->
     assert "die " in lint, "a lint finding must fail the run"
     assert '-m ruff format --check "${RUFF_PATHS[@]}"' in code, "formatting is checked too"
     assert "lint-imports ||" in lint, "the import contracts are checked too"
+
+
+def test_ci_script_builds_the_docs_strictly_after_lint_and_before_the_tests() -> None:
+    code = _code()
+    assert re.search(r"pip install .*-e '\.\[docs\]'", code), "the docs extra is installed"
+    build = '-m mkdocs build --strict --site-dir "${DOCS_SITE_DIR}"'
+    assert build in code
+    assert code.index('phase "lint"') < code.index(build) < code.index(TEST_COMMAND)
+    docs = code[code.index('phase "docs"') : code.index('phase "browser"')]
+    assert "mktemp -d" in docs and 'rm -rf "${DOCS_SITE_DIR}"' in docs, "the site is built outside the repository"
+    assert "die " in docs, "a docs build failure must fail the run"
+
+
+def test_the_built_site_is_never_committed() -> None:
+    ignored = (REPO_ROOT / ".gitignore").read_text().splitlines()
+    assert "site/" in ignored or "/site/" in ignored
+    assert (REPO_ROOT / "mkdocs.yml").is_file()

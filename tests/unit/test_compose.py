@@ -101,7 +101,7 @@ def test_worker_beat_and_flower_run_the_same_app_module_which_exists(services: d
 
 def test_threads_variables_are_real_settings_and_documented(services: dict[str, Any]) -> None:
     settings_src = (REPO / "threads_celery" / "settings.py").read_text()
-    readme = (REPO / "README.md").read_text()
+    configuration = (REPO / "docs" / "configuration.md").read_text()
     used: set[str] = set()
     for service in services.values():
         env = service.get("environment") or {}
@@ -115,7 +115,7 @@ def test_threads_variables_are_real_settings_and_documented(services: dict[str, 
     for var in used:
         assert f'"{var}"' in package_src, f"{var} is read nowhere in the package"
     for var in CORE_VARS:
-        assert f'"{var}"' in settings_src and var in readme, var
+        assert f'"{var}"' in settings_src and var in configuration, var
 
 
 def test_every_service_of_ours_gets_the_ledger_broker_and_agents(services: dict[str, Any]) -> None:
@@ -335,8 +335,8 @@ def test_code_running_workers_get_a_delegated_cgroup_for_run_codes_caps(services
         assert f'echo "+memory +pids" > "$CG/{relative}/cgroup.subtree_control"' in script
         assert service["environment"]["THREADS_DATABASE_URL"] == services["api"]["environment"]["THREADS_DATABASE_URL"]
     assert "setpriv --reuid=threads" in script and re.search(r"^USER threads$", dockerfile, re.MULTILINE)
-    readme = (REPO / "README.md").read_text()
-    assert cgroups.SETTING in readme and "Delegate=yes" in readme
+    sandbox_docs = (REPO / "docs" / "workspace.md").read_text()
+    assert cgroups.SETTING in sandbox_docs and "Delegate=yes" in sandbox_docs
 
 
 def test_an_unknown_sandbox_cgroup_setting_is_a_config_error() -> None:

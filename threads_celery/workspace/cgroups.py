@@ -40,7 +40,7 @@ _CONTROLLERS = ("memory", "pids")
 _HINT = (
     f"give the worker a delegated cgroup v2 directory with the memory and pids controllers "
     f"({SETTING}=/path/to/it) or writable cgroup v1 memory and pids hierarchies "
-    f"(README: 'Sandbox caps and the host settings that enforce them')"
+    f"(docs/workspace.md: 'Sandbox caps and the host settings that enforce them')"
 )
 
 

@@ -143,7 +143,7 @@ def test_asking_for_the_version_the_host_lacks_refuses_naming_it() -> None:
     missing = "v1" if cgroups.find_parent("auto").version == 2 else "v2"
     result = run_code("print(1)", cgroup=missing)
     assert result.exit_code is None and result.error is not None
-    assert "cannot cap memory and processes" in result.error and "README" in result.error
+    assert "cannot cap memory and processes" in result.error and "docs/workspace.md" in result.error
 
 
 def test_unsandboxed_code_keeps_running_without_a_cgroup(monkeypatch: pytest.MonkeyPatch) -> None:
