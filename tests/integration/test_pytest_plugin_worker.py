@@ -82,3 +82,33 @@ def test_the_pages_session_broker_fixture_empties_its_redis_database(
     finally:
         client.close()
     assert completed_runs(pg_url, plugin_redis_url) == [("weather", "It is 21 degrees in Paris.")]
+
+
+def test_the_pages_test_without_the_fixtures_runs_on_postgresql_and_redis(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, pg_url: str, plugin_redis_url: str
+) -> None:
+    # The page's agents module and test, with the two fixtures it says are the user's own; the
+    # plugin's service variables unset: the test does not use its fixtures.
+    monkeypatch.delenv("THREADS_TEST_DATABASE_URL", raising=False)
+    monkeypatch.delenv("THREADS_TEST_BROKER_URL", raising=False)
+    pytester.makepyfile(my_agents=file_blocks("conftest.py")[0])
+    pytester.makeconftest(
+        f"""
+        import pytest
+
+        @pytest.fixture
+        def my_database_url():
+            return {pg_url!r}
+
+        @pytest.fixture
+        def my_redis_url():
+            return {plugin_redis_url!r}
+        """
+    )
+    (test,) = file_blocks("test_weather_by_hand.py")
+    pytester.makepyfile(test_weather_by_hand=test)
+
+    result = pytester.runpytest("-p", "no:cacheprovider", "-v")
+
+    result.assert_outcomes(passed=1)
+    assert completed_runs(pg_url, plugin_redis_url) == [("weather", "It is 21 degrees in Paris.")]
