@@ -94,24 +94,26 @@ def _missing(config: pytest.Config, what: str, variable: str, fixture: str) -> N
     pytest.skip(message)
 
 
+def _url_from(config: pytest.Config, variable: str, what: str, fixture: str) -> str:
+    """The URL in ``variable``, or the test skipped (or failed) saying what is missing."""
+    url = os.environ.get(variable, "").strip()
+    if not url:
+        _missing(config, what, variable, fixture)
+    return url
+
+
 @pytest.fixture
 def threads_database_url(pytestconfig: pytest.Config) -> str:
     """The SQLAlchemy URL of the PostgreSQL database ``threads_worker`` uses, from
     ``THREADS_TEST_DATABASE_URL``; the test is skipped when it is unset."""
-    url = os.environ.get(DATABASE_URL_VAR, "").strip()
-    if not url:
-        _missing(pytestconfig, "a PostgreSQL database", DATABASE_URL_VAR, "threads_database_url")
-    return url
+    return _url_from(pytestconfig, DATABASE_URL_VAR, "a PostgreSQL database", "threads_database_url")
 
 
 @pytest.fixture
 def threads_broker_url(pytestconfig: pytest.Config) -> str:
     """The broker URL ``threads_worker`` uses (a Redis database of this test session's own), from
     ``THREADS_TEST_BROKER_URL``; the test is skipped when it is unset."""
-    url = os.environ.get(BROKER_URL_VAR, "").strip()
-    if not url:
-        _missing(pytestconfig, "a broker (a Redis database)", BROKER_URL_VAR, "threads_broker_url")
-    return url
+    return _url_from(pytestconfig, BROKER_URL_VAR, "a broker (a Redis database)", "threads_broker_url")
 
 
 @pytest.fixture
