@@ -23,17 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from threads_celery.decisions.next_step import NextStep, after_results
 from threads_celery.exceptions import FenceLost
 from threads_celery.records import CallRow, OutboxEntry, Run, ToolResult
+from threads_celery.runtime.ports import Ledger
 from threads_celery.store import Tx
 from threads_celery.transitions import runs
 from threads_celery.transitions.agent_tools import child_signal
-
-if TYPE_CHECKING:
-    from threads_celery.runtime.machine import Runtime
 
 #: Statuses of a call whose result the model has been shown.
 SHOWN = frozenset({"completed", "error", "skipped"})
@@ -107,17 +104,17 @@ def _entry(call: CallRow) -> OutboxEntry:
     return runs.tool_entry(call.effect_key, call.tool, call.queue)
 
 
-def open_group(runtime: Runtime, call: CallRow) -> None:
-    """The first call of a group that follows a call in order: dispatch the group's first wave.
+def open_group(ledger: Ledger, call: CallRow, limit: int) -> None:
+    """The first call of a group that follows a call in order: dispatch the group's first wave
+    (at most ``limit`` calls).
 
     (A group at the start of a reply is dispatched with the model step's own commit.)
     Idempotent: only calls that have not recorded a result get a row, and a row that exists
     stays as it is.
     """
-    now = runtime.clock()
-    limit = runtime.settings.max_parallel_tool_calls
+    now = ledger.clock()
     entries: list[OutboxEntry] = []
-    with runtime.store.transaction() as tx:
+    with ledger.store.transaction() as tx:
         group = [c for c in tx.calls_in_step(call.run_id, call.step) if c.batch == call.batch]
         end = call.index + len(group)
         for member in group:
@@ -129,21 +126,21 @@ def open_group(runtime: Runtime, call: CallRow) -> None:
                 entry = _entry(member)
                 tx.insert_outbox(entry, now)
                 entries.append(entry)
-    runtime.publish(entries)
+    ledger.publish(entries)
 
 
 def record_concurrent_result(
-    runtime: Runtime, run: Run, call: CallRow, content: str, *, is_error: bool, fails_run: str | None = None
+    ledger: Ledger, run: Run, call: CallRow, content: str, *, is_error: bool, limit: int, fails_run: str | None = None
 ) -> str:
-    """Record one concurrent call's result, show what is ready in call order, and move on.
+    """Record one concurrent call's result, show what is ready in call order, and move on
+    (``limit`` calls of the group run at once).
 
     ``fails_run`` (a failure no model can fix, such as a secret this worker cannot decrypt) ends
     the run in error right after the result is recorded, as a cancel would: siblings still running
     record theirs on their calls, and the calls waiting for a slot never start.
     """
-    now = runtime.clock()
-    limit = runtime.settings.max_parallel_tool_calls
-    with runtime.store.transaction() as tx:
+    now = ledger.clock()
+    with ledger.store.transaction() as tx:
         current = tx.get_run(run.id, lock=True)
         loaded = tx.get_call_and_run(call.effect_key, lock=True)
         if current is None or loaded is None:
@@ -164,7 +161,7 @@ def record_concurrent_result(
         else:
             group = [c for c in tx.calls_in_step(run.id, call.step) if c.batch == call.batch]
             entries = _record(tx, current, call, group, now, limit)
-    runtime.publish(entries)
+    ledger.publish(entries)
     if fails_run:
         return "ended the run in error"
     return "error" if is_error else "completed"

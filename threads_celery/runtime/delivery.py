@@ -39,13 +39,13 @@ from threads_celery.records import (
     OutboxEntry,
 )
 from threads_celery.runtime.hooks import observe
+from threads_celery.runtime.ports import Worker
 from threads_celery.telemetry.observability import emit
 from threads_celery.transitions import agent_tools, runs
 from threads_celery.workspace.files import ThreadFiles, copy_back_to_parent
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import Agent, AgentRegistry
-    from threads_celery.runtime.machine import Runtime
     from threads_celery.store import Tx
 
 log = logging.getLogger("threads_celery.transitions.agent_tools")
@@ -53,14 +53,14 @@ log = logging.getLogger("threads_celery.transitions.agent_tools")
 DELIVERY_LEASE = timedelta(seconds=60)
 
 
-def deliver(runtime: Runtime, run_id: str, status: str) -> str:
+def deliver(worker: Worker, run_id: str, status: str) -> str:
     """Deliver the finish ``status`` of agent-tool run ``run_id`` (idempotent)."""
-    now = runtime.clock()
+    now = worker.clock()
     # The outbox row goes once this finish needs no more delivering (delivered, or moot): left
     # there, the backbone would publish it again forever. While another delivery holds the claim
     # it stays, so this finish is tried again when that one is done.
     outbox_key = agent_tools.deliver_entry(run_id, status).key
-    with runtime.store.transaction() as tx:
+    with worker.store.transaction() as tx:
         row: AgentToolRun | None = tx.get_agent_tool_run(run_id, lock=True)
         skipped = None
         if row is None:
@@ -75,24 +75,24 @@ def deliver(runtime: Runtime, run_id: str, status: str) -> str:
             tx.delete_outbox(outbox_key)
             return skipped
         assert row is not None
-        if not tx.claim_delivery(run_id, owner=runtime.worker_id, until=now + DELIVERY_LEASE, now=now):
+        if not tx.claim_delivery(run_id, owner=worker.worker_id, until=now + DELIVERY_LEASE, now=now):
             return "skipped: another delivery holds the claim"
         attempts = row.delivery_attempts  # failed attempts so far: the backoff grows with them
     try:
-        result = finish_result(runtime, row)
-        parent = _parent_agent(runtime, row)
+        result = finish_result(worker, row)
+        parent = _parent_agent(worker, row)
         info = _with_result(row, result)
-        entries = _fire_hooks(runtime, parent, info, result)
+        entries = _fire_hooks(worker, parent, info, result)
     except Exception as exc:  # noqa: BLE001 - the claim lapses and the backbone retries
         backoff = DELIVERY_BACKOFF.delay_s(attempts + 1)
-        with runtime.store.transaction() as tx:
-            tx.update_agent_tool_run(run_id, delivery_lease_until=runtime.clock() + timedelta(seconds=backoff))
+        with worker.store.transaction() as tx:
+            tx.update_agent_tool_run(run_id, delivery_lease_until=worker.clock() + timedelta(seconds=backoff))
             tx.delete_outbox(outbox_key)  # the backbone delivers again when the backoff ends
         log.warning(
             "delivery of %s (%s) failed, retrying in %gs: %s: %s", run_id, status, backoff, type(exc).__name__, exc
         )
         return f"failed: {type(exc).__name__}"
-    with runtime.store.transaction() as tx:
+    with worker.store.transaction() as tx:
         current = tx.get_agent_tool_run(run_id, lock=True)
         if current is None:
             # Cleared (clear_agent_tool_runs) while its hooks ran: nothing is left to mark.
@@ -110,25 +110,23 @@ def deliver(runtime: Runtime, run_id: str, status: str) -> str:
                 values.update(status="error", error=result.error)
             tx.update_agent_tool_run(run_id, **values)
             tx.delete_outbox(outbox_key)
-            entries += _settle_parent_call(
-                tx, row, result, runtime.clock(), runtime.registry, runtime.settings.files_root
-            )
-    runtime.publish(entries)
+            entries += _settle_parent_call(tx, row, result, worker.clock(), worker.registry, worker.settings.files_root)
+    worker.publish(entries)
     if current is None:
         return "skipped: the agent-tool run was cleared during its delivery"
     emit("agent_tool", "agent_tool:delivered", run_id=run_id, status=status, agent_type=row.agent_type)
     return f"delivered {status}"
 
 
-def finish_result(runtime: Runtime, row: AgentToolRun) -> AgentToolResult | AgentToolFailure:
+def finish_result(worker: Worker, row: AgentToolRun) -> AgentToolResult | AgentToolFailure:
     """The result the parent sees, asking the child agent for structured output if it has any."""
     result = row.result()
     if not isinstance(result, AgentToolResult):
         assert result is not None, f"{row.run_id} is not finished"
         return result
-    child = runtime.registry.get(row.agent_type) if row.agent_type in runtime.registry else None
+    child = worker.registry.get(row.agent_type) if row.agent_type in worker.registry else None
     get_output = getattr(child, "get_agent_tool_output", None)
-    schema_tool = _output_schema_tool(runtime, row)
+    schema_tool = _output_schema_tool(worker, row)
     if child is None or not callable(get_output):
         if schema_tool is None:
             return result
@@ -149,16 +147,16 @@ def finish_result(runtime: Runtime, row: AgentToolRun) -> AgentToolResult | Agen
     return AgentToolResult(run_id=row.run_id, summary=summary or "", output=output)
 
 
-def _output_schema_tool(runtime: Runtime, row: AgentToolRun) -> Tool | None:
+def _output_schema_tool(worker: Worker, row: AgentToolRun) -> Tool | None:
     """The parent's agent-tool definition that started ``row``, when it declares an output schema."""
     if row.parent_effect_key is None:
         return None
-    with runtime.store.read() as tx:
+    with worker.store.read() as tx:
         loaded = tx.get_call_and_run(row.parent_effect_key)
     if loaded is None:
         return None
     call, parent_run = loaded
-    parent = runtime.registry.get(parent_run.agent) if parent_run.agent in runtime.registry else None
+    parent = worker.registry.get(parent_run.agent) if parent_run.agent in worker.registry else None
     definition = parent.tool_named(call.tool) if parent is not None else None
     if definition is None or definition.child_agent is None or definition.output is None:
         return None
@@ -178,14 +176,14 @@ def _with_result(row: AgentToolRun, result: AgentToolResult | AgentToolFailure) 
     return row
 
 
-def _parent_agent(runtime: Runtime, row: AgentToolRun) -> Agent | None:
-    with runtime.store.read() as tx:
+def _parent_agent(worker: Worker, row: AgentToolRun) -> Agent | None:
+    with worker.store.read() as tx:
         name = tx.thread_agent(row.parent_thread_id)
-    return runtime.registry.get(name) if name is not None and name in runtime.registry else None
+    return worker.registry.get(name) if name is not None and name in worker.registry else None
 
 
 def _fire_hooks(
-    runtime: Runtime, parent: Agent | None, row: AgentToolRun, result: AgentToolResult | AgentToolFailure
+    worker: Worker, parent: Agent | None, row: AgentToolRun, result: AgentToolResult | AgentToolFailure
 ) -> list[OutboxEntry]:
     entries: list[OutboxEntry] = []
     if parent is not None:
@@ -201,12 +199,12 @@ def _fire_hooks(
             raise LookupError(f"the parent agent has no method {row.on_finish!r} to deliver to")
         method(row, result)
     elif row.notify:
-        entries += _notify(runtime, parent, row, result)
+        entries += _notify(worker, parent, row, result)
     return entries
 
 
 def _notify(
-    runtime: Runtime, parent: Agent | None, row: AgentToolRun, result: AgentToolResult | AgentToolFailure
+    worker: Worker, parent: Agent | None, row: AgentToolRun, result: AgentToolResult | AgentToolFailure
 ) -> list[OutboxEntry]:
     """Inject a message into the parent thread (once per run and status) and give it a turn."""
     formatter = getattr(parent, "format_detached_completion", None)
@@ -221,7 +219,7 @@ def _notify(
         "agent_type": row.agent_type,
         "status": status,
     }
-    with runtime.store.transaction() as tx:
+    with worker.store.transaction() as tx:
         thread = tx.get_thread(row.parent_thread_id)
         if thread is None:
             return []
@@ -230,7 +228,7 @@ def _notify(
             agent=thread.agent,
             config_hash=thread.config_hash,
             message=text,
-            now=runtime.clock(),
+            now=worker.clock(),
             thread_id=row.parent_thread_id,
             run_id=f"notify:{row.run_id}:{status}",
             input_meta=meta,
@@ -305,9 +303,9 @@ def _settle_parent_call(
     return entries
 
 
-def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, int]:
+def reconcile_agent_tools(worker: Worker, *, limit: int = 200) -> dict[str, int]:
     """Give up on runs past their budgets, and deliver again what a dead deliverer left."""
-    now = runtime.clock()
+    now = worker.clock()
     entries: list[OutboxEntry] = []
     expired = silent = redelivered = 0
     observed: list[tuple[str, dict[str, Any]]] = []
@@ -318,10 +316,10 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
     # (Locking the due rows up front, as one transaction, deadlocked against a child's step
     # commit: it held the child's thread and waited for the row, while this tick held the row
     # and waited for that thread to record a grandchild's interruption there.)
-    with runtime.store.read() as tx:
+    with worker.store.read() as tx:
         due = tx.due_agent_tool_runs(now=now, limit=limit, lock=False)
     for candidate in due:
-        with runtime.store.transaction() as tx:
+        with worker.store.transaction() as tx:
             child_run = tx.get_run(candidate.child_run_id, lock=True) if candidate.child_run_id else None
             if child_run is not None:
                 tx.get_thread(child_run.thread_id, lock=True)
@@ -366,7 +364,7 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
                 now=now,
             )
             observed.append(("agent_tool:interrupted", {"run_id": row.run_id, "reason": interrupt.reason}))
-    with runtime.store.transaction() as tx:
+    with worker.store.transaction() as tx:
         for row in tx.undelivered_agent_tool_runs(now=now, limit=limit):
             if row.status in row.delivered:
                 tx.update_agent_tool_run(row.run_id, delivery_owner=None, delivery_lease_until=None)
@@ -376,7 +374,7 @@ def reconcile_agent_tools(runtime: Runtime, *, limit: int = 200) -> dict[str, in
             tx.insert_outbox(entry, now)
             entries.append(entry)
             redelivered += 1
-    runtime.publish(entries)
+    worker.publish(entries)
     for event_type, payload in observed:
         emit("agent_tool", event_type, **payload)
     return {"budget_exceeded": expired, "no_progress": silent, "redelivered": redelivered}

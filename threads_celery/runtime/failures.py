@@ -15,22 +15,19 @@ one retry policy; :func:`apply_task_failure` is the thin shell around it.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from threads_celery.decisions.retry import GiveUp, RetryDecision, decide_task_failure
 from threads_celery.exceptions import FenceLost
 from threads_celery.redaction import known_secrets
+from threads_celery.runtime.ports import Worker
 from threads_celery.runtime.tool_faults import describe
 from threads_celery.transitions import runs
-
-if TYPE_CHECKING:
-    from threads_celery.runtime.machine import Runtime
 
 log = logging.getLogger("threads_celery.runtime.failures")
 
 
 def apply_task_failure(
-    runtime: Runtime, task: str, key: str, failures: int, exc: BaseException
+    worker: Worker, task: str, key: str, failures: int, exc: BaseException
 ) -> RetryDecision | GiveUp:
     """Record the failure of a step (``key`` = run id) or tool task (``key`` = effect key).
 
@@ -39,11 +36,11 @@ def apply_task_failure(
     reason, and a tool call is settled as an error, so nothing sends the task again.
     """
     decision = decide_task_failure(
-        task, key, failures, runtime.settings.max_task_failures, describe(exc, known_secrets())
+        task, key, failures, worker.settings.max_task_failures, describe(exc, known_secrets())
     )
-    now = runtime.clock()
+    now = worker.clock()
     entries = []
-    with runtime.store.transaction() as tx:
+    with worker.store.transaction() as tx:
         run_id = key
         if task == runs.TOOL_TASK:
             loaded = tx.get_call_and_run(key)
@@ -58,7 +55,7 @@ def apply_task_failure(
             if task == runs.TOOL_TASK:
                 # A read_only call's row would be republished alongside our own retries.
                 tx.touch_outbox(key, now)
-            if run.lease_owner == runtime.worker_id:
+            if run.lease_owner == worker.worker_id:
                 tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None)
         else:
             if task == runs.TOOL_TASK:
@@ -68,7 +65,7 @@ def apply_task_failure(
                 entries = runs.finish(tx, run, fence=run.fence, status="error", now=now, error=decision.reason)
             except FenceLost:  # the run moved on meanwhile: it is not wedged
                 return decision
-    runtime.publish(entries)
+    worker.publish(entries)
     if isinstance(decision, GiveUp):
         log.error("run %s ended: %s", run_id, decision.reason)
     else:
@@ -77,7 +74,7 @@ def apply_task_failure(
             task,
             key,
             failures,
-            runtime.settings.max_task_failures,
+            worker.settings.max_task_failures,
             decision.countdown,
             describe(exc, known_secrets()),
         )

@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, assert_never
 
@@ -50,7 +50,7 @@ from threads_celery.exceptions import (
     StoreUnavailable,
     UnknownAgent,
 )
-from threads_celery.records import CallRow, OutboxEntry, Run
+from threads_celery.records import CallRow, Run
 from threads_celery.redaction import (
     install_log_redaction,
     redact_text,
@@ -75,6 +75,7 @@ from threads_celery.runtime import (
 from threads_celery.runtime.history import HistoryCache
 from threads_celery.runtime.leases import LeaseKeeper
 from threads_celery.runtime.permission_checks import check_call
+from threads_celery.runtime.ports import Publish
 from threads_celery.runtime.progress import ProgressReporter
 from threads_celery.runtime.rate_limiter import rate_limiter_for
 from threads_celery.runtime.reconcile_lookup import run_lookup
@@ -92,9 +93,6 @@ if TYPE_CHECKING:
     from threads_celery.definitions.agent_tools import Detached, DetachedHandle
 
 log = logging.getLogger("threads_celery.runtime.machine")
-
-Publish = Callable[[Sequence[OutboxEntry]], None]
-
 
 # -- the machine -----------------------------------------------------------------------------
 
@@ -269,7 +267,7 @@ class Runtime:
         if isinstance(decision, Busy):
             raise RetryLater((decision.until - now).total_seconds(), "run is held by another worker")
         if call.batch is not None and call.batch == call.index and call.index > 0:
-            batches.open_group(self, call)
+            batches.open_group(self, call, self.settings.max_parallel_tool_calls)
         if agent is None:
             raise UnknownAgent(f"agent {run.agent!r} is not loaded in this worker")
         if isinstance(decision, Park):
@@ -524,7 +522,10 @@ class Runtime:
         if call.batch is not None:
             # A concurrent call's siblings may still run: its result is recorded on the call (and
             # a failure no model can fix ends the run, as a cancel would).
-            return batches.record_concurrent_result(self, run, call, content, is_error=is_error, fails_run=fails_run)
+            limit = self.settings.max_parallel_tool_calls
+            return batches.record_concurrent_result(
+                self, run, call, content, is_error=is_error, limit=limit, fails_run=fails_run
+            )
         outcome, entries = runs.commit_call_result(
             self.store,
             run,

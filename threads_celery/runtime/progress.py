@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from threads_celery.records import AgentToolRun
+from threads_celery.runtime.ports import Worker
 from threads_celery.transitions import runs
 from threads_celery.transitions.agent_tools import child_signal
 
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from threads_celery.records import OutboxEntry
-    from threads_celery.runtime.machine import Runtime
     from threads_celery.store import Tx
 
 log = logging.getLogger("threads_celery.runtime.progress")
@@ -34,8 +34,8 @@ COALESCE_S = 0.2
 class ProgressReporter:
     """Sends progress for the agent-tool runs of one worker process."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
         self._last_emit: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -60,12 +60,12 @@ class ProgressReporter:
             if not urgent and last is not None and now_mono - last < COALESCE_S:
                 return "coalesced"
             self._last_emit[agent_tool_run_id] = now_mono
-        now = self.runtime.clock()
+        now = self.worker.clock()
         snapshot = {
             k: v for k, v in {"fraction": fraction, "message": message, "phase": phase}.items() if v is not None
         }
         entries = []
-        with self.runtime.store.transaction() as tx:
+        with self.worker.store.transaction() as tx:
             row: AgentToolRun | None = tx.get_agent_tool_run(agent_tool_run_id)
             if row is None or row.status not in ("starting", "running"):
                 return "inactive"
@@ -73,7 +73,7 @@ class ProgressReporter:
                 sequence = tx.insert_milestone(agent_tool_run_id, milestone, data, now)
                 payload: dict[str, Any] = {"run_id": row.run_id, "sequence": sequence, "name": milestone, "data": data}
                 tx.append_event(row.parent_thread_id, row.parent_run_id, "agent_tool.milestone", payload, now)
-                entries = _surface_milestone(self.runtime, tx, row, milestone, sequence, data, now)
+                entries = _surface_milestone(self.worker, tx, row, milestone, sequence, data, now)
             else:
                 stored = {**snapshot, "data": data} if persist and data is not None else snapshot
                 tx.update_agent_tool_run(agent_tool_run_id, progress=stored)
@@ -85,16 +85,16 @@ class ProgressReporter:
                     now,
                 )
             child_signal(tx, agent_tool_run_id, now)
-        self.runtime.publish(entries)
+        self.worker.publish(entries)
         self._call_on_progress(row, {**snapshot, "milestone": milestone, "data": data})
         return "sent"
 
     def _call_on_progress(self, row: AgentToolRun, progress: dict[str, Any]) -> None:
         """The parent's ``on_progress`` hook: best effort, never fails the reporting tool."""
         try:
-            with self.runtime.store.read() as tx:
+            with self.worker.store.read() as tx:
                 name = tx.thread_agent(row.parent_thread_id)
-            parent = self.runtime.registry.get(name) if name is not None and name in self.runtime.registry else None
+            parent = self.worker.registry.get(name) if name is not None and name in self.worker.registry else None
             hook = getattr(parent, "on_progress", None)
             if callable(hook):
                 hook(row, progress)
@@ -103,7 +103,7 @@ class ProgressReporter:
 
 
 def _surface_milestone(
-    runtime: Runtime, tx: Tx, row: AgentToolRun, name: str, sequence: int, data: Any, now: datetime
+    worker: Worker, tx: Tx, row: AgentToolRun, name: str, sequence: int, data: Any, now: datetime
 ) -> list[OutboxEntry]:
     """Narrate or react to a milestone in the parent thread, at most once per (run, name)."""
     options = row.on_milestones
@@ -112,7 +112,7 @@ def _surface_milestone(
     thread = tx.get_thread(row.parent_thread_id)
     if thread is None:
         return []
-    parent = runtime.registry.get(thread.agent) if thread.agent in runtime.registry else None
+    parent = worker.registry.get(thread.agent) if thread.agent in worker.registry else None
     milestone = {"sequence": sequence, "name": name, "data": data}
     formatter = getattr(parent, "format_detached_milestone", None)
     label = row.display_name or row.agent_type

@@ -65,10 +65,10 @@ from sqlalchemy.exc import IntegrityError
 
 from threads_celery.definitions.agents import Agent
 from threads_celery.exceptions import ConfigError
+from threads_celery.runtime.ports import Worker
 from threads_celery.transitions import runs
 
 if TYPE_CHECKING:
-    from threads_celery.runtime.machine import Runtime
     from threads_celery.store import Tx
 
 log = logging.getLogger("threads_celery.runtime.schedules")
@@ -382,11 +382,11 @@ class ScheduleRegistry:
 # -- starting a slot's run (the worker side) --------------------------------------------------
 
 
-def start_scheduled_run(runtime: Runtime, schedules: ScheduleRegistry, name: str, slot_iso: str | None) -> str:
+def start_scheduled_run(worker: Worker, schedules: ScheduleRegistry, name: str, slot_iso: str | None) -> str:
     """Start the run of one slot of schedule ``name``, unless it exists. Returns what happened.
 
-    ``runtime`` is the worker's :class:`~threads_celery.runtime.machine.Runtime` (its store, agent
-    registry, publisher and clock). The slot is floored to the schedule, so a slot published by
+    ``worker`` is the worker's runtime (its store, agent registry, publisher and clock: see
+    :class:`~threads_celery.runtime.ports.Worker`). The slot is floored to the schedule, so a slot published by
     a Beat whose clock or definition differs slightly still maps to a slot of this schedule.
     """
     schedule = schedules.get(name)
@@ -395,18 +395,18 @@ def start_scheduled_run(runtime: Runtime, schedules: ScheduleRegistry, name: str
         return f"unknown schedule {name}"
     if not schedule.enabled:
         return f"schedule {name} is disabled"
-    slot = schedule.floor(parse_slot(slot_iso) if slot_iso else runtime.clock())
+    slot = schedule.floor(parse_slot(slot_iso) if slot_iso else worker.clock())
     run_id = schedule.run_id(slot)
-    registry = runtime.registry
+    registry = worker.registry
     agent_name = schedule.agent_name
     if isinstance(schedule.agent, Agent) and agent_name not in registry:
         registry.add(schedule.agent)
     for _ in range(3):
         try:
-            with runtime.store.transaction() as tx:
+            with worker.store.transaction() as tx:
                 if tx.get_run(run_id) is not None:
                     return f"exists {run_id}"
-                now = runtime.clock()
+                now = worker.clock()
                 if agent_name in registry:
                     agent = registry.get(agent_name)
                     config_hash = agent.config_hash()
@@ -432,7 +432,7 @@ def start_scheduled_run(runtime: Runtime, schedules: ScheduleRegistry, name: str
             # Another delivery of this slot (a second Beat, a redelivery) inserted the same run
             # or thread first; read again.
             continue
-        runtime.publish(entries)
+        worker.publish(entries)
         log.info("schedule %s: started run %s on thread %s", name, run.id, run.thread_id)
         return f"started {run_id}"
     raise RuntimeError(f"schedule {name}: could not start or find run {run_id}")

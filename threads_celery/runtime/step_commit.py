@@ -11,7 +11,7 @@ outbox rows are published right after the commit.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from threads_celery.decisions.next_step import NextCall, after_reply
 from threads_celery.decisions.permissions import Allow as PermissionAllow
@@ -22,18 +22,16 @@ from threads_celery.exceptions import FenceLost
 from threads_celery.records import OutboxEntry, Run, ToolCall
 from threads_celery.runtime import batches, hooks, models
 from threads_celery.runtime.permission_checks import check_call
+from threads_celery.runtime.ports import Worker
 from threads_celery.store.operations import Reply, StepUsage, commit_last_reply_in, commit_reply_in
 from threads_celery.store.repository import Tx, args_digest
 from threads_celery.transitions import runs
 from threads_celery.transitions.agent_tools import child_signal
 
-if TYPE_CHECKING:
-    from threads_celery.runtime.machine import Runtime
 
-
-def commit_step(runtime: Runtime, run: Run, fence: int, step: int, agent: Agent, turn: models.ModelTurn) -> str:
+def commit_step(worker: Worker, run: Run, fence: int, step: int, agent: Agent, turn: models.ModelTurn) -> str:
     """Commit model step ``step``'s reply (fenced) and publish what runs next; returns what happened."""
-    now = runtime.clock()
+    now = worker.clock()
     calls = [
         (
             runs.effect_key_for(run.id, step, i),
@@ -42,8 +40,8 @@ def commit_step(runtime: Runtime, run: Run, fence: int, step: int, agent: Agent,
         )
         for i, requested in enumerate(turn.calls)
     ]
-    plan = batches.plan_groups([_may_run_concurrently(runtime, run, agent, t) for _, _, t in calls])
-    usage = _usage(runtime, agent, turn)
+    plan = batches.plan_groups([_may_run_concurrently(worker, run, agent, t) for _, _, t in calls])
+    usage = _usage(worker, agent, turn)
     asked = tuple(ToolCall(id=r.call_id, name=r.name, args=r.args, effect_key=key) for key, r, _ in calls)
     following = after_reply(len(calls))
     entries: list[OutboxEntry] = []
@@ -51,7 +49,7 @@ def commit_step(runtime: Runtime, run: Run, fence: int, step: int, agent: Agent,
         # The first call, or the first wave of a concurrent group that opens the reply.
         first = following.index
         wave = (
-            batches.first_wave(first, batches.group_end(plan, first), runtime.settings.max_parallel_tool_calls)
+            batches.first_wave(first, batches.group_end(plan, first), worker.settings.max_parallel_tool_calls)
             if plan[first] is not None
             else range(first, first + 1)
         )
@@ -74,9 +72,9 @@ def commit_step(runtime: Runtime, run: Run, fence: int, step: int, agent: Agent,
             entries=tuple(entries),
         )
         if run.agent_tool_run_id is None:
-            moved = runtime.store.commit_reply(reply)
+            moved = worker.store.commit_reply(reply)
         else:
-            with runtime.store.transaction() as tx:
+            with worker.store.transaction() as tx:
                 moved = commit_reply_in(tx, reply)
                 if moved is not None:
                     _signal_parent(tx, run, turn, now, [r.name for _, r, _ in calls])
@@ -89,14 +87,14 @@ def commit_step(runtime: Runtime, run: Run, fence: int, step: int, agent: Agent,
             run_id=run.id, thread_id=run.thread_id, fence=fence, step=step, now=now, usage=usage, text=turn.text,
             tool_calls=(), call_rows=(), entries=(),
         )  # fmt: skip
-        with runtime.store.transaction() as tx:
+        with worker.store.transaction() as tx:
             if commit_last_reply_in(tx, last) is None:
                 raise FenceLost(run.id, fence)
             entries.extend(runs.finished(tx, run, status="completed", now=now, output=turn.text))
         outcome = "completed"
     else:
         # An agent tool's child: its parent hears of the reply before the run's end.
-        with runtime.store.transaction() as tx:
+        with worker.store.transaction() as tx:
             moved = tx.advance_run(run.id, fence=fence, now=now, step=step + 1, lease_owner=None, lease_expires_at=None)
             if moved is None:
                 raise FenceLost(run.id, fence)
@@ -105,7 +103,7 @@ def commit_step(runtime: Runtime, run: Run, fence: int, step: int, agent: Agent,
             _signal_parent(tx, run, turn, now, [])
             entries.extend(runs.finish(tx, run, fence=moved, status="completed", now=now, output=turn.text))
         outcome = "completed"
-    runtime.publish(entries)
+    worker.publish(entries)
     if outcome == "completed":
         hooks.observe_stop(agent, run, step, Stop("completed", output=turn.text))
     return outcome
@@ -158,7 +156,7 @@ def _signal_parent(tx: Tx, run: Run, turn: models.ModelTurn, now: datetime, call
     )
 
 
-def _usage(runtime: Runtime, agent: Agent, turn: models.ModelTurn) -> StepUsage:
+def _usage(worker: Worker, agent: Agent, turn: models.ModelTurn) -> StepUsage:
     input_tokens = int(turn.usage.get("input_tokens", 0))
     output_tokens = int(turn.usage.get("output_tokens", 0))
     identity = agent.model_identity()
@@ -167,7 +165,7 @@ def _usage(runtime: Runtime, agent: Agent, turn: models.ModelTurn) -> StepUsage:
         model=turn.model_name or identity,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
-        cost=runtime.settings.model_prices.cost((identity, turn.model_name), input_tokens, output_tokens),
+        cost=worker.settings.model_prices.cost((identity, turn.model_name), input_tokens, output_tokens),
     )
 
 
@@ -185,8 +183,8 @@ def _record_usage(tx: Tx, run: Run, step: int, usage: StepUsage, now: datetime) 
     )
 
 
-def _may_run_concurrently(runtime: Runtime, run: Run, agent: Agent, tool: Tool | None) -> bool:
+def _may_run_concurrently(worker: Worker, run: Run, agent: Agent, tool: Tool | None) -> bool:
     """A concurrent tool whose call the permissions allow outright (no person to wait for)."""
     if tool is None or not tool.concurrent:
         return False
-    return isinstance(check_call(runtime.store, runtime.registry, run, agent, tool), PermissionAllow)
+    return isinstance(check_call(worker.store, worker.registry, run, agent, tool), PermissionAllow)
