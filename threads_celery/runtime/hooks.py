@@ -17,7 +17,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -42,10 +42,8 @@ from threads_celery.records import CallRow, Run
 from threads_celery.redaction import known_secrets
 from threads_celery.runtime import tool_faults
 from threads_celery.runtime.models import run_coroutine
+from threads_celery.store import Store
 from threads_celery.store.repository import args_digest
-
-if TYPE_CHECKING:
-    from threads_celery.runtime.machine import Runtime
 
 log = logging.getLogger("threads_celery.runtime.hooks")
 
@@ -150,12 +148,19 @@ class Gated:
     ctx: HookContext | None
 
 
-def gate_call(runtime: Runtime, run: Run, call: CallRow, agent: Agent, tool: Tool, parsed: BaseModel) -> Gated | str:
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A call the deciding hooks stopped: what the model is shown as the call's error."""
+
+    content: str
+
+
+def gate_call(store: Store, run: Run, call: CallRow, agent: Agent, tool: Tool, parsed: BaseModel) -> Gated | Refused:
     """Run ``before_tool`` (and ``before_subagent`` for a child call) on a call about to run.
 
-    Returns the call to run, or (having committed the call's result) what happened: a denied
-    call shows the model ``denied: <reason>``; changed arguments that fail validation are the
-    call's error. Changed arguments that pass are recorded on the call (the original kept).
+    Returns the call to run, or why it may not run, for its error result: a denied call shows
+    the model ``denied: <reason>``; changed arguments that fail validation are the call's error.
+    Changed arguments that pass are recorded on the call (the original kept).
     """
     points = ["before_tool"]
     if tool.child_agent is not None or tool.subagent_op in ("create", "message"):
@@ -170,17 +175,16 @@ def gate_call(runtime: Runtime, run: Run, call: CallRow, agent: Agent, tool: Too
         verdict = decide(agent, point, hook_call, ctx)
         assert verdict is not None
         if not verdict.allowed:
-            return runtime._commit_call(run, run.fence, call, tool, f"denied: {verdict.reason}", is_error=True)
+            return Refused(f"denied: {verdict.reason}")
         if verdict.changed and verdict.args is not None:
             try:
                 parsed = tool.parse_arguments(dict(verdict.args))
             except ToolArgumentsError as exc:
-                content = f"a {point} hook changed the arguments to ones that fail validation: {exc}"
-                return runtime._commit_call(run, run.fence, call, tool, content, is_error=True)
+                return Refused(f"a {point} hook changed the arguments to ones that fail validation: {exc}")
             hook_call = HookCall(tool.name, tool.arguments_of(parsed), call.effect_key, call.call_id, tool.effect)
     new_args = render_result(hook_call.args)
     if new_args != call.args and _json(call.args) != hook_call.args:
-        with runtime.store.transaction() as tx:
+        with store.transaction() as tx:
             tx.update_call(
                 call.effect_key,
                 args=new_args,
@@ -199,22 +203,21 @@ def _json(text: str) -> Any:
         return None
 
 
-def step_instructions(runtime: Runtime, run: Run, fence: int, step: int, agent: Agent) -> str | None:
-    """The step's instructions with what ``before_step`` hooks add; None (the run ended in
-    error, saying why) if one failed: a context hook's failure stops the step."""
+def step_instructions(run: Run, step: int, agent: Agent) -> str | Failed:
+    """The step's instructions with what ``before_step`` hooks add, or the first one's failure:
+    a context hook's failure stops the step (see :func:`stopped_by`)."""
     if not implementers(agent, "before_step"):
         return str(agent.system_prompt())
     ctx = HookContext(run_id=run.id, thread_id=run.thread_id, agent=agent.name, step=step, deps=agent.deps)
     added, failed = add_context(agent, ctx)
     if failed is not None:
-        runtime._finish(
-            run,
-            fence,
-            "error",
-            error=f"hook {failed.hook} failed ({failed.reason}), so the step was stopped",
-        )
-        return None
+        return failed
     return "\n\n".join(part for part in (agent.system_prompt(), added) if part)
+
+
+def stopped_by(failed: Failed) -> str:
+    """The error a run ends with when a ``before_step`` hook failed."""
+    return f"hook {failed.hook} failed ({failed.reason}), so the step was stopped"
 
 
 def observe_result(agent: Agent, gated: Gated, content: str, is_error: bool) -> None:

@@ -37,7 +37,7 @@ from threads_celery.decisions.retry import model_retries
 from threads_celery.decisions.usage import LIMIT_REASON, limit_reached
 from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.context import ToolContext
-from threads_celery.definitions.hooks import Stop
+from threads_celery.definitions.hooks import Failed, Stop
 from threads_celery.definitions.tools import Tool, ToolArgumentsError, ToolOutputError, render_result
 from threads_celery.definitions.variables import declared
 from threads_celery.exceptions import (
@@ -160,8 +160,9 @@ class Runtime:
         if step >= agent.max_steps:
             self._finish(run, fence, "error", error=f"the run reached its limit of {agent.max_steps} model steps")
             return "error: step limit"
-        instructions = hooks.step_instructions(self, run, fence, step, agent)
-        if instructions is None:
+        instructions = hooks.step_instructions(run, step, agent)
+        if isinstance(instructions, Failed):
+            self._finish(run, fence, "error", error=hooks.stopped_by(instructions))
             return "error: a before_step hook failed"
         if agent.usage_limits is not None:
             with self.store.read() as tx:
@@ -298,9 +299,9 @@ class Runtime:
             return self._commit_call(
                 run, run.fence, call, tool, str(exc), is_error=True, kind="invalid", fails_run=fails_run
             )
-        gated = hooks.gate_call(self, run, call, agent, tool, parsed)
-        if isinstance(gated, str):
-            return gated
+        gated = hooks.gate_call(self.store, run, call, agent, tool, parsed)
+        if isinstance(gated, hooks.Refused):
+            return self._commit_call(run, run.fence, call, tool, gated.content, is_error=True)
         call, parsed = gated.call, gated.parsed
         if tool.subagent_op is not None:
             return subagents.subagent_call(self, run, call, agent, tool, parsed, now)
