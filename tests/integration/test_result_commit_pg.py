@@ -10,6 +10,7 @@ from threads_celery import Agent, Permissions, tool
 from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.exceptions import FenceLost
 from threads_celery.runtime.machine import Runtime
+from threads_celery.runtime.outcomes import commit_call
 from threads_celery.settings import Settings
 from threads_celery.store import Store, create_store_engine, parse_database_url
 from threads_celery.store.migrate import upgrade
@@ -114,7 +115,7 @@ def test_a_stale_fence_writes_nothing(runtime: Store) -> None:
         call, current = tx.get_call_and_run(entry.args[0])
         before = (len(tx.list_messages(run.thread_id)), len(tx.list_events(run.thread_id)))
     with pytest.raises(FenceLost):
-        rt._commit_call(current, current.fence - 1, call, None, "late", is_error=False, own_outbox=True)
+        commit_call(rt, current, current.fence - 1, call, None, "late", is_error=False, own_outbox=True)
     with runtime.read() as tx:
         after = (len(tx.list_messages(run.thread_id)), len(tx.list_events(run.thread_id)))
         assert tx.get_call_and_run(entry.args[0])[0].status == "pending"

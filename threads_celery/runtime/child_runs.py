@@ -1,7 +1,7 @@
-"""Starting child runs from the runtime: agent-tool calls (awaited) and ``ctx.run_agent_tool``.
+"""Starting child runs from a tool call: agent-tool calls (awaited) and ``ctx.run_agent_tool``.
 
-Functions of the runtime (``self``), kept apart from the step machine: the parent waits holding
-no worker, and a retried call re-attaches to the child it started instead of starting another.
+The parent waits holding no worker, and a retried call re-attaches to the child it started
+instead of starting another.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from threads_celery.definitions.agent_tools import Detached, DetachedHandle
 from threads_celery.definitions.agents import Agent
@@ -19,16 +19,15 @@ from threads_celery.exceptions import AttachmentPathError, ConfigError, FenceLos
 from threads_celery.records import CallRow, Run
 from threads_celery.redaction import describe_exception
 from threads_celery.runtime.delivery import _settle_parent_call
+from threads_celery.runtime.outcomes import commit_call
+from threads_celery.runtime.ports import Worker
 from threads_celery.telemetry.observability import emit
 from threads_celery.transitions import agent_tool_dispatch, agent_tools
 from threads_celery.workspace.files import ThreadFiles, copy_into_child
 
-if TYPE_CHECKING:
-    from threads_celery.runtime.machine import Runtime
-
 
 def dispatch_child(
-    self: Runtime,
+    worker: Worker,
     run: Run,
     call: CallRow,
     tool: Tool,
@@ -56,21 +55,21 @@ def dispatch_child(
             names = arguments.get(options.init_attachments_property) or []
             try:
                 refs = copy_into_child(
-                    ThreadFiles(self.settings.files_root, run.thread_id),
-                    ThreadFiles(self.settings.files_root, child_thread_id),
+                    ThreadFiles(worker.settings.files_root, run.thread_id),
+                    ThreadFiles(worker.settings.files_root, child_thread_id),
                     [str(n) for n in (names if isinstance(names, list) else [names])],
                 )
             except (OSError, AttachmentPathError) as exc:
                 # A name the parent does not have is the model's mistake to fix, not a crash.
                 content = f"cannot hand the attachments to {tool.name}: {describe_exception(exc, ())}"
-                return self._commit_call(run, run.fence, call, tool, content, is_error=True)
+                return commit_call(worker, run, run.fence, call, tool, content, is_error=True)
             if refs:
                 text = input_value if isinstance(input_value, str) else json.dumps(input_value)
                 input_value = f"{text}\n\nAttachments: {', '.join(refs)}"
     child = child or tool.child_agent
     # The runtime sends only agent tools (child_agent set) and subagent creates (child given) here.
     assert child is not None, f"tool {tool.name!r} starts no child agent"
-    with self.store.transaction() as tx:
+    with worker.store.transaction() as tx:
         if (
             tx.advance_run(run.id, fence=run.fence, now=now, status="waiting", lease_owner=None, lease_expires_at=None)
             is None
@@ -93,28 +92,28 @@ def dispatch_child(
             parent_effect_key=call.effect_key,
             display_name=tool.display_name,
             display_order=call.index,
-            max_concurrent=getattr(self.registry.get(run.agent), "max_concurrent_agent_tools", None),
-            max_window_ms=getattr(self.registry.get(run.agent), "agent_tool_max_window_ms", None),
+            max_concurrent=getattr(worker.registry.get(run.agent), "max_concurrent_agent_tools", None),
+            max_window_ms=getattr(worker.registry.get(run.agent), "agent_tool_max_window_ms", None),
         )
         if not started and row.is_terminal and row.status in row.delivered:
             # Refused (past the cap), or re-attached to a run whose finish was delivered
             # already: no delivery will come, so its result answers the call now.
             result = row.result()
             assert result is not None
-            entries += _settle_parent_call(tx, row, result, now, self.registry)
+            entries += _settle_parent_call(tx, row, result, now, worker.registry)
         elif not started and row.is_terminal:
             # Re-attached to a run that already ended: deliver its retained result again.
             entry = agent_tools.deliver_entry(row.run_id, row.status)
             tx.insert_outbox(entry, now)
             entries.append(entry)
-    self.publish(entries)
+    worker.publish(entries)
     if started:
         emit("agent_tool", "agent_tool:dispatched", run_id=row.run_id, agent_type=row.agent_type, detached=False)
     return f"waiting on {row.agent_type} ({row.run_id})"
 
 
 def start_detached_child(
-    self: Runtime,
+    worker: Worker,
     run: Run,
     call: CallRow,
     child: type[Agent] | Agent | str,
@@ -131,28 +130,28 @@ def start_detached_child(
             "a tool starts child runs detached (detached=True or Detached(...)): waiting on one "
             "would hold this worker; expose the agent with agent_tool(...) to await it"
         )
-    agent = self.registry.get(child) if isinstance(child, str) else (child() if isinstance(child, type) else child)
+    agent = worker.registry.get(child) if isinstance(child, str) else (child() if isinstance(child, type) else child)
     if not isinstance(agent, Agent):
         raise ConfigError(f"the child must be an Agent (class, instance or name), not {type(child).__name__}")
-    self.registry.add(agent)  # so this process can run its steps; other workers must load it too
-    parent = self.registry.get(run.agent)
+    worker.registry.add(agent)  # so this process can run its steps; other workers must load it too
+    parent = worker.registry.get(run.agent)
     if options.on_finish is not None and not callable(getattr(parent, options.on_finish, None)):
         raise ConfigError(f"on_finish {options.on_finish!r} is not a method of agent {parent.name!r}")
-    with self.store.transaction() as tx:
+    with worker.store.transaction() as tx:
         row, entries, started = agent_tool_dispatch.dispatch(
             tx,
             run_id=run_id,
             parent_thread_id=run.thread_id,
             child=agent,
             input_value=input_value,
-            now=self.clock(),
+            now=worker.clock(),
             parent_run_id=run.id,
             parent_tool_call_id=call.call_id,
             display_name=display_name,
             detached=options,
             max_concurrent=getattr(parent, "max_concurrent_agent_tools", None),
         )
-    self.publish(entries)
+    worker.publish(entries)
     refused = not started and row.status == "error"
     return DetachedHandle(
         run_id=row.run_id,

@@ -74,6 +74,7 @@ from threads_celery.runtime import (
 )
 from threads_celery.runtime.history import HistoryCache
 from threads_celery.runtime.leases import LeaseKeeper
+from threads_celery.runtime.outcomes import commit_call, finish_run
 from threads_celery.runtime.permission_checks import check_call
 from threads_celery.runtime.ports import Publish
 from threads_celery.runtime.progress import ProgressReporter
@@ -93,6 +94,7 @@ if TYPE_CHECKING:
     from threads_celery.definitions.agent_tools import Detached, DetachedHandle
 
 log = logging.getLogger("threads_celery.runtime.machine")
+
 
 # -- the machine -----------------------------------------------------------------------------
 
@@ -146,7 +148,7 @@ class Runtime:
         history = self.history.load(self.store, run.thread_id)  # each read a statement of its own
         if (run.input_meta or {}).get("narrate"):
             # A narrated status line: its message is in the thread already; no model turn.
-            self._finish(run, fence, "completed", output=run.input)
+            finish_run(self, run, fence, "completed", output=run.input)
             return "narrated"
         try:
             agent = self.registry.get(run.agent)
@@ -155,14 +157,14 @@ class Runtime:
         try:
             agent.preflight()
         except ConfigError as exc:
-            self._finish(run, fence, "error", error=f"agent {agent.name!r} cannot run in this worker: {exc}")
+            finish_run(self, run, fence, "error", error=f"agent {agent.name!r} cannot run in this worker: {exc}")
             return "error: agent cannot run"
         if step >= agent.max_steps:
-            self._finish(run, fence, "error", error=f"the run reached its limit of {agent.max_steps} model steps")
+            finish_run(self, run, fence, "error", error=f"the run reached its limit of {agent.max_steps} model steps")
             return "error: step limit"
         instructions = hooks.step_instructions(run, step, agent)
         if isinstance(instructions, Failed):
-            self._finish(run, fence, "error", error=hooks.stopped_by(instructions))
+            finish_run(self, run, fence, "error", error=hooks.stopped_by(instructions))
             return "error: a before_step hook failed"
         if agent.usage_limits is not None:
             with self.store.read() as tx:
@@ -178,7 +180,7 @@ class Runtime:
                         raise FenceLost(run.id, fence)
                 return f"parked: {LIMIT_REASON}"
             if reached is not None:
-                self._finish(run, fence, "interrupted", error=reached.message)
+                finish_run(self, run, fence, "interrupted", error=reached.message)
                 return f"interrupted: {LIMIT_REASON}"
         provider = provider_of(agent.model_identity())
         provider_retry.wait_for_window(self, run, fence, provider)
@@ -199,7 +201,7 @@ class Runtime:
                 )
             starts.finish()
         except AgentCodeFailed as exc:  # not the provider: the agent's own code, which would fail again
-            self._finish(run, fence, "error", error=str(exc))
+            finish_run(self, run, fence, "error", error=str(exc))
             return "error: the agent's code failed"
         except Exception as exc:  # noqa: BLE001 - the provider failed: retry with backoff, then fail the run
             ended = provider_retry.provider_failed(self, run, fence, step, exc)
@@ -229,15 +231,6 @@ class Runtime:
                 hook(run, started)
             except Exception as exc:  # noqa: BLE001 - an observing hook's failure is logged and ignored
                 log.warning("on_tool_call_started failed: %s: %s", type(exc).__name__, exc)
-
-    def _finish(
-        self, run: Run, fence: int, status: str, *, output: str | None = None, error: str | None = None
-    ) -> None:
-        with self.store.transaction() as tx:
-            entries = runs.finish(tx, run, fence=fence, status=status, now=self.clock(), output=output, error=error)
-        self.publish(entries)
-        if run.agent in self.registry:
-            hooks.observe_stop(self.registry.get(run.agent), run, run.step, Stop(status, output, error))
 
     def _extend_run_lease(self, run_id: str, fence: int, lease: timedelta) -> bool:
         with self.store.transaction() as tx:
@@ -274,7 +267,7 @@ class Runtime:
         if isinstance(decision, Park):
             return f"parked: {self._park(run, call, decision.reason)}"
         if isinstance(decision, RecordFound):
-            return self._commit_call(run, run.fence, call, tool, render_result(decision.value), is_error=False)
+            return commit_call(self, run, run.fence, call, tool, render_result(decision.value), is_error=False)
         if isinstance(decision, (Proceed, RunAgain)):
             with (
                 tracing.tool_span(
@@ -289,31 +282,31 @@ class Runtime:
         if tool is None:
             names = ", ".join(t.name for t in agent.runtime_tools) or "none"
             content = f"unknown tool {call.tool!r}; the tools you can call are: {names}"
-            return self._commit_call(run, run.fence, call, None, content, is_error=True)
+            return commit_call(self, run, run.fence, call, None, content, is_error=True)
         try:
             parsed = tool.parse_arguments(call.args)
         except ToolArgumentsError as exc:  # the model is asked to fix them, as Pydantic AI asks
             fails_run = tool_faults.retries_exhausted(
                 tool, run.id, lambda: self.history.load(self.store, run.thread_id), agent.output_tool_names
             )
-            return self._commit_call(
-                run, run.fence, call, tool, str(exc), is_error=True, kind="invalid", fails_run=fails_run
+            return commit_call(
+                self, run, run.fence, call, tool, str(exc), is_error=True, kind="invalid", fails_run=fails_run
             )
         gated = hooks.gate_call(self.store, run, call, agent, tool, parsed)
         if isinstance(gated, hooks.Refused):
-            return self._commit_call(run, run.fence, call, tool, gated.content, is_error=True)
+            return commit_call(self, run, run.fence, call, tool, gated.content, is_error=True)
         call, parsed = gated.call, gated.parsed
         if tool.subagent_op is not None:
             return subagents.subagent_call(self, run, call, agent, tool, parsed, now)
         if tool.child_agent is not None:
-            return self._dispatch_child(run, call, tool, parsed, now)
+            return child_runs.dispatch_child(self, run, call, tool, parsed, now)
         permission = check_call(self.store, self.registry, run, agent, tool, call)
         if isinstance(permission, Deny):
-            return self._commit_call(run, run.fence, call, tool, f"denied: {permission.reason}", is_error=True)
+            return commit_call(self, run, run.fence, call, tool, f"denied: {permission.reason}", is_error=True)
         if isinstance(permission, Ask) and call.batch is not None:
             # Its siblings are running: a concurrent call cannot hold the run for a person.
             reason = f"{permission.reason}, and a concurrent call cannot wait for approval"
-            return self._commit_call(run, run.fence, call, tool, f"denied: {reason}", is_error=True)
+            return commit_call(self, run, run.fence, call, tool, f"denied: {reason}", is_error=True)
         if isinstance(permission, Ask):
             self._await_approval(run, call, permission.reason)
             return f"awaiting approval: {permission.reason}"
@@ -327,7 +320,7 @@ class Runtime:
         missing = env.missing_required()
         if missing and call.batch is not None:
             content = f"needs a value for {', '.join(missing)}, which a concurrent call cannot wait for"
-            return self._commit_call(run, run.fence, call, tool, content, is_error=True)
+            return commit_call(self, run, run.fence, call, tool, content, is_error=True)
         if missing:
             self._await_approval(run, call, f"needs a value for {', '.join(missing)}", status="awaiting_variable")
             return f"awaiting variables: {', '.join(missing)}"
@@ -474,23 +467,6 @@ class Runtime:
             run.id, call.effect_key, fence=run.fence, owner=self.worker_id, lease_until=lease_until, now=now
         )
 
-    def _dispatch_child(
-        self,
-        run: Run,
-        call: CallRow,
-        tool: Tool,
-        parsed: Any,
-        now: datetime,
-        *,
-        child: Agent | None = None,
-        child_thread_id: str | None = None,
-        input_value: Any = None,
-    ) -> str:
-        """An agent-tool call: start (or re-attach to) the child (see :mod:`.child_runs`)."""
-        return child_runs.dispatch_child(
-            self, run, call, tool, parsed, now, child=child, child_thread_id=child_thread_id, input_value=input_value
-        )
-
     def start_detached_child(
         self,
         run: Run,
@@ -506,43 +482,6 @@ class Runtime:
         return child_runs.start_detached_child(
             self, run, call, child, input_value, detached=detached, run_id=run_id, display_name=display_name
         )
-
-    def _commit_call(
-        self,
-        run: Run,
-        fence: int,
-        call: CallRow,
-        tool: Tool | None,
-        content: str,
-        *,
-        is_error: bool,
-        own_outbox: bool = True,
-        fails_run: str | None = None,
-        kind: str | None = None,
-    ) -> str:
-        if call.batch is not None:
-            # A concurrent call's siblings may still run: its result is recorded on the call (and
-            # a failure no model can fix ends the run, as a cancel would).
-            limit = self.settings.max_parallel_tool_calls
-            return batches.record_concurrent_result(
-                self, run, call, content, is_error=is_error, limit=limit, fails_run=fails_run
-            )
-        outcome, entries = runs.commit_call_result(
-            self.store,
-            run,
-            call,
-            fence=fence,
-            content=content,
-            is_error=is_error,
-            ends_turn=tool is not None and tool.ends_turn,
-            own_outbox=own_outbox,
-            step_queue=self._step_queue(run.agent),
-            now=self.clock(),
-            fails_run=fails_run,
-            kind=kind,
-        )
-        self.publish(entries)
-        return outcome
 
     def _await_approval(self, run: Run, call: CallRow, reason: str, *, status: str = "awaiting_approval") -> None:
         """The run waits for a person (an approval, or a variable's value), holding no worker."""
@@ -578,10 +517,6 @@ class Runtime:
                 # tool's own heartbeat) resets its no-progress window.
                 child_signal(tx, agent_tool_run_id, now)
             return True
-
-    def _step_queue(self, agent_name: str) -> str | None:
-        """The queue of the agent's steps (None: the default work queue)."""
-        return self.registry.get(agent_name).queue if agent_name in self.registry else None
 
     def _is_cancelled(self, run_id: str) -> bool:
         with self.store.read() as tx:

@@ -6,23 +6,32 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from threads_celery.decisions.provider_limits import classify_provider_failure
 from threads_celery.decisions.retry import GiveUp, decide_model_step_retry, decide_provider_retry
 from threads_celery.exceptions import FenceLost, RetryLater
 from threads_celery.redaction import describe_exception
+from threads_celery.runtime.outcomes import finish_run
+from threads_celery.runtime.ports import Ledger, Worker
+from threads_celery.runtime.rate_limiter import RateLimiter
 
 if TYPE_CHECKING:
     from threads_celery.records import Run
-    from threads_celery.runtime.machine import Runtime
 
 log = logging.getLogger("threads_celery.runtime.machine")
 RETRY_EVENT = "model_retry"
 
 
+class Throttled(Ledger, Protocol):
+    """A ledger, and the provider's request windows this worker shares (see :mod:`.rate_limiter`)."""
+
+    @property
+    def rate_limiter(self) -> RateLimiter: ...
+
+
 def release_and_retry(
-    runtime: Runtime,
+    ledger: Ledger,
     run: Run,
     fence: int,
     seconds: float,
@@ -32,17 +41,17 @@ def release_and_retry(
 ) -> None:
     """Give the run's lease back (so the retry, on any worker, claims at once), note the wait in
     the thread's log, and raise RetryLater: a Celery retry with a countdown holds no worker slot."""
-    with runtime.store.transaction() as tx:
-        if tx.advance_run(run.id, fence=fence, now=runtime.clock(), lease_owner=None, lease_expires_at=None) is None:
+    with ledger.store.transaction() as tx:
+        if tx.advance_run(run.id, fence=fence, now=ledger.clock(), lease_owner=None, lease_expires_at=None) is None:
             raise FenceLost(run.id, fence)
         if event is not None:
-            tx.append_event(run.thread_id, run.id, RETRY_EVENT, event, runtime.clock())
+            tx.append_event(run.thread_id, run.id, RETRY_EVENT, event, ledger.clock())
     raise RetryLater(seconds, reason)
 
 
-def wait_for_window(runtime: Runtime, run: Run, fence: int, provider: str) -> None:
+def wait_for_window(throttled: Throttled, run: Run, fence: int, provider: str) -> None:
     """Take a request from the provider's shared window, or retry the step when the window opens."""
-    wait = runtime.rate_limiter.acquire(provider, runtime.clock())
+    wait = throttled.rate_limiter.acquire(provider, throttled.clock())
     if wait is not None:
         log.info(
             "run %s: %s rate limit reached, waiting %.1fs for the next window",
@@ -50,21 +59,21 @@ def wait_for_window(runtime: Runtime, run: Run, fence: int, provider: str) -> No
             provider,
             wait,
         )
-        release_and_retry(runtime, run, fence, wait, f"{provider} rate limit: waiting for the next window")
+        release_and_retry(throttled, run, fence, wait, f"{provider} rate limit: waiting for the next window")
 
 
-def provider_failed(runtime: Runtime, run: Run, fence: int, step: int, exc: Exception) -> str | None:
+def provider_failed(worker: Worker, run: Run, fence: int, step: int, exc: Exception) -> str | None:
     """Wait out a transient provider failure (429, 5xx, timeout) for at most the configured time.
 
     Returns None when the failure is not transient (the attempt-based :func:`step_failed` applies);
     raises RetryLater to try again; returns what happened when the run ended ``error``.
     """
-    now: datetime = runtime.clock()
+    now: datetime = worker.clock()
     failure = classify_provider_failure(exc, now)
     if not failure.transient:
         return None
     reason = describe_exception(exc, ())
-    with runtime.store.read() as tx:
+    with worker.store.read() as tx:
         last = tx.last_event_of(run.thread_id, run.id, RETRY_EVENT)
     same_step = last is not None and last.get("step") == step
     first_failed_at = datetime.fromisoformat(str(last["first_failed_at"])) if same_step and last else now
@@ -74,11 +83,11 @@ def provider_failed(runtime: Runtime, run: Run, fence: int, step: int, exc: Exce
         failures_so_far=failures,
         first_failed_at=first_failed_at,
         now=now,
-        retry_for_s=runtime.settings.provider_retry_for_s,
+        retry_for_s=worker.settings.provider_retry_for_s,
         reason=reason,
     )
     if isinstance(decision, GiveUp):
-        runtime._finish(run, fence, "error", error=f"model step {step} failed: {decision.reason}")
+        finish_run(worker, run, fence, "error", error=f"model step {step} failed: {decision.reason}")
         return f"error: {decision.reason}"
     log.warning(
         "run %s step %d: provider failed (%s), retrying in %.1fs: %s",
@@ -89,7 +98,7 @@ def provider_failed(runtime: Runtime, run: Run, fence: int, step: int, exc: Exce
         reason,
     )
     release_and_retry(
-        runtime, run, fence, decision.countdown, reason,
+        worker, run, fence, decision.countdown, reason,
         event={
             "run_id": run.id, "step": step, "status": failure.status, "retry_in_s": round(decision.countdown, 3),
             "failures": failures, "first_failed_at": first_failed_at.isoformat(), "reason": reason,
@@ -98,23 +107,23 @@ def provider_failed(runtime: Runtime, run: Run, fence: int, step: int, exc: Exce
     return None  # pragma: no cover - release_and_retry raised
 
 
-def step_failed(runtime: Runtime, run: Run, fence: int, step: int, attempt: int, exc: Exception) -> str:
+def step_failed(worker: Worker, run: Run, fence: int, step: int, attempt: int, exc: Exception) -> str:
     """A model step failed (no transient HTTP answer, or its reply could not be stored): retry it
     with backoff while it has retries (raising RetryLater), else end the run ``error``."""
     reason = describe_exception(exc, ())
     decision = decide_model_step_retry(
         attempt=attempt,
-        retries=runtime.settings.model_retries,
+        retries=worker.settings.model_retries,
         status=getattr(exc, "status_code", None),
         step=step,
         reason=reason,
     )
     if isinstance(decision, GiveUp):
-        runtime._finish(run, fence, "error", error=decision.reason)
+        finish_run(worker, run, fence, "error", error=decision.reason)
         return f"error: {reason}"
     # Give the lease back so the retry (on any worker) can claim at once.
-    with runtime.store.transaction() as tx:
-        if tx.advance_run(run.id, fence=fence, now=runtime.clock(), lease_owner=None, lease_expires_at=None) is None:
+    with worker.store.transaction() as tx:
+        if tx.advance_run(run.id, fence=fence, now=worker.clock(), lease_owner=None, lease_expires_at=None) is None:
             raise FenceLost(run.id, fence)
     log.warning("run %s step %d failed (attempt %d), retrying: %s", run.id, step, attempt + 1, reason)
     raise RetryLater(decision.countdown, reason)

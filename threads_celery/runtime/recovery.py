@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from threads_celery.decisions.backbone import republish_delay
 from threads_celery.records import OutboxEntry
 from threads_celery.runtime.delivery import reconcile_agent_tools
+from threads_celery.runtime.outcomes import step_queue
+from threads_celery.runtime.ports import Worker
 from threads_celery.transitions import runs
-
-if TYPE_CHECKING:
-    from threads_celery.runtime.machine import Runtime
 
 log = logging.getLogger("threads_celery.runtime.recovery")
 
 
-def reconcile_tick(runtime: Runtime, *, limit: int = 500) -> dict[str, int]:
+def reconcile_tick(worker: Worker, *, limit: int = 500) -> dict[str, int]:
     """One pass of the backbone: re-dispatch runs whose driver died, republish lost rows.
 
     A run whose lease expired is fenced off (its holder's late writes will be refused) and
@@ -33,26 +31,26 @@ def reconcile_tick(runtime: Runtime, *, limit: int = 500) -> dict[str, int]:
     Safe from several processes at once: rows are taken with SKIP LOCKED, and the cost is
     proportional to what is due (both queries walk an index on the due time).
     """
-    now = runtime.clock()
+    now = worker.clock()
     redispatched: list[OutboxEntry] = []
-    with runtime.store.transaction() as tx:
+    with worker.store.transaction() as tx:
         for run in tx.expired_runs(now=now, limit=limit):
             call = tx.started_call(run.id, run.step - 1) if run.step > 0 else None
             entry = (
                 runs.tool_entry(call.effect_key, call.tool, call.queue)
                 if call is not None
-                else runs.step_entry(run, run.step, run.agent, runtime._step_queue(run.agent))
+                else runs.step_entry(run, run.step, run.agent, step_queue(worker.registry, run.agent))
             )
             tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None)
             tx.insert_outbox(entry, now)
             redispatched.append(entry)
             log.warning("run %s: lease of %s expired; re-dispatching %s", run.id, run.lease_owner, entry.key)
-    runtime.publish([replace(e, recovered=True) for e in redispatched])
-    with runtime.store.transaction() as tx:
+    worker.publish([replace(e, recovered=True) for e in redispatched])
+    with worker.store.transaction() as tx:
         due = tx.due_outbox(now=now, limit=limit, republish_delay=republish_delay)
     # Not urgent: behind a backlog most due rows are only waiting in the queue, and an urgent
     # copy of each would flood the lane that a dead worker's runs recover through.
-    runtime.publish(due)
+    worker.publish(due)
     counts = {"expired_runs": len(redispatched), "republished": len(due)}
-    counts.update({k: v for k, v in reconcile_agent_tools(runtime, limit=limit).items() if v})
+    counts.update({k: v for k, v in reconcile_agent_tools(worker, limit=limit).items() if v})
     return counts

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from threads_celery.decisions.retry import STORE_RECONNECT_BACKOFF
 from threads_celery.definitions.tools import Tool, shorten_for_model
 from threads_celery.exceptions import FenceLost, StoreUnavailable
 from threads_celery.records import CallRow, Run
 from threads_celery.redaction import describe_exception
-
-if TYPE_CHECKING:
-    from threads_celery.runtime.machine import Runtime
+from threads_celery.runtime.outcomes import commit_call
+from threads_celery.runtime.ports import Worker
 
 log = logging.getLogger("threads_celery.runtime.machine")  # the machine's log, as before the move
 
@@ -23,7 +21,7 @@ UNSTORED_RESULT = "the tool ran, but its result could not be stored"
 
 
 def commit_executed(
-    runtime: Runtime,
+    worker: Worker,
     run: Run,
     fence: int,
     call: CallRow,
@@ -43,17 +41,18 @@ def commit_executed(
     Gives up (re-raising) after the tool lease, at least 5 s; the fence keeps a commit that
     arrives after another worker took the call over from being written.
     """
-    shortened = shorten_for_model(content, runtime.settings.max_tool_result_bytes)
+    shortened = shorten_for_model(content, worker.settings.max_tool_result_bytes)
     if shortened is not None:
         # Kept whole first (rewritten as it is if the call runs again), shown shortened.
-        with runtime.store.transaction() as tx:
+        with worker.store.transaction() as tx:
             tx.keep_full_result(call.effect_key, content)
         content, kind = shortened, (None if kind == "json" else kind)
-    deadline = time.monotonic() + max(runtime.settings.tool_lease_s, 5.0)
+    deadline = time.monotonic() + max(worker.settings.tool_lease_s, 5.0)
     unreachable = 0
     while True:
         try:
-            return runtime._commit_call(
+            return commit_call(
+                worker,
                 run,
                 fence,
                 call,

@@ -12,24 +12,24 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from threads_celery.definitions.agents import Agent, SubagentRelationship
 from threads_celery.definitions.tools import Tool
 from threads_celery.exceptions import ConfigError
 from threads_celery.records import CallRow, Run
-
-if TYPE_CHECKING:
-    from threads_celery.runtime.machine import Runtime
+from threads_celery.runtime import child_runs
+from threads_celery.runtime.outcomes import commit_call
+from threads_celery.runtime.ports import Worker
 
 
 def subagent_call(
-    runtime: Runtime, run: Run, call: CallRow, agent: Agent, tool_: Tool, parsed: Any, now: datetime
+    worker: Worker, run: Run, call: CallRow, agent: Agent, tool_: Tool, parsed: Any, now: datetime
 ) -> str:
     """Carry out one lifecycle call; errors go back to the model as the call's result."""
     relationships = {r.name: r for r in agent.subagents}
     if tool_.subagent_op == "list":
-        with runtime.store.read() as tx:
+        with worker.store.read() as tx:
             rows = tx.list_agent_tool_runs(run.thread_id)
         instances: dict[str, dict[str, Any]] = {}
         for row in rows:
@@ -43,28 +43,42 @@ def subagent_call(
                 "status": row.status,
                 "last_reply": row.summary,
             }
-        return runtime._commit_call(run, run.fence, call, tool_, _json(list(instances.values())), is_error=False)
+        return commit_call(worker, run, run.fence, call, tool_, _json(list(instances.values())), is_error=False)
     if tool_.subagent_op == "create":
         relationship = relationships.get(parsed.subagent)
         if relationship is None or relationship.hidden:
             known = ", ".join(sorted(n for n, r in relationships.items() if not r.hidden)) or "none"
-            return runtime._commit_call(
-                run, run.fence, call, tool_, f"unknown subagent {parsed.subagent!r}; known: {known}", is_error=True
+            return commit_call(
+                worker,
+                run,
+                run.fence,
+                call,
+                tool_,
+                f"unknown subagent {parsed.subagent!r}; known: {known}",
+                is_error=True,
             )
-        return runtime._dispatch_child(
-            run, call, _labelled(tool_, relationship), parsed, now, child=relationship.agent, input_value=parsed.message
+        return child_runs.dispatch_child(
+            worker,
+            run,
+            call,
+            _labelled(tool_, relationship),
+            parsed,
+            now,
+            child=relationship.agent,
+            input_value=parsed.message,
         )
     if tool_.subagent_op == "message":
-        with runtime.store.read() as tx:
+        with worker.store.read() as tx:
             thread = tx.get_thread(parsed.instance_id)
         relationship = next(
             (r for r in relationships.values() if thread is not None and r.agent.name == thread.agent), None
         )
         if thread is None or thread.parent_thread_id != run.thread_id or relationship is None:
-            return runtime._commit_call(
-                run, run.fence, call, tool_, f"unknown subagent instance {parsed.instance_id!r}", is_error=True
+            return commit_call(
+                worker, run, run.fence, call, tool_, f"unknown subagent instance {parsed.instance_id!r}", is_error=True
             )
-        return runtime._dispatch_child(
+        return child_runs.dispatch_child(
+            worker,
             run,
             call,
             _labelled(tool_, relationship),

@@ -19,6 +19,7 @@ from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.exceptions import FenceLost
 from threads_celery.records import OutboxEntry
 from threads_celery.runtime.machine import Runtime
+from threads_celery.runtime.outcomes import commit_call
 from threads_celery.settings import Settings
 from threads_celery.store import Store, create_store_engine, parse_database_url
 from threads_celery.store.migrate import upgrade
@@ -108,7 +109,7 @@ def test_a_stale_fence_writes_nothing(store: Store) -> None:
         call, current = found
         before = (len(tx.list_messages(run.thread_id)), len(tx.list_events(run.thread_id)))
     with pytest.raises(FenceLost):
-        runtime._commit_call(current, current.fence - 1, call, None, "late", is_error=False, own_outbox=True)
+        commit_call(runtime, current, current.fence - 1, call, None, "late", is_error=False, own_outbox=True)
     with store.read() as tx:
         after = (len(tx.list_messages(run.thread_id)), len(tx.list_events(run.thread_id)))
         after_call = tx.get_call_and_run(entry.args[0])
@@ -135,7 +136,7 @@ def test_a_result_whose_next_task_cannot_be_recorded_writes_nothing(
 
     monkeypatch.setattr("threads_celery.store.repository.Tx.insert_outbox", refuse)
     with pytest.raises(RuntimeError, match="the outbox refused"):
-        runtime._commit_call(current, current.fence, call, None, "n=0", is_error=False, own_outbox=True)
+        commit_call(runtime, current, current.fence, call, None, "n=0", is_error=False, own_outbox=True)
     monkeypatch.undo()
     with store.read() as tx:
         after = (len(tx.list_messages(run.thread_id)), len(tx.list_events(run.thread_id)))
