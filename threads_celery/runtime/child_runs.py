@@ -18,7 +18,7 @@ from threads_celery.definitions.tools import Tool
 from threads_celery.exceptions import AttachmentPathError, ConfigError, FenceLost
 from threads_celery.records import CallRow, Run
 from threads_celery.redaction import describe_exception
-from threads_celery.runtime.delivery import _settle_parent_call
+from threads_celery.runtime.delivery import settle_parent_call
 from threads_celery.runtime.outcomes import commit_call
 from threads_celery.runtime.ports import Worker
 from threads_celery.telemetry.observability import emit
@@ -100,7 +100,7 @@ def dispatch_child(
             # already: no delivery will come, so its result answers the call now.
             result = row.result()
             assert result is not None
-            entries += _settle_parent_call(tx, row, result, now, worker.registry)
+            entries += settle_parent_call(tx, row, result, now, worker.registry)
         elif not started and row.is_terminal:
             # Re-attached to a run that already ended: deliver its retained result again.
             entry = agent_tools.deliver_entry(row.run_id, row.status)

@@ -110,7 +110,7 @@ def deliver(worker: Worker, run_id: str, status: str) -> str:
                 values.update(status="error", error=result.error)
             tx.update_agent_tool_run(run_id, **values)
             tx.delete_outbox(outbox_key)
-            entries += _settle_parent_call(tx, row, result, worker.clock(), worker.registry, worker.settings.files_root)
+            entries += settle_parent_call(tx, row, result, worker.clock(), worker.registry, worker.settings.files_root)
     worker.publish(entries)
     if current is None:
         return "skipped: the agent-tool run was cleared during its delivery"
@@ -256,7 +256,7 @@ def _with_returned_attachments(value: Any, files_root: str, row: AgentToolRun, p
     return {**shaped, "attachments": refs}
 
 
-def _settle_parent_call(
+def settle_parent_call(
     tx: Tx,
     row: AgentToolRun,
     result: AgentToolResult | AgentToolFailure,
@@ -264,7 +264,8 @@ def _settle_parent_call(
     registry: AgentRegistry | None = None,
     files_root: str | None = None,
 ) -> list[OutboxEntry]:
-    """For an awaited run started by a model call: the child's result becomes the call's result.
+    """For an awaited run started by a model call: the child's result becomes the call's result
+    (when its finish is delivered, or at once when no delivery will come: see :mod:`.child_runs`).
 
     A prompt tool's result is shaped by its flags from the child thread's messages.
     """

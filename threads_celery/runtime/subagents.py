@@ -48,24 +48,11 @@ def subagent_call(
         relationship = relationships.get(parsed.subagent)
         if relationship is None or relationship.hidden:
             known = ", ".join(sorted(n for n, r in relationships.items() if not r.hidden)) or "none"
-            return commit_call(
-                worker,
-                run,
-                run.fence,
-                call,
-                tool_,
-                f"unknown subagent {parsed.subagent!r}; known: {known}",
-                is_error=True,
-            )
+            content = f"unknown subagent {parsed.subagent!r}; known: {known}"
+            return commit_call(worker, run, run.fence, call, tool_, content, is_error=True)
+        labelled = _labelled(tool_, relationship)
         return child_runs.dispatch_child(
-            worker,
-            run,
-            call,
-            _labelled(tool_, relationship),
-            parsed,
-            now,
-            child=relationship.agent,
-            input_value=parsed.message,
+            worker, run, call, labelled, parsed, now, child=relationship.agent, input_value=parsed.message
         )
     if tool_.subagent_op == "message":
         with worker.store.read() as tx:
@@ -74,14 +61,14 @@ def subagent_call(
             (r for r in relationships.values() if thread is not None and r.agent.name == thread.agent), None
         )
         if thread is None or thread.parent_thread_id != run.thread_id or relationship is None:
-            return commit_call(
-                worker, run, run.fence, call, tool_, f"unknown subagent instance {parsed.instance_id!r}", is_error=True
-            )
+            content = f"unknown subagent instance {parsed.instance_id!r}"
+            return commit_call(worker, run, run.fence, call, tool_, content, is_error=True)
+        labelled = _labelled(tool_, relationship)
         return child_runs.dispatch_child(
             worker,
             run,
             call,
-            _labelled(tool_, relationship),
+            labelled,
             parsed,
             now,
             child=relationship.agent,
