@@ -60,6 +60,15 @@ def published(process: ManagedProcess, schedule: str) -> list[str]:
     return [m.group(2) for m in PUBLISHED.finditer(process.log_text()) if m.group(1) == schedule]
 
 
+def surely_sent(process: ManagedProcess, schedule: str) -> set[str]:
+    """The slots a stopped Beat certainly sent: every one it logged but the last.
+
+    Beat logs a slot just before it sends it, and sends the next only after; one stopped between
+    the two never sent its last, and no run for that slot is owed.
+    """
+    return set(published(process, schedule)[:-1])
+
+
 @pytest.fixture
 def batch_redis_url(redis_url: str) -> str:
     """A Redis database for this module's processes alone, flushed now."""
@@ -173,8 +182,10 @@ def test_two_beats_start_one_run_per_slot_and_a_restarted_beat_applies_the_misse
     eventually(lambda: len(shared_slots()) >= 3, what="both Beats publishing the same three slots")
     beat_a.terminate()
     beat_b.terminate()
-    tick_slots = set(published(beat_a, "it-tick")) | set(published(beat_b, "it-tick"))
-    acc_slots = set(published(beat_a, "it-acc")) | set(published(beat_b, "it-acc"))
+    tick_logged = set(published(beat_a, "it-tick")) | set(published(beat_b, "it-tick"))
+    acc_logged = set(published(beat_a, "it-acc")) | set(published(beat_b, "it-acc"))
+    tick_slots = surely_sent(beat_a, "it-tick") | surely_sent(beat_b, "it-tick")
+    acc_slots = surely_sent(beat_a, "it-acc") | surely_sent(beat_b, "it-acc")
 
     # Every published slot became exactly one completed run, and no run came from elsewhere.
     ticks = eventually(
@@ -182,7 +193,8 @@ def test_two_beats_start_one_run_per_slot_and_a_restarted_beat_applies_the_misse
         what="the it-tick runs completing",
         detail=progress(client, "it-tick", tick_slots),
     )
-    assert set(ticks) == tick_slots
+    assert tick_slots <= set(ticks) <= tick_logged
+    tick_slots = set(ticks)
     for run in ticks.values():
         assert run.output == "tick done"
         assert run.thread_id == run.id  # thread="new": the slot's own thread
@@ -192,7 +204,8 @@ def test_two_beats_start_one_run_per_slot_and_a_restarted_beat_applies_the_misse
         what="the it-acc runs completing",
         detail=progress(client, "it-acc", acc_slots),
     )
-    assert set(accs) == acc_slots
+    assert acc_slots <= set(accs) <= acc_logged
+    acc_slots = set(accs)
     assert {r.thread_id for r in accs.values()} == {"sched:it-acc"}
     user_texts = [m.text for m in client.messages("sched:it-acc") if m.role == "user"]
     assert user_texts == ["tock"] * len(acc_slots)  # one user message per run, none twice
@@ -201,7 +214,7 @@ def test_two_beats_start_one_run_per_slot_and_a_restarted_beat_applies_the_misse
     assert exists
 
     # Restart Beat A on its schedule file after a gap of a few slots.
-    last_tick = max(tick_slots)
+    last_tick = max(tick_logged)
     time.sleep(3.5)  # the outage being simulated: Beat is down for more than one interval
     restarted = services("beat", "beat-a2", cwd=tmp_path / "beat-a")
     restarted.wait_for_log(r"slots were missed since .*skipping them \(missed='skip'\)", timeout=WAIT_S)
@@ -210,13 +223,14 @@ def test_two_beats_start_one_run_per_slot_and_a_restarted_beat_applies_the_misse
     restarted.terminate()
 
     after_restart = published(restarted, "it-tick")
+    owed = tick_slots | surely_sent(restarted, "it-tick")
     ticks = eventually(
-        lambda: all_completed(client, "it-tick", tick_slots | set(after_restart)),
+        lambda: all_completed(client, "it-tick", owed),
         what="the new it-tick runs",
-        detail=progress(client, "it-tick", tick_slots | set(after_restart)),
+        detail=progress(client, "it-tick", owed),
     )
     # skip: the slots of the outage (and the tick that found the gap) have no run.
-    assert set(ticks) == tick_slots | set(after_restart)
+    assert owed <= set(ticks) <= tick_logged | set(after_restart)
     assert min(after_restart) > last_tick
     gap = [s for s in ticks if last_tick < s < min(after_restart)]
     assert gap == []

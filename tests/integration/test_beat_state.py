@@ -35,13 +35,13 @@ def test_beat_state_lands_in_the_working_directory(
     beat.start()
     try:
         beat.wait_ready()
-        state = eventually(
-            lambda: sorted((workdir / ".threads-celery").glob("celerybeat-schedule*")),
-            timeout=60,
-            what="Beat's state file in .threads-celery/",
-            detail=beat.log_tail,
-        )
-        assert all(path.stat().st_size > 0 for path in state)
+
+        def written() -> list[Path]:
+            # The file exists as soon as Beat opens it, and holds something once Beat wrote it.
+            files = sorted((workdir / ".threads-celery").glob("celerybeat-schedule*"))
+            return files if files and all(path.stat().st_size > 0 for path in files) else []
+
+        eventually(written, timeout=60, what="Beat's state written in .threads-celery/", detail=beat.log_tail)
         assert not list(workdir.glob("celerybeat-schedule*")), os.listdir(workdir)
     finally:
         beat.terminate()
