@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -179,6 +180,11 @@ def celery_app(
     return app
 
 
+#: How long a publish or a check that reached the broker vouches for it: within it,
+#: :meth:`Publisher.ensure_reachable` opens no connection of its own.
+REACHABLE_FOR_S = 1.0
+
+
 class Publisher:
     """Publishes outbox entries after their transaction committed.
 
@@ -199,6 +205,9 @@ class Publisher:
         # which kombu's Redis transport pushes onto the queue's list by name, declared or not. A
         # route of the user's that names an exchange keeps Celery's declaring.
         self._declare: dict[str, Any] = {"declare": []} if routes_by_queue_only(app) else {}
+        # Until when (time.monotonic) the last publish or check that reached the broker vouches
+        # for it; a failed one ends it at once.
+        self._reachable_until = 0.0
 
     def __call__(self, entries: Sequence[OutboxEntry]) -> None:
         """Publish ``entries``; one that fails is logged and left in the outbox for the backbone."""
@@ -211,6 +220,7 @@ class Publisher:
             try:
                 send_one(entry)
             except Exception as exc:  # noqa: BLE001 - the outbox row is the retry
+                self._reachable_until = 0.0
                 log.warning("publish of %s failed, left for the reconcile backbone: %s", entry.key, exc)
 
     def send(self, entry: OutboxEntry) -> None:
@@ -221,6 +231,7 @@ class Publisher:
     def _send_pooled(self, entry: OutboxEntry) -> None:
         """Through Celery's own producer pool, with its retries."""
         self._send_task(entry, self._options(entry))
+        self._reachable_until = time.monotonic() + REACHABLE_FOR_S
 
     def _options(self, entry: OutboxEntry) -> dict[str, Any]:
         options: dict[str, Any] = {"task_id": entry.key, "argsrepr": entry.argsrepr or entry.key}
@@ -249,12 +260,14 @@ class Publisher:
                     self._send_task(entry, {**self._options(entry), "producer": held[1], **self._declare})
         except Exception as exc:  # noqa: BLE001 - sent again, one by one, by the caller
             self._producers.discard(held)
+            self._reachable_until = 0.0
             log.info("batched publish of %d task(s) failed, sending them one by one: %s", len(entries), exc)
             return False
         except BaseException:
             self._producers.discard(held)
             raise
         self._producers.give_back(held)
+        self._reachable_until = time.monotonic() + REACHABLE_FOR_S
         return True
 
     def _send_task(self, entry: OutboxEntry, options: dict[str, Any]) -> None:
@@ -272,7 +285,8 @@ class Publisher:
             self._producers.close()
 
     def check(self, timeout: float = 3.0) -> None:
-        """Raise BrokerUnavailable unless the broker accepts a connection."""
+        """Raise BrokerUnavailable unless the broker accepts a connection (a new one, now)."""
+        self._reachable_until = 0.0
         try:
             with self.app.connection_for_write() as conn:
                 # kombu takes float seconds here; celery-types annotates the timeout as int.
@@ -281,6 +295,21 @@ class Publisher:
             raise BrokerUnavailable(
                 f"cannot reach the broker at {safe_broker_url(self.app.conf.broker_url)}: {exc}"
             ) from exc
+        self._reachable_until = time.monotonic() + REACHABLE_FOR_S
+
+    def ensure_reachable(self) -> None:
+        """:meth:`check`, unless a publish or check reached the broker in the last
+        :data:`REACHABLE_FOR_S` seconds and none failed since.
+
+        What ``start()`` asks before it records a run, so that a caller hears of a broker that is
+        down instead of a run that waits for the backbone. A broker lost within that second
+        is not heard of there: the run's first step stays in the outbox, and the backbone
+        publishes it once the broker is back. Opening a connection to ask (about a millisecond
+        and a half of a start's five) is paid once a second at most, not on every start.
+        """
+        if time.monotonic() < self._reachable_until:
+            return
+        self.check()
 
 
 def routes_by_queue_only(app: Celery) -> bool:
