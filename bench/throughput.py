@@ -1,15 +1,24 @@
-"""Throughput: N durable runs of K turns started at once, against N bare Celery chains of 2K tasks.
+"""Throughput: N durable runs of K turns started at once, against N Celery chains of 2K tasks.
 
-Both sides run on the same broker and in the same real worker (``celery -A tasks worker -P
-prefork``, the project's Celery settings). A durable run of K turns is K model steps that each
-call a no-op ``read_only`` tool, then a closing model step: 2K+1 tasks. A bare chain of 2K is
-2K+1 tasks, each doing the same no-op and enqueueing the next. The model is a constant-cost
-function model (``bench_turns`` in ``bench/bench_agents.py``), so what the durable side pays
-beyond the bare one is the ledger, not the model.
+Three sides, on the same broker, alternating round by round:
+
+* **plain**: chains in a plain Celery app (``bench/plain_celery_app.py``: Celery's defaults
+  plus acks late and prefetch 1, JSON, no result backend, no task events), in a worker of its
+  own with the same number of prefork processes. This is what a user would run instead, and
+  the baseline of the targets;
+* **bare**: the same chains in the project's worker (``celery -A tasks worker -P prefork``,
+  the project's Celery settings), which shows what the configuration itself costs;
+* **durable**: runs of K turns in the project's worker: K model steps that each call a no-op
+  ``read_only`` tool, then a closing model step: 2K+1 tasks.
+
+A chain of 2K is 2K+1 tasks, each doing the same no-op and enqueueing the next. The model is a
+constant-cost function model (``bench_turns`` in ``bench/bench_agents.py``), so what the
+durable side pays beyond the chains is the ledger, not the model. Both workers stay up for the
+whole sitting; the one not being measured is idle.
 
 Printed per side (median of ``--repeat``): wall time from the first start to the last end,
-runs per second, and the CPU time the worker (main process plus pool processes, read from
-``/proc``) used per task. Then the ratios durable / bare.
+runs per second, and the CPU time the measured worker (main process plus pool processes, read
+from ``/proc``) used per task. Then the ratios durable / plain and durable / bare.
 
 Run by hand, never by CI::
 
@@ -31,6 +40,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,8 +51,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.tool_call_overhead import AGENTS_MODULE, fresh_database, worker  # noqa: E402
+from tests.support.processes import ManagedProcess, subprocess_env  # noqa: E402
 
-TARGET_RATIO = 2.0
+#: Issue 25's targets, durable over the plain Celery app's chains, by broker.
+TARGET_RATIO = {"redis": 1.6, "amqp": 2.0}
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -69,6 +82,13 @@ def group_cpu_seconds(pgid: int) -> float:
         if int(fields[2]) == pgid:
             total += int(fields[11]) + int(fields[12])
     return total / CLOCK_TICKS
+
+
+def leader_cpu_seconds(pid: int) -> float:
+    """User plus system CPU of the process ``pid`` alone (the worker's main process)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 #: The servers a round also keeps busy, by process name: the database and either broker.
@@ -103,6 +123,12 @@ class Sample:
     tasks: int
     #: CPU the servers spent over the round (PostgreSQL, the broker), in seconds.
     server_s: dict[str, float] = field(default_factory=dict)
+    #: CPU of the worker's main process (Celery's consumer) alone, in seconds.
+    main_s: float = float("nan")
+
+    @property
+    def main_ms_per_task(self) -> float:
+        return self.main_s * 1000 / self.tasks
 
     def server_ms_per_task(self, role: str) -> float:
         return self.server_s.get(role, float("nan")) * 1000 / self.tasks
@@ -131,26 +157,66 @@ def run_bare(app: Any, redis_client: Any, pgid: int, runs: int, turns: int, time
 
     n = 2 * turns
     keys = [f"chain_{uuid.uuid4().hex}" for _ in range(runs)]
+    main0 = leader_cpu_seconds(pgid)
     servers0, cpu0, t0 = server_cpu_seconds(), group_cpu_seconds(pgid), time.perf_counter()
     for key in keys:
         app.send_task(CHAIN_TASK, args=[n, key], task_id=f"{key}:{n}", argsrepr=f"{key}:{n}")
     wait_all(redis_client, keys, timeout)
     wall = time.perf_counter() - t0
     cpu, servers = group_cpu_seconds(pgid) - cpu0, server_cpu_seconds()
-    return Sample(wall, cpu, runs * (n + 1), {k: v - servers0[k] for k, v in servers.items()})
+    main = leader_cpu_seconds(pgid) - main0
+    return Sample(wall, cpu, runs * (n + 1), {k: v - servers0[k] for k, v in servers.items()}, main)
+
+
+def run_plain(app: Any, redis_client: Any, pgid: int, runs: int, turns: int, timeout: float) -> Sample:
+    from bench.plain_celery_app import CHAIN_TASK
+
+    n = 2 * turns
+    keys = [f"plain_{uuid.uuid4().hex}" for _ in range(runs)]
+    main0 = leader_cpu_seconds(pgid)
+    servers0, cpu0, t0 = server_cpu_seconds(), group_cpu_seconds(pgid), time.perf_counter()
+    for key in keys:
+        app.send_task(CHAIN_TASK, args=[n, key])
+    wait_all(redis_client, keys, timeout)
+    wall = time.perf_counter() - t0
+    cpu, servers = group_cpu_seconds(pgid) - cpu0, server_cpu_seconds()
+    main = leader_cpu_seconds(pgid) - main0
+    return Sample(wall, cpu, runs * (n + 1), {k: v - servers0[k] for k, v in servers.items()}, main)
+
+
+@contextmanager
+def plain_worker(broker_url: str, done_url: str, concurrency: int, log_path: Path) -> Iterator[ManagedProcess]:
+    """A worker of the plain Celery app, in its own process group, stopped at the end."""
+    env = subprocess_env({
+        "BENCH_CELERY_CONFIG": "plain", "BENCH_BROKER_URL": broker_url, "BENCH_RESULTS_URL": done_url,
+        "BENCH_DONE_URL": done_url,
+    })  # fmt: skip
+    argv = [
+        str(Path(sys.executable).with_name("celery")), "-A", "bench.plain_celery_app", "worker", "-P", "prefork",
+        "-c", str(concurrency), "-l", "warning", "--without-heartbeat", "--without-gossip", "--without-mingle",
+        "-n", f"plain-{uuid.uuid4().hex[:6]}@%h",
+    ]  # fmt: skip
+    process = ManagedProcess("plain-worker", argv, env=env, log_path=log_path, cwd=REPO)
+    process.start()
+    try:
+        yield process
+    finally:
+        process.terminate(timeout=20)
 
 
 def run_durable(threads: Any, redis_client: Any, pgid: int, runs: int, turns: int, timeout: float) -> Sample:
+    main0 = leader_cpu_seconds(pgid)
     servers0, cpu0, t0 = server_cpu_seconds(), group_cpu_seconds(pgid), time.perf_counter()
     handles = [threads.start("bench_turns", f"turns {turns}") for _ in range(runs)]
     wait_all(redis_client, [h.run_id for h in handles], timeout)
     wall = time.perf_counter() - t0
     cpu, servers = group_cpu_seconds(pgid) - cpu0, server_cpu_seconds()
+    main = leader_cpu_seconds(pgid) - main0
     for handle in handles:
         run = threads.get_run(handle.run_id)
         if run.status != "completed":
             raise RuntimeError(f"run {run.id} ended {run.status}: {run.error}")
-    return Sample(wall, cpu, runs * (2 * turns + 1), {k: v - servers0[k] for k, v in servers.items()})
+    return Sample(wall, cpu, runs * (2 * turns + 1), {k: v - servers0[k] for k, v in servers.items()}, main)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         f"broker={args.broker_url.split('@')[-1]} cpus={os.cpu_count()} python={platform.python_version()} "
         f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
-    results: dict[str, list[Sample]] = {"bare": [], "durable": []}
+    results: dict[str, list[Sample]] = {"plain": [], "bare": [], "durable": []}
     connections = 0
     with (
         fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url,
@@ -219,34 +285,48 @@ def main(argv: list[str] | None = None) -> int:
 
         log_path = Path(trace_dir) / "worker.log"
         threads = Threads(database_url=database_url, broker_url=args.broker_url)
+        os.environ.update({"BENCH_BROKER_URL": args.broker_url, "BENCH_DONE_URL": done_url})
+        from bench import plain_celery_app
+
+        plain_app = plain_celery_app.app
+        plain_app.conf.update(plain_celery_app.configuration("plain", args.broker_url))
+        nothing = Sample(float("nan"), float("nan"), 1)
         try:
-            with worker(env, args.concurrency, log_path) as process:
+            with (
+                worker(env, args.concurrency, log_path) as process,
+                plain_worker(args.broker_url, done_url, args.concurrency, Path(trace_dir) / "plain.log") as plain,
+            ):
                 pgid = process.pid  # the worker leads its own session and process group
-                # Warm up both sides: imports, connections in every pool process.
+                # Warm up every side: imports, connections in every pool process.
                 warm = max(args.concurrency * 2, 4)
+                run_plain(plain_app, redis_client, plain.pid, warm, 2, 120.0)
                 run_bare(threads.app, redis_client, pgid, warm, 2, 120.0)
                 run_durable(threads, redis_client, pgid, warm, 2, 120.0)
                 for i in range(args.repeat):
-                    bare = (
-                        run_bare(threads.app, redis_client, pgid, args.runs, args.turns, args.timeout)
-                        if not args.profile
-                        else Sample(float("nan"), float("nan"), 1)
-                    )
+                    if args.profile:
+                        plain_s = bare = nothing
+                    else:
+                        plain_s = run_plain(plain_app, redis_client, plain.pid, args.runs, args.turns, args.timeout)
+                        bare = run_bare(threads.app, redis_client, pgid, args.runs, args.turns, args.timeout)
                     durable = run_durable(threads, redis_client, pgid, args.runs, args.turns, args.timeout)
+                    results["plain"].append(plain_s)
                     results["bare"].append(bare)
                     results["durable"].append(durable)
                     print(
-                        f"  round {i + 1}: bare {bare.wall_s:.2f} s ({bare.cpu_ms_per_task:.2f} cpu ms/task), "
-                        f"durable {durable.wall_s:.2f} s ({durable.cpu_ms_per_task:.2f} cpu ms/task), "
-                        f"ratio {durable.wall_s / bare.wall_s:.2f}"
+                        f"  round {i + 1}: plain {plain_s.wall_s:.2f} s ({plain_s.cpu_ms_per_task:.2f} cpu ms/task), "
+                        f"bare {bare.wall_s:.2f} s ({bare.cpu_ms_per_task:.2f}), "
+                        f"durable {durable.wall_s:.2f} s ({durable.cpu_ms_per_task:.2f}), "
+                        f"ratio to plain {durable.wall_s / plain_s.wall_s:.2f}",
+                        flush=True,
                     )
-                if not process.alive():
-                    raise RuntimeError("the worker exited during the benchmark")
+                if not process.alive() or not plain.alive():
+                    raise RuntimeError("a worker exited during the benchmark")
                 connections = count_connections(database_url)
         except Exception:
-            if log_path.exists():
-                print("--- worker log ---", file=sys.stderr)
-                print(log_path.read_text()[-5000:], file=sys.stderr)
+            for log_file in (log_path, Path(trace_dir) / "plain.log"):
+                if log_file.exists():
+                    print(f"--- {log_file.name} ---", file=sys.stderr)
+                    print(log_file.read_text()[-5000:], file=sys.stderr)
             raise
         finally:
             threads.close()
@@ -266,33 +346,37 @@ def main(argv: list[str] | None = None) -> int:
     def low(kind: str, field: str) -> float:
         return min(getattr(s, field) for s in results[kind])
 
+    sides = (
+        ("plain", f"plain Celery chains of {2 * args.turns}"),
+        ("bare", f"project's chains of {2 * args.turns}"),
+        ("durable", f"durable runs of {args.turns} turns"),
+    )
     tasks = args.runs * (2 * args.turns + 1)
     print()
     print(f"{args.runs} at once, {2 * args.turns + 1} tasks each ({tasks} tasks), median (min) of {args.repeat}:")
     print(f"{'':<34}{'wall s':>14}{'runs/s':>9}{'cpu ms/task':>16}")
-    for kind, label in (
-        ("bare", f"bare chains of {2 * args.turns}"),
-        ("durable", f"durable runs of {args.turns} turns"),
-    ):
+    for kind, label in sides:
         print(
             f"{label:<34}{med(kind, 'wall_s'):>7.2f} ({low(kind, 'wall_s'):.2f}){args.runs / med(kind, 'wall_s'):>9.1f}"
             f"{med(kind, 'cpu_ms_per_task'):>8.2f} ({low(kind, 'cpu_ms_per_task'):.2f})"
         )
-    print(f"{'':<34}{'server cpu ms/task: PostgreSQL':>31}{'broker':>9}")
-    for kind, label in (
-        ("bare", f"bare chains of {2 * args.turns}"),
-        ("durable", f"durable runs of {args.turns} turns"),
-    ):
+    print(f"{'':<34}{'cpu ms/task: worker main':>25}{'pool':>7}{'PostgreSQL':>12}{'broker':>8}")
+    for kind, label in sides:
+        main_ms = med(kind, "main_ms_per_task")
         pg_ms = statistics.median(s.server_ms_per_task("postgres") for s in results[kind])
         broker_ms = statistics.median(s.server_ms_per_task("broker") for s in results[kind])
-        print(f"{label:<34}{pg_ms:>31.2f}{broker_ms:>9.2f}")
-    ratios = [d.wall_s / b.wall_s for b, d in zip(results["bare"], results["durable"], strict=True)]
-    cpu_ratios = [d.cpu_s / b.cpu_s for b, d in zip(results["bare"], results["durable"], strict=True)]
-    ratio = statistics.median(ratios)
-    print(
-        f"ratio durable / bare: wall {ratio:.2f} (min {min(ratios):.2f}), worker cpu {statistics.median(cpu_ratios):.2f}"
-        f" (min {min(cpu_ratios):.2f}); target wall <= {TARGET_RATIO}: {'ok' if ratio <= TARGET_RATIO else 'MISSED'}"
-    )
+        pool_ms = med(kind, "cpu_ms_per_task") - main_ms
+        print(f"{label:<34}{main_ms:>25.2f}{pool_ms:>7.2f}{pg_ms:>12.2f}{broker_ms:>8.2f}")
+    target = TARGET_RATIO["redis" if on_redis else "amqp"]
+    for base in ("plain", "bare"):
+        ratios = [d.wall_s / b.wall_s for b, d in zip(results[base], results["durable"], strict=True)]
+        cpu_ratios = [d.cpu_s / b.cpu_s for b, d in zip(results[base], results["durable"], strict=True)]
+        ratio = statistics.median(ratios)
+        verdict = f"; target wall <= {target}: {'ok' if ratio <= target else 'MISSED'}" if base == "plain" else ""
+        print(
+            f"ratio durable / {base}: wall {ratio:.2f} (min {min(ratios):.2f}), "
+            f"worker cpu {statistics.median(cpu_ratios):.2f} (min {min(cpu_ratios):.2f}){verdict}"
+        )
     print(
         f"PostgreSQL sessions open on the database at the end (worker of {args.concurrency} and driver): {connections}"
     )
