@@ -223,24 +223,35 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin):
         if size > self.settings.max_message_bytes:
             raise PayloadTooLarge(size, self.settings.max_message_bytes)
         self._check_schema()
+        known_hash: str | None = None
         if isinstance(agent, Agent):
             if agent.name not in self.registry or self.registry.get(agent.name) is not agent:
                 self.register(agent)
-            name, config_hash = agent.name, agent.config_hash()
+            name, known_hash = agent.name, agent.config_hash()
         else:
             name = agent
+        # The common start, a new thread, is one statement on PostgreSQL, which also reads the
+        # agent's recorded hash; elsewhere that is read first.
+        in_one = thread_id is None and run_id is None and not env and self.store.starts_in_one_statement
+        if known_hash is None and not in_one:
             with self.store.read() as tx:
-                stored_hash = tx.agent_hash(name)
-            if stored_hash is None:
-                raise UnknownAgent(
-                    f"agent {name!r} is not registered: start a worker that loads it "
-                    "(THREADS_AGENTS) or call threads.register(agent)"
-                )
-            config_hash = stored_hash
+                known_hash = tx.agent_hash(name)
+            if known_hash is None:
+                raise _unknown_agent(name)
         if self.is_embedded:
             self.start_worker()
         else:
             self.publisher.ensure_reachable()
+        if in_one:
+            started = runs.start_on_new_thread(
+                self.store, agent=name, config_hash=known_hash, message=message, tenant=tenant, now=runs.utcnow()
+            )
+            if started is None:
+                raise _unknown_agent(name)
+            self.publisher(started[2])
+            return RunHandle(run_id=started[0], thread_id=started[1], status="queued")
+        assert known_hash is not None
+        config_hash = known_hash
         with self.store.transaction() as tx:
             sealed = self._seal_env(tx, name, env or {})
             run, entries = runs.submit_run(
@@ -549,3 +560,9 @@ def _raise_if_unreachable(store: Store, exc: Exception) -> None:
 
 
 __all__ = ["Threads"]
+
+
+def _unknown_agent(name: str) -> UnknownAgent:
+    return UnknownAgent(
+        f"agent {name!r} is not registered: start a worker that loads it (THREADS_AGENTS) or call threads.register(agent)"
+    )

@@ -273,6 +273,53 @@ class OwnOperations:
         fenced: int | None = self._direct.scalar(statements.COMMIT_REPLY_PG, params)
         return fenced
 
+    @property
+    def starts_in_one_statement(self) -> bool:
+        """Whether :meth:`start_run_on_new_thread` is available (PostgreSQL, direct statements)."""
+        return self._direct is not None
+
+    def start_run_on_new_thread(
+        self,
+        *,
+        agent: str,
+        config_hash: str | None,
+        message: str,
+        thread_id: str,
+        run_id: str,
+        tenant: str,
+        traceparent: str | None,
+        step_entry: OutboxEntry,
+        now: datetime,
+    ) -> tuple[str, str | None] | None:
+        """A run on a new thread, active at once, its first step in the outbox, as one statement
+        (START_RUN_PG); the agent's recorded config hash and queue, or None (nothing written)
+        when no worker or client registered the agent. ``step_entry``'s queue is not read: the
+        row takes the agent's recorded one, which comes back. PostgreSQL only
+        (:attr:`starts_in_one_statement`)."""
+        if self._direct is None:
+            raise RuntimeError("start_run_on_new_thread needs PostgreSQL's direct statements")
+        params = {
+            "agent": agent,
+            "config_hash": config_hash,
+            "thread_id": thread_id,
+            "run_id": run_id,
+            "tenant": tenant,
+            "input": message,
+            "traceparent": traceparent,
+            "now": now,
+            "due": now + self.step_grace,
+            "run_payload": dumps({"run_id": run_id, "status": "queued", "agent": agent}),
+            "message_payload": dumps({"seq": 0, "role": "user", "text": message}),
+            "step_key": step_entry.key,
+            "step_task": step_entry.task,
+            "step_args": dumps(list(step_entry.args)),
+            "step_argsrepr": step_entry.argsrepr,
+        }
+        row = self._direct.first(statements.START_RUN_PG, params)
+        if row is None:
+            return None
+        return str(row["0"]), row["1"]
+
 
 #: The per-call fields of a reply's call rows that COMMIT_REPLY_PG reads from ``:calls``.
 _CALL_ROW_FIELDS = (

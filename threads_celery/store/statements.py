@@ -384,3 +384,47 @@ WITH r AS (
 SELECT fence FROM r
 """
 ).bindparams(bindparam("now", type_=UTCDateTime()))
+
+#: PostgreSQL: a run started on a new thread, as one statement in autocommit: the thread (held
+#: by the run from the start, its event numbers 1 and 2 taken), the run (queued, step 0), the
+#: run's ``run`` event, the user's message (number 0) and its ``message`` event, and the outbox
+#: row of the first step on the queue the agent's workers recorded. What ``submit_run`` and
+#: ``activate`` write in a transaction, in one round trip. Nothing is written unless the agent is
+#: registered; its recorded config hash and queue come back, or no row.
+START_RUN_PG = text(
+    """
+WITH a AS (
+    SELECT config_hash, CASE WHEN json_typeof(description -> 'queue') = 'string'
+        THEN description ->> 'queue' END AS queue
+    FROM agents WHERE name = CAST(:agent AS varchar)
+), th AS (
+    INSERT INTO threads (id, agent, config_hash, parent_thread_id, active_run_id, event_seq, created_at, tenant)
+    SELECT CAST(:thread_id AS varchar), CAST(:agent AS varchar),
+        coalesce(CAST(:config_hash AS varchar), a.config_hash), NULL, CAST(:run_id AS varchar), 2, :now,
+        CAST(:tenant AS varchar)
+    FROM a
+    RETURNING id
+), r AS (
+    INSERT INTO runs (id, thread_id, agent, status, input, input_meta, agent_tool_run_id, step, fence, created_at,
+        updated_at, traceparent)
+    SELECT CAST(:run_id AS varchar), th.id, CAST(:agent AS varchar), 'queued', CAST(:input AS varchar), NULL, NULL,
+        0, 0, :now, :now, CAST(:traceparent AS varchar)
+    FROM th
+    RETURNING id
+), m AS (
+    INSERT INTO messages (thread_id, seq, run_id, role, text, parts, meta, key, created_at)
+    SELECT CAST(:thread_id AS varchar), 0, r.id, 'user', CAST(:input AS text), NULL, NULL, NULL, :now FROM r
+), e AS (
+    INSERT INTO events (thread_id, seq, run_id, type, payload, created_at)
+    SELECT CAST(:thread_id AS varchar), 1, r.id, 'run', CAST(:run_payload AS json), :now FROM r
+    UNION ALL
+    SELECT CAST(:thread_id AS varchar), 2, r.id, 'message', CAST(:message_payload AS json), :now FROM r
+), o AS (
+    INSERT INTO outbox (key, task, args, queue, argsrepr, created_at, due_at, publish_count)
+    SELECT CAST(:step_key AS varchar), CAST(:step_task AS varchar), CAST(:step_args AS json), a.queue,
+        CAST(:step_argsrepr AS varchar), :now, :due, 0
+    FROM r, a
+)
+SELECT a.config_hash, a.queue FROM a, r
+"""
+).bindparams(bindparam("now", type_=UTCDateTime()), bindparam("due", type_=UTCDateTime()))

@@ -15,7 +15,7 @@ from typing import Any
 
 from threads_celery.decisions.next_step import FinishRun, NextStep, after_call
 from threads_celery.exceptions import ConfigError, FenceLost, RunNotFound, ThreadNotFound
-from threads_celery.records import TERMINAL_STATUSES, CallRow, OutboxEntry, Run, ToolResult
+from threads_celery.records import DEFAULT_TENANT, TERMINAL_STATUSES, CallRow, OutboxEntry, Run, ToolResult
 from threads_celery.store import Store, Tx
 from threads_celery.telemetry import metrics, tracing
 from threads_celery.transitions.agent_tools import child_finished, child_signal
@@ -145,6 +145,31 @@ def submit_run(
     if tx.set_active_run(thread_id, run_id, expected=None):
         entries.append(activate(tx, run, now))
     return run, entries
+
+
+def start_on_new_thread(
+    store: Store, *, agent: str, config_hash: str | None, message: str, tenant: str | None, now: datetime
+) -> tuple[str, str, list[OutboxEntry]] | None:
+    """What :func:`submit_run` and :func:`activate` write for a run on a new thread, as one
+    statement (PostgreSQL: ``store.starts_in_one_statement``): ``(run_id, thread_id, entries)``,
+    or None (nothing written) when the agent is not registered. ``config_hash`` None takes the
+    agent's recorded one."""
+    run_id, thread_id = new_id("run"), new_id("thread")
+    traceparent = tracing.start_run_span(run_id, thread_id, agent, parent_run_id=None)
+    started = store.start_run_on_new_thread(
+        agent=agent,
+        config_hash=config_hash,
+        message=message,
+        thread_id=thread_id,
+        run_id=run_id,
+        tenant=tenant or DEFAULT_TENANT,
+        traceparent=traceparent,
+        step_entry=step_entry(run_id, 0, agent),
+        now=now,
+    )
+    if started is None:
+        return None
+    return run_id, thread_id, [step_entry(run_id, 0, agent, started[1])]
 
 
 def activate(tx: Tx, run: Run, now: datetime) -> OutboxEntry:
