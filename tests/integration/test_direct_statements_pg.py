@@ -11,6 +11,7 @@ import multiprocessing
 import socket
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -425,3 +426,64 @@ def test_after_a_reply_the_outbox_holds_what_the_engine_path_holds(pg_url: str, 
             s.dispose()
     assert '"outbox": [["' in direct  # something is queued at this point
     assert direct == engine
+
+
+def test_a_due_step_is_read_and_claimed_in_one_statement_as_apart(store: Store) -> None:
+    run_id, step_key = _queued_run(store)
+    before = store.run(run_id)
+    assert before is not None
+    now = datetime.now(UTC)
+    lease = now + timedelta(seconds=30)
+    # Not due: another step, then (below) a live lease and a run that ended. Nothing written.
+    assert store.read_and_claim_step(run_id, 1, "step:x:1", owner="w1", lease_until=lease, now=now) is None
+    assert store.run(run_id) == before
+    read = store.read_and_claim_step(run_id, 0, step_key, owner="w1", lease_until=lease, now=now)
+    assert read == before  # the run as it was before the claim
+    claimed = store.run(run_id)
+    assert claimed is not None
+    assert (claimed.status, claimed.fence, claimed.lease_owner) == ("running", before.fence + 1, "w1")
+    keys, statuses = _outbox_and_run_events(store, run_id)
+    assert step_key not in keys
+    assert statuses.count({"run_id": run_id, "status": "running"}) == 1
+    # w1's lease is live: w2 reads and claims nothing.
+    assert store.read_and_claim_step(run_id, 0, step_key, owner="w2", lease_until=lease, now=now) is None
+    assert store.run(run_id) == claimed
+    # Once it expired, w2 takes the run over; it was running already: no second event.
+    later = lease + timedelta(seconds=1)
+    taken = store.read_and_claim_step(
+        run_id, 0, step_key, owner="w2", lease_until=later + timedelta(seconds=30), now=later
+    )
+    assert taken == claimed
+    assert _outbox_and_run_events(store, run_id)[1].count({"run_id": run_id, "status": "running"}) == 1
+    with store.transaction() as tx:
+        tx.advance_run(run_id, fence=claimed.fence + 1, now=later, status="completed", lease_owner=None)
+    ended = store.run(run_id)
+    assert (
+        store.read_and_claim_step(
+            run_id,
+            0,
+            step_key,
+            owner="w3",
+            lease_until=later + timedelta(seconds=60),
+            now=later + timedelta(seconds=31),
+        )
+        is None
+    )
+    assert store.run(run_id) == ended
+
+
+def test_two_deliveries_of_a_step_at_once_claim_it_once(store: Store) -> None:
+    run_id, step_key = _queued_run(store)
+    now = datetime.now(UTC)
+    lease = now + timedelta(seconds=30)
+    with ThreadPoolExecutor(8) as pool:
+        claims = list(
+            pool.map(
+                lambda owner: store.read_and_claim_step(run_id, 0, step_key, owner=owner, lease_until=lease, now=now),
+                [f"w{i}" for i in range(8)],
+            )
+        )
+    assert sum(claim is not None for claim in claims) == 1
+    claimed = store.run(run_id)
+    assert claimed is not None and claimed.fence == 1
+    assert _outbox_and_run_events(store, run_id)[1].count({"run_id": run_id, "status": "running"}) == 1

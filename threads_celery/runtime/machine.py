@@ -129,22 +129,29 @@ class Runtime:
         """Carry out model step ``step`` of a run. Returns what happened, for logs and tests."""
         now = self.clock()
         lease = timedelta(seconds=self.settings.step_lease_s)
-        # Read unlocked, decided, then claimed on the fence as read (the claim also checks that
-        # no other worker's lease is live): whatever moved in between makes the claim write
-        # nothing, and the step is tried again.
-        run = self.store.run(run_id)
-        decision = decide_step(run, step, now)
-        if isinstance(decision, Skip):
-            self.store.delete_outbox(runs.step_key(run_id, step))
-            return f"skipped: {decision.reason}"
-        if isinstance(decision, Busy):
-            raise RetryLater((decision.until - now).total_seconds(), "run is held by another worker")
-        assert run is not None
-        fence = self.store.claim_step(
-            run, runs.step_key(run_id, step), owner=self.worker_id, lease_until=now + lease, now=now
+        step_key = runs.step_key(run_id, step)
+        # A step that is due is read and claimed at once (PostgreSQL: one statement) ...
+        run = self.store.read_and_claim_step(
+            run_id, step, step_key, owner=self.worker_id, lease_until=now + lease, now=now
         )
-        if fence is None:
-            raise RetryLater(0.1, "run was claimed concurrently")
+        if run is not None:
+            fence = run.fence + 1
+        else:
+            # ... else read unlocked, decided, then claimed on the fence as read (the claim also
+            # checks that no other worker's lease is live): whatever moved in between makes the
+            # claim write nothing, and the step is tried again.
+            run = self.store.run(run_id)
+            decision = decide_step(run, step, now)
+            if isinstance(decision, Skip):
+                self.store.delete_outbox(step_key)
+                return f"skipped: {decision.reason}"
+            if isinstance(decision, Busy):
+                raise RetryLater((decision.until - now).total_seconds(), "run is held by another worker")
+            assert run is not None
+            claimed = self.store.claim_step(run, step_key, owner=self.worker_id, lease_until=now + lease, now=now)
+            if claimed is None:
+                raise RetryLater(0.1, "run was claimed concurrently")
+            fence = claimed
         history = self.history.load(self.store, run.thread_id)  # each read a statement of its own
         if (run.input_meta or {}).get("narrate"):
             # A narrated status line: its message is in the thread already; no model turn.

@@ -181,6 +181,27 @@ class OwnOperations:
         with self.read() as tx:
             return tx.get_run(run_id)
 
+    def read_and_claim_step(
+        self, run_id: str, step: int, step_key: str, *, owner: str, lease_until: datetime, now: datetime
+    ) -> Run | None:
+        """On PostgreSQL, a due step's read and claim in one statement (READ_AND_CLAIM_STEP_PG):
+        the run as it was before the claim (the claim's fence is one more), or None, with
+        nothing written, when the step is not due, another worker's lease is live, or this is
+        not PostgreSQL: then :meth:`run` and :meth:`claim_step`, apart, say why."""
+        if self._direct is None:
+            return None
+        params = {
+            "run_id": run_id,
+            "step": step,
+            "step_key": step_key,
+            "owner": owner,
+            "until": lease_until,
+            "now": now,
+            "payload": {"run_id": run_id, "status": "running"},
+        }
+        row = self._direct.first(statements.READ_AND_CLAIM_STEP_PG, params)
+        return None if row is None else run_from_mapping(row)
+
     def list_messages(self, thread_id: str) -> list[Message]:
         """The thread's whole history, in order, read on its own: a model step's cache miss."""
         if self._direct is not None:

@@ -428,3 +428,47 @@ WITH a AS (
 SELECT a.config_hash, a.queue FROM a, r
 """
 ).bindparams(bindparam("now", type_=UTCDateTime()), bindparam("due", type_=UTCDateTime()))
+
+_RUN_COLUMNS = tuple(c.name for c in runs.c)
+
+#: PostgreSQL: a model step's read and claim as one statement, in autocommit, for a delivery of
+#: the step that is due: the run is at ``:step``, queued or running, and no other worker's lease
+#: is live (what ``decide_step`` calls Proceed). Then what CLAIM_STEP_PG writes: the run's lease
+#: and next fence, the step's outbox row consumed and, for a run that was queued, its ``running``
+#: event. The run as it was before the claim comes back (its new fence is one more), or no row,
+#: with nothing written: then the run is read and decided apart, to say why.
+READ_AND_CLAIM_STEP_PG = (
+    text(
+        """
+WITH old AS (
+    SELECT * FROM runs
+    WHERE id = CAST(:run_id AS varchar) AND step = :step AND status IN ('queued', 'running')
+        AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= :now)
+    FOR UPDATE
+), r AS (
+    UPDATE runs SET fence = runs.fence + 1, status = 'running', lease_owner = CAST(:owner AS varchar),
+        lease_expires_at = :until, started_at = coalesce(runs.started_at, :now), updated_at = :now
+    FROM old WHERE runs.id = old.id
+    RETURNING """
+        + ", ".join(f"old.{name}" for name in _RUN_COLUMNS)
+        + """
+), d AS (
+    DELETE FROM outbox WHERE key = CAST(:step_key AS varchar) AND EXISTS (SELECT 1 FROM r)
+), s AS (
+    UPDATE threads SET event_seq = event_seq + 1
+    WHERE id = (SELECT thread_id FROM r) AND (SELECT status FROM r) = 'queued'
+    RETURNING id, event_seq
+), e AS (
+    INSERT INTO events (thread_id, seq, run_id, type, payload, created_at)
+    SELECT s.id, s.event_seq, CAST(:run_id AS varchar), 'run', :payload, :now FROM s
+)
+SELECT * FROM r
+"""
+    )
+    .bindparams(
+        bindparam("now", type_=UTCDateTime()),
+        bindparam("until", type_=UTCDateTime()),
+        bindparam("payload", type_=events.c.payload.type),
+    )
+    .columns(*runs.c)
+)
