@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from unittest.mock import patch
 
 import pytest
 from pydantic import BaseModel
@@ -25,6 +26,7 @@ from threads_celery.exceptions import StoreUnavailable
 from threads_celery.records import OutboxEntry, Run
 from threads_celery.runtime.machine import Runtime
 from threads_celery.store import Store, create_store_engine, parse_database_url
+from threads_celery.store import direct as direct_module
 from threads_celery.store.migrate import upgrade
 from threads_celery.store.schema import events, messages, outbox, runs, tool_calls
 from threads_celery.testing import ScriptedModel, calls, say
@@ -157,16 +159,29 @@ def test_a_claim_and_a_commit_are_fenced_and_write_storable_text(store: Store) -
     assert (keys[1], "threads.tool") in [tuple(q) for q in queued]
 
 
-def test_a_dropped_connection_is_unavailable_once_then_replaced(store: Store) -> None:
+def test_a_connection_dropped_while_idle_is_replaced_before_a_statement_goes_out_on_it(store: Store) -> None:
+    direct = store._direct
+    assert direct is not None
+    pid = direct.scalar(BACKEND_PID, {})
+    with store.transaction() as tx:  # waits until the backend has ended (PostgreSQL 14 and later)
+        assert tx.conn.execute(text("SELECT pg_terminate_backend(:pid, 10000)"), {"pid": pid}).scalar()
+    assert direct.scalar(BACKEND_PID, {}) != pid  # a new connection, no error, no restart needed
+
+
+def test_a_connection_dropped_under_a_statement_is_unavailable_once_then_replaced(store: Store) -> None:
     direct = store._direct
     assert direct is not None
     pid = direct.scalar(BACKEND_PID, {})
     with store.transaction() as tx:
-        tx.conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
-    with pytest.raises(StoreUnavailable) as raised:
+        tx.conn.execute(text("SELECT pg_terminate_backend(:pid, 10000)"), {"pid": pid})
+    # Seen as open (as when the server ends it after the look and before the statement).
+    with (
+        patch.object(direct_module, "_still_open", lambda _connection: True),
+        pytest.raises(StoreUnavailable) as raised,
+    ):
         direct.scalar(BACKEND_PID, {})
     assert "cannot reach the database" in str(raised.value)
-    assert direct.scalar(BACKEND_PID, {}) != pid  # a new connection, no restart needed
+    assert direct.scalar(BACKEND_PID, {}) != pid
 
 
 def test_a_server_that_is_not_there_is_unavailable_not_the_drivers_error(pg_url: str) -> None:

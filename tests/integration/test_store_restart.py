@@ -107,3 +107,19 @@ def test_a_restart_between_two_requests_is_a_503_at_most_once(server: OwnPostgre
     # The worker's own pooled connections went stale too: its tasks retry, and the run completes.
     after = threads.start(greeter, "after").run_id
     assert threads.wait(after, 60).status == "completed"
+
+
+def test_statements_on_kept_connections_go_out_on_fresh_ones_after_a_restart(
+    server: OwnPostgres, threads: Threads
+) -> None:
+    """The hot path's own statements run on connections kept open (store/direct.py). One whose
+    server ended it while idle is left behind, not used: the first start and the first read
+    after a restart succeed, as through the engine, which pings a connection before its use."""
+    first = threads.start(greeter, "before the restart")
+    assert threads.wait(first.run_id, timeout=30).status == "completed"
+    assert threads.store.run(first.run_id) is not None  # a kept connection, now idle
+    server.stop()
+    server.start()
+    handle = threads.start(greeter, "after the restart")  # a new thread: START_RUN_PG, direct
+    assert threads.store.run(handle.run_id) is not None
+    assert threads.wait(handle.run_id, timeout=30).status == "completed"

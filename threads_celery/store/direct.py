@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import suppress
@@ -93,6 +94,28 @@ def _as_mapping(prepared: _Prepared, row: tuple[Any, ...]) -> dict[str, Any]:
         name: value if convert is None else convert(value)
         for name, value, convert in zip(prepared.names, row, prepared.result_processors, strict=True)
     }
+
+
+#: How many of the engine's pooled connections a session may find ended before it takes one as is.
+_STALE_POOLED_TRIES = 32
+
+
+def _still_open(session: _Session | PoolProxiedConnection) -> bool:
+    """Whether an idle connection's server end is still there, told without a round trip.
+
+    An idle connection in autocommit has nothing to read unless its server ended it (a restart,
+    a failover, an administrator): then its last words and the end of the stream wait in the
+    socket. A readable socket is taken for such an end and the session closed, so a statement
+    never goes out on it (what ``pool_pre_ping`` does for the engine, with a query).
+    """
+    driver = (session.connection if isinstance(session, _Session) else session).dbapi_connection
+    if driver is None or driver.closed or driver.broken:
+        return False
+    try:
+        readable, _, _ = select.select([driver.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
 
 
 class _Session:
@@ -251,17 +274,21 @@ class DirectStatements:
                 _INHERITED.extend(self._idle)
                 self._idle = []
                 self._pid = os.getpid()
-            if self._idle:
-                return self._idle.pop()
-        try:
-            with unreachable_as_store_unavailable(self._engine.url):
-                connection = self._engine.raw_connection()
-        except self._dbapi().OperationalError as exc:
-            # The pool hands back the driver's own error, not the engine's: a server that is
-            # not there (yet) must still read as StoreUnavailable, which callers wait out.
-            if is_unreachable(exc):
-                raise store_unavailable(self._engine.url, exc) from exc
-            raise
+            idle = self._idle.pop() if self._idle else None
+        while idle is not None:
+            if _still_open(idle):
+                return idle
+            idle.close()  # its server ended it; the next idle one is looked at the same way
+            with self._lock:
+                idle = self._idle.pop() if self._idle else None
+        connection = self._pooled()
+        # The engine's pool may hold connections its server ended too (it pings none): each is
+        # invalidated, and the next one taken, until a live or a new one comes.
+        for _ in range(_STALE_POOLED_TRIES):
+            if _still_open(connection):
+                break
+            connection.invalidate()
+            connection = self._pooled()
         driver = connection.dbapi_connection
         connection.detach()  # ours from now on: the pool opens another in its place
         assert driver is not None
@@ -269,6 +296,17 @@ class DirectStatements:
         # A raw cursor takes the $n parameters as rendered once per statement (no named-to-
         # positional conversion per run); it is kept with its connection and run again.
         return _Session(connection, self._dbapi().RawCursor(driver))
+
+    def _pooled(self) -> PoolProxiedConnection:
+        try:
+            with unreachable_as_store_unavailable(self._engine.url):
+                return self._engine.raw_connection()
+        except self._dbapi().OperationalError as exc:
+            # The pool hands back the driver's own error, not the engine's: a server that is
+            # not there (yet) must still read as StoreUnavailable, which callers wait out.
+            if is_unreachable(exc):
+                raise store_unavailable(self._engine.url, exc) from exc
+            raise
 
     def _give_back(self, session: _Session) -> None:
         with self._lock:
