@@ -36,7 +36,7 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
+def _float(env: Mapping[str, str], name: str, default: float, *, zero: bool = False) -> float:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -44,8 +44,8 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name} must be a number, not {raw!r}") from None
-    if value <= 0:
-        raise ConfigError(f"{name} must be positive, not {value}")
+    if value < 0 or (value == 0 and not zero) or value != value:
+        raise ConfigError(f"{name} must be {'zero or more' if zero else 'positive'}, not {value}")
     return value
 
 
@@ -116,6 +116,9 @@ class Settings:
     rate_limits: dict[str, RateLimit] = field(default_factory=dict)
     # THREADS_PROVIDER_RETRY_FOR_S: how long a step waits out a provider's 429s and 5xx.
     provider_retry_for_s: float = DEFAULT_RETRY_FOR_S
+    # THREADS_DATABASE_STARTUP_WAIT_S: how long a starting worker or Beat waits for a database that
+    # does not answer (a restart, a failover) before it refuses to start; 0 refuses at once.
+    database_startup_wait_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.task_time_limit_s >= self.visibility_timeout_s:
@@ -167,6 +170,7 @@ class Settings:
             ),
             "outbox_stale_after_s": _float(env, "THREADS_OUTBOX_STALE_AFTER_S", 10.0),
             "reconcile_interval_s": _float(env, "THREADS_RECONCILE_INTERVAL_S", 5.0),
+            "database_startup_wait_s": _float(env, "THREADS_DATABASE_STARTUP_WAIT_S", 60.0, zero=True),
             "task_events": _bool(env, "THREADS_TASK_EVENTS", False),
             "control_task_events": _bool(env, "THREADS_CONTROL_TASK_EVENTS", False),
             "capture_output": _bool(env, "THREADS_CAPTURE_OUTPUT", True),

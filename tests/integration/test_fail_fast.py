@@ -83,13 +83,28 @@ def test_worker_without_a_database_url_refuses(agents_dir: Path, redis_url: str)
     assert_refused(result, "worker cannot start", "THREADS_DATABASE_URL is not set")
 
 
-def test_worker_with_an_unreachable_database_refuses(agents_dir: Path, redis_url: str) -> None:
+def test_worker_with_an_unreachable_database_refuses_once_its_wait_is_over(agents_dir: Path, redis_url: str) -> None:
     result = start(
         WORKER, agents_dir, THREADS_DATABASE_URL=closed_port_url(), THREADS_BROKER_URL=redis_url,
-        THREADS_AGENTS="scripted_agents",
+        THREADS_AGENTS="scripted_agents", THREADS_DATABASE_STARTUP_WAIT_S="1",
     )  # fmt: skip
-    line = assert_refused(result, "cannot reach the database")
+    line = assert_refused(result, "cannot reach the database", "(waited 1s)")
     assert "nothing_listens_here" in line
+    assert "trying again in" in result.stderr  # it did wait, and said so
+
+
+@pytest.mark.parametrize("argv", [WORKER, CLI_WORKER, BEAT], ids=["worker", "cli-worker", "beat"])
+def test_a_database_that_does_not_exist_is_refused_without_waiting(
+    argv: list[str], agents_dir: Path, pg_admin_url: str, redis_url: str
+) -> None:
+    """What no wait fixes is refused at once, however long the wait allowed (the run's timeout is shorter)."""
+    missing = pg_admin_url.rsplit("/", 1)[0] + "/no_such_database_here"
+    result = start(
+        argv, agents_dir, THREADS_DATABASE_URL=missing, THREADS_BROKER_URL=redis_url,
+        THREADS_AGENTS="scripted_agents", THREADS_DATABASE_STARTUP_WAIT_S=str(10 * START_TIMEOUT_S),
+    )  # fmt: skip
+    assert_refused(result, "cannot reach the database", "no_such_database_here", "does not exist")
+    assert "trying again" not in result.stderr
 
 
 def test_worker_on_an_unmigrated_database_refuses(agents_dir: Path, pg_url: str, redis_url: str) -> None:
@@ -178,7 +193,7 @@ def test_every_service_refuses_a_missing_model_key(
 @pytest.mark.parametrize("argv", [BEAT, CLI_BEAT], ids=["beat", "cli-beat"])
 def test_beat_refuses_an_unreachable_database(argv: list[str], agents_dir: Path, redis_url: str) -> None:
     result = start(argv, agents_dir, THREADS_DATABASE_URL=closed_port_url(), THREADS_BROKER_URL=redis_url,
-                   THREADS_AGENTS="scripted_agents")  # fmt: skip
+                   THREADS_AGENTS="scripted_agents", THREADS_DATABASE_STARTUP_WAIT_S="0")  # fmt: skip
     assert_refused(result, "cannot reach the database")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,8 +25,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from threads_celery.definitions.model_strings import resolve_model
 from threads_celery.definitions.variables import check_secret_key as check_secret_key_in
-from threads_celery.exceptions import ConfigError, ThreadsError
-from threads_celery.store.availability import store_unavailable
+from threads_celery.exceptions import ConfigError, StoreUnavailable, ThreadsError
+from threads_celery.store.availability import is_refused_for_good, store_unavailable
 from threads_celery.store.engine import safe_url
 from threads_celery.store.migrate import current_revision, head_revision
 
@@ -73,6 +74,46 @@ def check_database(store: Store) -> str:
             f"the database at {where} is at migration {current or 'none'}, not {head}: run `threads-celery db upgrade`"
         )
     return head
+
+
+def wait_for_database(
+    store: Store,
+    *,
+    wait_s: float,
+    service: str,
+    say: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """:func:`check_database`, tried again for up to ``wait_s`` seconds while the database does not answer.
+
+    A restart or a failover of PostgreSQL (or of PgBouncer) takes seconds; a worker or Beat
+    started in them waits, as Celery waits for its broker, and says so once per attempt. What no
+    wait fixes is refused at once: a database or role that does not exist, a wrong password,
+    migrations not at head. After ``wait_s`` the last StoreUnavailable is raised, its message
+    saying how long it waited.
+    """
+    say = say or _to_stderr
+    deadline = clock() + wait_s
+    pause = 0.5
+    while True:
+        try:
+            return check_database(store)
+        except StoreUnavailable as exc:
+            left = deadline - clock()
+            if is_refused_for_good(exc) or left <= 0:
+                if wait_s > 0 and not is_refused_for_good(exc):
+                    raise StoreUnavailable(f"{one_line(exc)} (waited {wait_s:g}s)") from exc
+                raise
+            say(f"{service}: {one_line(exc)}; trying again in {min(pause, left):.1f}s (for {left:.0f}s more)")
+            sleep(min(pause, left))
+            pause = min(pause * 2, 5.0)
+
+
+def _to_stderr(line: str) -> None:
+    stream = sys.__stderr__ or sys.stderr
+    stream.write(f"warning: {line}\n")
+    stream.flush()
 
 
 def model_problem(model: object) -> str | None:

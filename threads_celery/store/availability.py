@@ -41,6 +41,41 @@ def is_unreachable(orig: BaseException) -> bool:
     )
 
 
+#: What a server that answered says when it refuses a login for a reason no wait will change: the
+#: database or role does not exist, the password or the pg_hba.conf entry is wrong. (psycopg gives
+#: no SQLSTATE for an error met while connecting, so the server's words are all there is.)
+_LOGIN_REFUSALS = (
+    "does not exist",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "password",
+    "invalid dsn",
+    "invalid connection option",
+    "unsupported startup parameter",
+)
+
+
+def is_refused_for_good(exc: BaseException) -> bool:
+    """Whether a failure to reach the database is one that waiting cannot fix.
+
+    ``exc`` is the error a connection attempt raised, or one raised ``from`` it. A server that is
+    down, restarting, starting up, out of connection slots or behind a broken link is worth
+    waiting for; one that answered "no such database", "no such role" or "wrong password" is not.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        orig = getattr(seen, "orig", None) or seen
+        sqlstate = getattr(orig, "sqlstate", None)
+        if isinstance(sqlstate, str) and sqlstate[:2] in ("28", "3D", "42"):
+            return True  # invalid authorization, invalid catalog name, insufficient privilege
+        text = str(orig).lower()
+        if any(marker in text for marker in _LOGIN_REFUSALS):
+            return True
+        seen = seen.__cause__
+    return False
+
+
 def store_unavailable(url: URL | str, exc: BaseException) -> StoreUnavailable:
     """The error to raise (``from exc``) when the database at ``url`` did not answer.
 

@@ -23,11 +23,11 @@ from threads_celery.exceptions import ConfigError, StoreUnavailable
 from threads_celery.runtime.machine import Runtime
 from threads_celery.runtime.preflight import (
     Ready,
-    check_database,
     check_models,
     check_secret_key,
     exit_on_failure,
     require_database_url,
+    wait_for_database,
 )
 from threads_celery.runtime.schedules import ScheduleRegistry
 from threads_celery.settings import Settings
@@ -128,6 +128,9 @@ def preflight(app: ThreadsCelery, *, service: str) -> Ready:
     the database is set, answers and is at head, the agents of ``THREADS_AGENTS`` import, and
     their model providers can be built.
 
+    A database that does not answer is waited for, up to ``THREADS_DATABASE_STARTUP_WAIT_S``
+    (see :func:`~threads_celery.runtime.preflight.wait_for_database`).
+
     Raises the ThreadsError whose message says what is wrong (see :mod:`threads_celery.runtime.preflight`).
     """
     check_secret_key()
@@ -135,7 +138,7 @@ def preflight(app: ThreadsCelery, *, service: str) -> Ready:
     if holder._store is None:
         require_database_url(holder.settings.database_url, service=service)
     runtime = holder.get()
-    revision = check_database(runtime.store)
+    revision = wait_for_database(runtime.store, wait_s=holder.settings.database_startup_wait_s, service=service)
     check_models(runtime.registry)
     return Ready(revision=revision, agents=tuple(agent.name for agent in runtime.registry))
 
