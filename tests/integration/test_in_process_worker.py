@@ -1,5 +1,8 @@
 """threads_celery.testing.start_worker: an in-process worker for users' own integration tests,
-against PostgreSQL and a real Redis broker (not only the embedded SQLite mode)."""
+against PostgreSQL and a real broker, Redis and RabbitMQ (not only the embedded SQLite mode).
+
+On RabbitMQ each test has a vhost of its own on the machine's server (tests/support/rabbitmq.py).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from tests.support.rabbitmq import rabbitmq_vhost
 from threads_celery import Agent, Threads, tool
 from threads_celery.testing import ScriptedModel, call, say, start_worker
 
@@ -46,9 +50,18 @@ stepper = Agent(
 )
 
 
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "redis":
+        yield request.getfixturevalue("redis_url")
+        return
+    with rabbitmq_vhost() as url:
+        yield url
+
+
 @pytest.fixture
-def threads(migrated_pg_url: str, redis_url: str) -> Iterator[Threads]:
-    client = Threads(database_url=migrated_pg_url, broker_url=redis_url)
+def threads(migrated_pg_url: str, broker_url: str) -> Iterator[Threads]:
+    client = Threads(database_url=migrated_pg_url, broker_url=broker_url)
     try:
         client.register(doubler)
         client.register(stepper)
@@ -57,7 +70,7 @@ def threads(migrated_pg_url: str, redis_url: str) -> Iterator[Threads]:
         client.close()
 
 
-def test_a_run_completes_on_postgresql_and_redis_with_an_in_process_worker(
+def test_a_run_completes_on_postgresql_and_a_broker_with_an_in_process_worker(
     threads: Threads,
 ) -> None:
     assert not threads.is_embedded
@@ -76,3 +89,19 @@ def test_an_agents_own_queue_is_consumed(threads: Threads) -> None:
     with start_worker(threads):
         run = threads.wait(threads.start("in-process-stepper", "hi").run_id, timeout=RUN_TIMEOUT_S)
     assert run.status == "completed", run
+
+
+def worker_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("threads-embedded")]
+
+
+def test_each_stop_leaves_no_worker_thread_behind(threads: Threads) -> None:
+    """Stopped from the worker's own thread: on RabbitMQ a stop that closed the consumer's
+    channels from another thread hung past its join (30 s each), once for good, and left the
+    worker's thread running behind the next test's worker."""
+    before = worker_threads()
+    for attempt in range(5):
+        with start_worker(threads):
+            run = threads.wait(threads.start("in-process-stepper", f"hi {attempt}").run_id, timeout=RUN_TIMEOUT_S)
+            assert run.status == "completed", run
+        assert worker_threads() == before, f"after stop {attempt + 1}: {worker_threads()}"

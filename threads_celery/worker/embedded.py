@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery.apps.worker import Worker  # noqa: F401 - makes sure worker bootsteps are importable
+from celery.exceptions import WorkerShutdown
 from celery.utils.nodenames import anon_nodename
 from celery.worker import WorkController
 
@@ -31,6 +32,33 @@ class _Controller(WorkController):
 
     def on_consumer_ready(self, consumer: Any) -> None:
         self.ready.set()
+
+    def leave_from_within(self) -> bool:
+        """Ask the worker's own thread to shut down (warm), as Celery's test worker does; False
+        when its consumer is not there to ask.
+
+        The shutdown then closes the broker's channels and connection on the thread that reads
+        them. Closed from another thread, a py-amqp connection's channels are torn down under
+        the reader: each stop took the whole join timeout on RabbitMQ, and one hung for good.
+        The request is a callback on the consumer's event loop (Redis and RabbitMQ; its hub wakes
+        for it at once) that raises WorkerShutdown there, which the controller answers with its own warm stop. Celery's test
+        worker sets the process-wide ``state.should_terminate`` instead; here a stopping worker
+        must not stop another one that this process started after it.
+        """
+        consumer = getattr(self, "consumer", None)
+        if consumer is None or getattr(consumer, "connection", None) is None:
+            return False
+        if getattr(consumer, "hub", None) is None:
+            # No event loop (the embedded memory transport polls): its consumer would see the
+            # request only after its next two-second poll, and its channels are the transport's
+            # own in-process queues, which another thread may close.
+            return False
+
+        def leave() -> None:
+            raise WorkerShutdown(0)
+
+        consumer.call_soon(leave)
+        return True
 
 
 class EmbeddedWorker:
@@ -111,7 +139,9 @@ class EmbeddedWorker:
             return
 
         def stop_then() -> None:
-            controller.stop(in_sighandler=False)
+            if not (controller.leave_from_within() and _joined(thread, timeout)):
+                # Its consumer is away (reconnecting to the broker) or did not answer: stop it from here.
+                controller.stop(in_sighandler=False)
             for running in (thread, ticker):
                 if running is not None:
                     running.join(timeout)
@@ -122,3 +152,9 @@ class EmbeddedWorker:
         stopper.start()
         if wait:
             stopper.join(timeout * 3)
+
+
+def _joined(thread: threading.Thread | None, timeout: float) -> bool:
+    if thread is not None:
+        thread.join(timeout)
+    return thread is None or not thread.is_alive()
