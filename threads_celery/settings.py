@@ -119,6 +119,9 @@ class Settings:
     # THREADS_DATABASE_STARTUP_WAIT_S: how long a starting worker or Beat waits for a database that
     # does not answer (a restart, a failover) before it refuses to start; 0 refuses at once.
     database_startup_wait_s: float = 60.0
+    # THREADS_RABBITMQ_QUEUE_TYPE: on RabbitMQ, quorum queues (kept through a broker restart,
+    # replicated in a cluster) or classic ones (what a deployment made before quorum declared).
+    rabbitmq_queue_type: str = "quorum"
 
     def __post_init__(self) -> None:
         if self.task_time_limit_s >= self.visibility_timeout_s:
@@ -135,6 +138,10 @@ class Settings:
         if self.sandbox_cgroup not in ("auto", "v1", "v2") and not self.sandbox_cgroup.startswith("/"):
             raise ConfigError(
                 f"THREADS_SANDBOX_CGROUP must be auto, v1, v2 or an absolute path, not {self.sandbox_cgroup!r}"
+            )
+        if self.rabbitmq_queue_type not in ("quorum", "classic"):
+            raise ConfigError(
+                f"THREADS_RABBITMQ_QUEUE_TYPE must be quorum or classic, not {self.rabbitmq_queue_type!r}"
             )
         if (
             isinstance(self.max_parallel_tool_calls, bool)
@@ -171,6 +178,7 @@ class Settings:
             "outbox_stale_after_s": _float(env, "THREADS_OUTBOX_STALE_AFTER_S", 10.0),
             "reconcile_interval_s": _float(env, "THREADS_RECONCILE_INTERVAL_S", 5.0),
             "database_startup_wait_s": _float(env, "THREADS_DATABASE_STARTUP_WAIT_S", 60.0, zero=True),
+            "rabbitmq_queue_type": env.get("THREADS_RABBITMQ_QUEUE_TYPE", "").strip().lower() or "quorum",
             "task_events": _bool(env, "THREADS_TASK_EVENTS", False),
             "control_task_events": _bool(env, "THREADS_CONTROL_TASK_EVENTS", False),
             "capture_output": _bool(env, "THREADS_CAPTURE_OUTPUT", True),

@@ -178,3 +178,38 @@ def test_task_events_are_opt_in() -> None:
     assert quiet["worker_send_task_events"] is False and quiet["task_send_sent_event"] is False
     loud = celery_config(Settings.from_env(env={"THREADS_TASK_EVENTS": "true"}), "redis://127.0.0.1:6379/0")
     assert loud["worker_send_task_events"] is True and loud["task_send_sent_event"] is True
+
+
+# -- RabbitMQ as production runs it ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["amqp://guest:guest@rabbit:5672//", "pyamqp://rabbit//", "amqps://rabbit//"])
+def test_rabbitmq_gets_quorum_queues_and_publisher_confirms(url: str) -> None:
+    config = celery_config(Settings(), url)
+    assert config["broker_transport_options"]["confirm_publish"] is True
+    for queue in config["task_queues"]:
+        assert queue.queue_arguments == {"x-queue-type": "quorum"}
+        assert queue.exchange.type == "topic"  # what Celery's native delayed delivery binds
+        assert queue.durable
+    # The queues agents and tools name, which Celery creates on first use, are quorum queues too.
+    assert config["task_create_missing_queue_type"] == "quorum"
+    assert config["task_create_missing_queue_exchange_type"] == "topic"
+    assert config["worker_prefetch_multiplier"] == 1
+
+
+def test_classic_rabbitmq_queues_stay_as_they_were_declared() -> None:
+    config = celery_config(Settings.from_env({"THREADS_RABBITMQ_QUEUE_TYPE": "classic"}), "amqp://rabbit//")
+    assert config["broker_transport_options"]["confirm_publish"] is True
+    assert all(not q.queue_arguments and q.exchange.type == "direct" for q in config["task_queues"])
+    assert "task_create_missing_queue_type" not in config
+
+
+def test_redis_keeps_its_queues() -> None:
+    config = celery_config(Settings(), "redis://127.0.0.1:6379/0")
+    assert "confirm_publish" not in config["broker_transport_options"]
+    assert all(not q.queue_arguments for q in config["task_queues"])
+
+
+def test_an_unknown_rabbitmq_queue_type_is_refused() -> None:
+    with pytest.raises(ConfigError, match="THREADS_RABBITMQ_QUEUE_TYPE must be quorum or classic"):
+        Settings.from_env({"THREADS_RABBITMQ_QUEUE_TYPE": "stream"})

@@ -55,13 +55,27 @@ BEAT_SCHEDULER = "threads_celery.worker.beat:Scheduler"
 AppT = TypeVar("AppT", bound=Celery)
 
 
-def task_queue(name: str) -> Queue:
-    """A queue bound to a direct exchange of its own name, by its own name.
+#: URL schemes of RabbitMQ (py-amqp and librabbitmq transports).
+RABBITMQ_SCHEMES = ("amqp://", "amqps://", "pyamqp://", "librabbitmq://")
+
+
+def is_rabbitmq(broker_url: str) -> bool:
+    """Whether ``broker_url`` (or the first of a failover list) is a RabbitMQ broker."""
+    return broker_url.split(";", 1)[0].strip().startswith(RABBITMQ_SCHEMES)
+
+
+def task_queue(name: str, *, quorum: bool = False) -> Queue:
+    """A queue bound to an exchange of its own name, by its own name.
 
     Celery gives a bare ``Queue(name)`` its default exchange and routing key (``threads``): two
     queues declared that way are both bound to key ``threads``, and a control message would be
-    copied into the work queue as well.
+    copied into the work queue as well. ``quorum``: a RabbitMQ quorum queue (replicated, durable,
+    its messages kept through a broker restart), on a topic exchange, which Celery's native
+    delayed delivery (a retry's countdown held by the broker, not by a worker) needs; a routing
+    key without wildcards matches only itself there, as on a direct exchange.
     """
+    if quorum:
+        return Queue(name, Exchange(name, type="topic"), routing_key=name, queue_arguments={"x-queue-type": "quorum"})
     return Queue(name, Exchange(name, type="direct"), routing_key=name)
 
 
@@ -99,6 +113,7 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
     starts), so that the backbone never waits behind a backlog of work.
     """
     work_queue = WORK_QUEUE
+    quorum = is_rabbitmq(broker_url) and settings.rabbitmq_queue_type == "quorum"
     if broker_url.startswith("memory://"):
         # The memory transport's queues are shared by the whole process: queues of our own keep
         # two embedded runtimes (or a stopping one) from taking each other's tasks.
@@ -129,7 +144,10 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "beat_schedule_filename": BEAT_SCHEDULE_FILE,
         # A worker started without -Q consumes both; one started with -Q gets the control queue
         # added (see threads_celery.worker.application.consume_control_queue).
-        "task_queues": (task_queue(work_queue), task_queue(control_queue_for(work_queue))),
+        "task_queues": (
+            task_queue(work_queue, quorum=quorum),
+            task_queue(control_queue_for(work_queue), quorum=quorum),
+        ),
         # Control tasks go ahead of all work on Redis however they are sent (Beat, a retry): the
         # priority is the route's, a message option, as Celery 6 keeps it (a task's own
         # ``priority`` attribute is deprecated).
@@ -154,6 +172,18 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         # What Celery sends itself (a task's retry) queues as ordinary work, behind recoveries;
         # the control tasks carry their route's priority.
         config["task_default_priority"] = WORK_PRIORITY
+    if is_rabbitmq(broker_url):
+        # RabbitMQ as production runs it: the broker confirms each publish (a publish it did not
+        # take raises, and the outbox row stays for the backbone to publish again), and
+        # THREADS_RABBITMQ_QUEUE_TYPE=quorum (the default) declares quorum queues, the queues
+        # agents and tools name included, so that a broker restart loses no message. Celery
+        # turns global QoS off for quorum queues itself (worker_detect_quorum_queues; the
+        # prefetch stays 1 per consumer) and holds a retry's countdown in the broker (native
+        # delayed delivery, on the topic exchanges of task_queue).
+        config["broker_transport_options"] = {**config["broker_transport_options"], "confirm_publish": True}
+        if quorum:
+            config["task_create_missing_queue_type"] = "quorum"
+            config["task_create_missing_queue_exchange_type"] = "topic"
     if broker_url.startswith("memory://"):
         # The memory transport polls; a short interval keeps each hop near a few milliseconds.
         config["broker_transport_options"] = {"polling_interval": 0.005}

@@ -151,7 +151,9 @@ def consume_control_queue(app: Celery) -> None:
     """
     control = control_queue_for(app.conf.task_default_queue or WORK_QUEUE)
     if control not in app.amqp.queues.consume_from:
-        app.amqp.queues.select_add(task_queue(control))
+        # The queue as the app declares it (a quorum queue on RabbitMQ), else as task_queue makes it.
+        declared = app.amqp.queues.get(control)
+        app.amqp.queues.select_add(declared if declared is not None else task_queue(control))
 
 
 def serve_metrics(store: Store) -> None:
