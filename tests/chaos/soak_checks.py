@@ -6,6 +6,7 @@ as its effect class allows.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,13 @@ SETTLED = {
     "awaiting_approval",
     "awaiting_variable",
 }
+
+#: A worker's log line saying the backbone re-dispatched a run whose lease (of ``host:pid``) expired,
+#: with the line's local time.
+REDISPATCHED_AT = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): WARNING/[^\]]+\] run run_\w+: lease of (\S+) expired",
+    re.M,
+)
 
 
 def describe_stuck(cluster: ChaosCluster, run_ids: set[str], limit: int = 10) -> str:

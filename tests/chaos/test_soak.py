@@ -40,7 +40,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.chaos import chaos_agents
-from tests.chaos.soak_checks import SETTLED, check_runs, describe_stuck, statuses
+from tests.chaos.soak_checks import REDISPATCHED_AT, SETTLED, check_runs, describe_stuck, statuses
 from tests.support.processes import queued_messages
 
 if TYPE_CHECKING:  # the conftest is pytest's to import; tests only name its types
@@ -369,12 +369,6 @@ def _late_writes(cluster: ChaosCluster, chaos: Chaos) -> dict[str, Any]:
         "not_fenced": not_fenced,
         "all_refusals": len(cluster.fence_refusals()),
     }
-
-
-REDISPATCHED_AT = re.compile(
-    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): WARNING/[^\]]+\] run run_\w+: lease of (\S+) expired",
-    re.M,
-)
 
 
 def _recovery_times(cluster: ChaosCluster, chaos: Chaos) -> list[float]:

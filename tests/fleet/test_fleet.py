@@ -1,0 +1,46 @@
+"""The fleet under partitions and bad links: a backlog soak per fault, one table per fault.
+
+CI runs the lean slice: one fault (a worker cut from PostgreSQL while its workers hold runs),
+on ``THREADS_FLEET_RUNS`` runs (default 100) over three workers of two processes. ``THREADS_FLEET=full``
+runs every fault of :data:`tests.fleet.faults.FAULTS`, each on a fleet of its own with at least 200
+runs and 16 worker processes (6, 5 and 5 on w1, w2 and w3). See tests/fleet/README.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.fleet.cluster import WORKER_HOSTS, Fleet
+from tests.fleet.faults import FAULTS, report_table, run_scenario
+
+FULL = os.environ.get("THREADS_FLEET", "") == "full"
+RUNS = int(os.environ.get("THREADS_FLEET_RUNS", "200" if FULL else "100"))
+SEED = int(os.environ.get("THREADS_FLEET_SEED", "26"))
+CONCURRENCY = (6, 5, 5) if FULL else (2, 2, 2)
+
+
+def _soak(fleet: Fleet, fault_name: str) -> None:
+    workers = [
+        fleet.start_worker(wait=False, concurrency=n, FLEET_HOST=host)
+        for host, n in zip(WORKER_HOSTS, CONCURRENCY, strict=True)
+    ]
+    fleet.start_beat(wait=False)
+    if FAULTS[fault_name].through_api:
+        fleet.start_api()
+    for worker in workers:
+        worker.wait_ready(timeout=120)
+    outcome = run_scenario(fleet, FAULTS[fault_name], workers, RUNS, SEED)
+    print(report_table(outcome))
+    assert not outcome.problems, "\n".join(outcome.problems[:40])
+
+
+def test_a_worker_cut_from_postgresql_while_it_holds_runs(fleet: Fleet) -> None:
+    _soak(fleet, "worker cut from PostgreSQL")
+
+
+@pytest.mark.skipif(not FULL, reason="every fault runs with THREADS_FLEET=full (tests/fleet/README.md)")
+@pytest.mark.parametrize("fault_name", [name for name in FAULTS if name != "worker cut from PostgreSQL"])
+def test_every_fault(fleet: Fleet, fault_name: str) -> None:
+    _soak(fleet, fault_name)
