@@ -35,6 +35,9 @@ from tests.support.waiting import Deadline
 HOSTS = ("db", "broker", "w1", "w2", "w3", "beat", "api")
 WORKER_HOSTS = ("w1", "w2", "w3")
 PG_PORT, BOUNCER_PORT, REDIS_PORT = 5432, 6432, 6379
+#: The workers' and Beat's database role (the test's client is ``postgres``): statistics per role
+#: (pg_stat_statements, pg_stat_activity) tell the fleet's work from the test's reading.
+WORKER_USER = "fleet"
 LEASE_S = 3.0
 TICK_S = 0.5
 FLEET_ENV: dict[str, str] = {
@@ -91,7 +94,7 @@ class Fleet(ChaosCluster):
             f"{self.network.addresses['db']}:{BOUNCER_PORT if self.through_bouncer else PG_PORT}"
         )
         # PgBouncer 1.18 in transaction mode keeps no prepared statements: psycopg must not prepare.
-        return f"postgresql+psycopg://postgres@{address}/{self.database}?prepare_threshold=none&{PG_LINK_OPTIONS}"
+        return f"postgresql+psycopg://{WORKER_USER}@{address}/{self.database}?prepare_threshold=none&{PG_LINK_OPTIONS}"
 
     @property
     def worker_broker_url(self) -> str:
@@ -123,6 +126,8 @@ class Fleet(ChaosCluster):
         self.start_postgres()
         self._wait(lambda: self._psql("select 1", database="postgres"), "PostgreSQL in the db host")
         self._psql(f'create database "{self.database}"', database="postgres")
+        self._psql(f"create role {WORKER_USER} superuser login", database="postgres")
+        self._psql("create extension if not exists pg_stat_statements")
         self.start_bouncer()
         self.start_redis()
         from threads_celery.store import create_store_engine, parse_database_url
@@ -138,13 +143,14 @@ class Fleet(ChaosCluster):
         argv = [str(PG_BIN / "postgres"), "-D", str(self.pg_dir / "data"), "-p", str(PG_PORT), "-k", str(self.pg_dir),
                 "-c", f"listen_addresses={self.network.addresses['db']}", "-c", "fsync=off",
                 "-c", "full_page_writes=off", "-c", "max_connections=300", "-c", "shared_buffers=64MB",
-                "-c", "track_activities=on"]  # fmt: skip
+                "-c", "track_activities=on", "-c", "shared_preload_libraries=pg_stat_statements",
+                "-c", "pg_stat_statements.track=all"]  # fmt: skip
         self.postgres = self._start("postgres", self._as_postgres("db", argv))
 
     def start_bouncer(self) -> None:
         ini = self.pg_dir / "pgbouncer.ini"
         users = self.pg_dir / "userlist.txt"
-        users.write_text('"postgres" ""\n')
+        users.write_text(f'"postgres" ""\n"{WORKER_USER}" ""\n')
         ini.write_text(
             "[databases]\n"
             f"* = host={self.pg_dir} port={PG_PORT}\n"

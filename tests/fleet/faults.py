@@ -173,13 +173,20 @@ def _late_writes(fleet: Fleet, held: list[str], since: float) -> tuple[int, int]
     return fenced, skipped
 
 
-def run_scenario(fleet: Fleet, fault: Fault, workers: list[WorkerProcess], runs: int, seed: int) -> Outcome:
+def run_scenario(
+    fleet: Fleet,
+    fault: Fault,
+    workers: list[WorkerProcess],
+    runs: int,
+    seed: int,
+    tool_seconds: tuple[float, float] = (0.4, 1.2),
+) -> Outcome:
     rng = random.Random(seed)
     outcome = Outcome(fault, runs)
     started: dict[str, tuple[str, str]] = {}
     for kind in rng.choices(MIX, k=runs):
         ref = uuid.uuid4().hex[:12]
-        seconds = round(rng.uniform(0.4, 1.2), 3)
+        seconds = round(rng.uniform(*tool_seconds), 3)
         handle = fleet.threads.start(
             chaos_agents.AGENTS[kind], chaos_agents.message(ref, seconds=seconds, repeat_seconds=0.1)
         )

@@ -3,7 +3,7 @@
 CI runs the lean slice: one fault (a worker cut from PostgreSQL while its workers hold runs),
 on ``THREADS_FLEET_RUNS`` runs (default 100) over three workers of two processes. ``THREADS_FLEET=full``
 runs every fault of :data:`tests.fleet.faults.FAULTS`, each on a fleet of its own with at least 200
-runs and 16 worker processes (6, 5 and 5 on w1, w2 and w3). See tests/fleet/README.md.
+runs (300 by default) and 16 worker processes (6, 5 and 5 on w1, w2 and w3). See tests/fleet/README.md.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from tests.fleet.cluster import WORKER_HOSTS, Fleet
 from tests.fleet.faults import FAULTS, report_table, run_scenario
 
 FULL = os.environ.get("THREADS_FLEET", "") == "full"
-RUNS = int(os.environ.get("THREADS_FLEET_RUNS", "200" if FULL else "100"))
+RUNS = int(os.environ.get("THREADS_FLEET_RUNS", "300" if FULL else "100"))
 SEED = int(os.environ.get("THREADS_FLEET_SEED", "26"))
 CONCURRENCY = (6, 5, 5) if FULL else (2, 2, 2)
+# Longer tools in the full run: 16 processes would otherwise clear the backlog before the heal.
+TOOL_SECONDS = (1.0, 2.5) if FULL else (0.4, 1.2)
 
 
 def _soak(fleet: Fleet, fault_name: str) -> None:
@@ -31,7 +33,7 @@ def _soak(fleet: Fleet, fault_name: str) -> None:
         fleet.start_api()
     for worker in workers:
         worker.wait_ready(timeout=120)
-    outcome = run_scenario(fleet, FAULTS[fault_name], workers, RUNS, SEED)
+    outcome = run_scenario(fleet, FAULTS[fault_name], workers, RUNS, SEED, TOOL_SECONDS)
     print(report_table(outcome))
     assert not outcome.problems, "\n".join(outcome.problems[:40])
 

@@ -213,3 +213,9 @@ def test_redis_keeps_its_queues() -> None:
 def test_an_unknown_rabbitmq_queue_type_is_refused() -> None:
     with pytest.raises(ConfigError, match="THREADS_RABBITMQ_QUEUE_TYPE must be quorum or classic"):
         Settings.from_env({"THREADS_RABBITMQ_QUEUE_TYPE": "stream"})
+
+
+def test_a_redis_broker_behind_a_broken_link_cannot_hold_a_publish_for_minutes() -> None:
+    options = celery_config(Settings(), "redis://10.0.0.3:6379/0")["broker_transport_options"]
+    assert options["socket_connect_timeout"] == 5
+    assert options["socket_timeout"] == 10

@@ -55,6 +55,11 @@ BEAT_SCHEDULER = "threads_celery.worker.beat:Scheduler"
 AppT = TypeVar("AppT", bound=Celery)
 
 
+#: Seconds a Redis broker connection may take to connect (kombu's default waits for the kernel).
+REDIS_CONNECT_TIMEOUT_S = 5
+#: Seconds a Redis command may wait for its answer (kombu's default waits for ever).
+REDIS_SOCKET_TIMEOUT_S = 10
+
 #: URL schemes of RabbitMQ (py-amqp and librabbitmq transports).
 RABBITMQ_SCHEMES = ("amqp://", "amqps://", "pyamqp://", "librabbitmq://")
 
@@ -172,6 +177,17 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         # What Celery sends itself (a task's retry) queues as ordinary work, behind recoveries;
         # the control tasks carry their route's priority.
         config["task_default_priority"] = WORK_PRIORITY
+    if broker_url.startswith(("redis://", "rediss://")):
+        # A broker behind a broken link (a partition, a host gone) must not hold a publish, and
+        # with it an API request, for the kernel's two minutes of connection attempts or its
+        # fifteen of retransmissions on a connection that died silently: a publish that cannot
+        # connect or be answered within these fails, and its outbox row is left for the backbone.
+        # (The consumer's BRPOP waits one second at a time: well inside the socket timeout.)
+        config["broker_transport_options"] = {
+            **config["broker_transport_options"],
+            "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+            "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+        }
     if is_rabbitmq(broker_url):
         # RabbitMQ as production runs it: the broker confirms each publish (a publish it did not
         # take raises, and the outbox row stays for the backbone to publish again), and
