@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -101,7 +102,8 @@ def bouncer_clients(fleet: Fleet) -> int:
 
 def measure(runs: int, *, through_bouncer: bool, seed: int) -> dict[str, Any]:
     network = Network(HOSTS)
-    fleet = Fleet(network, Path(tempfile.mkdtemp(prefix="fleet-scale-")))
+    directory = Path(tempfile.mkdtemp(prefix="fleet-scale-"))  # the processes' logs, removed at the end
+    fleet = Fleet(network, directory)
     fleet.through_bouncer = through_bouncer
     try:
         network.create()
@@ -182,6 +184,7 @@ def measure(runs: int, *, through_bouncer: bool, seed: int) -> dict[str, Any]:
     finally:
         fleet.close()
         network.destroy()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def main() -> None:
