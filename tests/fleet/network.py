@@ -22,6 +22,7 @@ import atexit
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -60,15 +61,21 @@ def namespaces_problem() -> str | None:
     return None
 
 
-def remove_stale() -> None:
-    """Delete namespaces a killed fleet run left behind (``tf<hex>-*``, whose processes are gone)."""
+def remove_stale(older_than_s: float = 1800.0) -> None:
+    """Delete namespaces a killed fleet run left behind: ``tf<hex>-*`` with no process in them,
+    made more than ``older_than_s`` ago (a run being set up right now has none yet either)."""
     listed = _run(["ip", "netns", "list"], check=False).stdout.split("\n")
     for line in listed:
         name = line.split(" ", 1)[0]
-        if name.startswith("tf") and "-" in name and len(name.split("-", 1)[0]) == 8:
-            pids = _run(["ip", "netns", "pids", name], check=False).stdout.split()
-            if not pids:
-                _run(["ip", "netns", "del", name], check=False)
+        if not (name.startswith("tf") and "-" in name and len(name.split("-", 1)[0]) == 8):
+            continue
+        try:
+            age = time.time() - os.stat(f"/run/netns/{name}").st_mtime
+        except OSError:
+            continue
+        pids = _run(["ip", "netns", "pids", name], check=False).stdout.split()
+        if not pids and age > older_than_s:
+            _run(["ip", "netns", "del", name], check=False)
 
 
 @dataclass
