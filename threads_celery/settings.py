@@ -95,6 +95,9 @@ class Settings:
     # THREADS_CAPTURE_OUTPUT: whether a worker's pool process passes its file descriptors 1 and 2
     # through redaction (os.write and subprocess output of tools; worker/output_capture.py).
     capture_output: bool = True
+    # THREADS_LIVE_DELTAS: whether workers publish a streaming model step's deltas on the broker
+    # (threads_celery/live/) and nudge a thread's subscribers after a commit.
+    live_deltas: bool = True
     # Concurrent read_only calls of one model reply running at once (as parallel tasks).
     max_parallel_tool_calls: int = 8
     # Each thread's attachments live in <files_root>/<thread_id>/ (relative: to the worker's cwd).
@@ -182,6 +185,7 @@ class Settings:
             "task_events": _bool(env, "THREADS_TASK_EVENTS", False),
             "control_task_events": _bool(env, "THREADS_CONTROL_TASK_EVENTS", False),
             "capture_output": _bool(env, "THREADS_CAPTURE_OUTPUT", True),
+            "live_deltas": _bool(env, "THREADS_LIVE_DELTAS", True),
             "max_parallel_tool_calls": _int(env, "THREADS_MAX_PARALLEL_TOOL_CALLS", 8),
             "files_root": env.get("THREADS_FILES_ROOT") or DEFAULT_FILES_ROOT,
             "files_max_bytes": _int(env, "THREADS_FILES_MAX_BYTES", 100 * 2**20),

@@ -10,6 +10,7 @@ retry.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -75,11 +76,14 @@ class ScriptedModel(FunctionModel):
         *,
         per: Literal["run", "thread"] = "run",
         chunk_size: int = 8,
+        chunk_delay_s: float = 0.0,
         model_name: str = "scripted",
     ) -> None:
         self.script = list(script)
         self.per = per
         self.chunk_size = max(1, chunk_size)
+        #: A pause before each chunk, as a slow provider streams (for live-delta tests).
+        self.chunk_delay_s = chunk_delay_s
         super().__init__(self._respond, stream_function=self._stream, model_name=model_name)
 
     def reply_for(self, messages: list[ModelMessage]) -> Reply:
@@ -117,16 +121,23 @@ class ScriptedModel(FunctionModel):
         )
         return ModelResponse(parts=parts or [TextPart(content="")])
 
+    async def _pause(self) -> None:
+        if self.chunk_delay_s > 0:
+            await asyncio.sleep(self.chunk_delay_s)
+
     async def _stream(
         self, messages: list[ModelMessage], info: AgentInfo
     ) -> AsyncIterator[str | dict[int, DeltaToolCall]]:
         reply = self.reply_for(messages)
         size = self.chunk_size
         for start in range(0, len(reply.text), size):
+            await self._pause()
             yield reply.text[start : start + size]
         for i, (name, args) in enumerate(reply.calls):
+            await self._pause()
             yield {i: DeltaToolCall(name=name, json_args="", tool_call_id=self._call_id(messages, i))}
             for start in range(0, len(args), size):
+                await self._pause()
                 yield {i: DeltaToolCall(json_args=args[start : start + size])}
         if not reply.text and not reply.calls:
             yield ""

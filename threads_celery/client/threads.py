@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError
 
 from threads_celery.client.agent_tools import AgentToolsMixin
 from threads_celery.client.in_process import InProcessWorkerMixin
+from threads_celery.client.live import LiveMixin
 from threads_celery.decisions.usage import ALLOWED_EVENT, LIMIT_REASON, day_bounds
 from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.variables import SecretBox, VariableError
@@ -62,7 +63,7 @@ WAIT_POLL_MIN_S = 0.004
 WAIT_POLL_MAX_S = 0.2
 
 
-class Threads(AgentToolsMixin, InProcessWorkerMixin):
+class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
     """The runtime handle.
 
     ``Threads(database_url=..., broker_url=...)`` talks to a PostgreSQL ledger and a broker

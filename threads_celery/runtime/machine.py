@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -63,6 +64,7 @@ from threads_celery.runtime import (
     child_runs,
     delivery,
     hooks,
+    live_stream,
     models,
     pauses,
     provider_retry,
@@ -122,11 +124,26 @@ class Runtime:
         self.history = HistoryCache()
         self.rate_limiter = rate_limiter_for(self.settings.rate_limits, self.settings.broker_url)
         self.progress = ProgressReporter(self)
+        #: The thread the current task (on this worker thread) works on, nudged when it ends.
+        self._touched = threading.local()
 
     # -- model steps -----------------------------------------------------------------------
 
     def run_step(self, run_id: str, step: int, *, attempt: int = 0) -> str:
         """Carry out model step ``step`` of a run. Returns what happened, for logs and tests."""
+        try:
+            return self._run_step(run_id, step, attempt=attempt)
+        finally:
+            self._nudge_touched()
+
+    def _nudge_touched(self) -> None:
+        """Nudge the live subscribers of the thread this task worked on: it may have committed."""
+        thread_id = getattr(self._touched, "thread_id", None)
+        if thread_id is not None:
+            self._touched.thread_id = None
+            live_stream.nudge(self, thread_id)
+
+    def _run_step(self, run_id: str, step: int, *, attempt: int) -> str:
         now = self.clock()
         lease = timedelta(seconds=self.settings.step_lease_s)
         step_key = runs.step_key(run_id, step)
@@ -152,6 +169,7 @@ class Runtime:
             if claimed is None:
                 raise RetryLater(0.1, "run was claimed concurrently")
             fence = claimed
+        self._touched.thread_id = run.thread_id
         history = self.history.load(self.store, run.thread_id)  # each read a statement of its own
         if (run.input_meta or {}).get("narrate"):
             # A narrated status line: its message is in the thread already; no model turn.
@@ -192,6 +210,8 @@ class Runtime:
         provider = provider_of(agent.model_identity())
         provider_retry.wait_for_window(self, run, fence, provider)
         starts = ToolCallStarts(agent.runtime_tools, lambda started: self._tool_call_started(run, step, agent, started))
+        live = live_stream.open_step_stream(self, run, step, fence, agent)
+        on_stream = starts.feed if live is None else live_stream.both(starts.feed, live)
         try:
             with (
                 tracing.step_span(run.traceparent, run_id=run.id, step=step, agent=agent.name),
@@ -203,14 +223,20 @@ class Runtime:
                     instructions,
                     history.messages,
                     agent.runtime_tools,
-                    on_stream=starts.feed,
+                    on_stream=on_stream,
                     converted=history.model_history(),
                 )
             starts.finish()
+            if live is not None:
+                live.close()
         except AgentCodeFailed as exc:  # not the provider: the agent's own code, which would fail again
+            if live is not None:
+                live.void()
             finish_run(self, run, fence, "error", error=str(exc))
             return "error: the agent's code failed"
         except Exception as exc:  # noqa: BLE001 - the provider failed: retry with backoff, then fail the run
+            if live is not None:
+                live.void()
             ended = provider_retry.provider_failed(self, run, fence, step, exc)
             return ended if ended is not None else provider_retry.step_failed(self, run, fence, step, attempt, exc)
         used = int(turn.usage.get("input_tokens", 0)) + int(turn.usage.get("output_tokens", 0))
@@ -232,6 +258,7 @@ class Runtime:
             "progress": started.progress,
         }
         self.store.append_event(run.thread_id, run.id, "tool_call_started", payload, self.clock())
+        live_stream.nudge(self, run.thread_id)
         hook = getattr(agent, "on_tool_call_started", None)
         if callable(hook):
             try:
@@ -247,11 +274,18 @@ class Runtime:
 
     def run_tool(self, effect_key: str) -> str:
         """Carry out one tool call. Returns what happened, for logs and tests."""
+        try:
+            return self._run_tool(effect_key)
+        finally:
+            self._nudge_touched()
+
+    def _run_tool(self, effect_key: str) -> str:
         now = self.clock()
         loaded = self.store.call_and_run(effect_key)
         if loaded is None:
             return "skipped: no such call"
         call, run = loaded
+        self._touched.thread_id = run.thread_id
         agent = self.registry.get(run.agent) if run.agent in self.registry else None
         tool = agent.tool_named(call.tool) if agent else None
         decision = decide_call(call, run, now, tool)

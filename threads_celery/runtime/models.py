@@ -64,7 +64,7 @@ def bounded_turn(turn: ModelTurn) -> ModelTurn:
 class StreamEvent:
     """A piece of the model's stream, as it arrives.
 
-    ``kind`` is ``text`` (``text`` holds the delta), ``call`` (a tool call appeared: ``index``,
+    ``kind`` is ``text`` (``text`` holds the delta), ``thinking`` (the same, of a thinking part), ``call`` (a tool call appeared: ``index``,
     ``name``, ``call_id``) or ``args`` (``index`` and the ``text`` of an argument fragment).
     """
 
@@ -258,6 +258,8 @@ async def request_turn_async(
         PartStartEvent,
         TextPart,
         TextPartDelta,
+        ThinkingPart,
+        ThinkingPartDelta,
         ToolCallPart,
         ToolCallPartDelta,
     )
@@ -278,6 +280,8 @@ async def request_turn_async(
                 part = event.part
                 if isinstance(part, TextPart) and part.content:
                     on_stream(StreamEvent("text", event.index, text=part.content))
+                elif isinstance(part, ThinkingPart) and part.content:
+                    on_stream(StreamEvent("thinking", event.index, text=part.content))
                 elif isinstance(part, ToolCallPart):
                     on_stream(StreamEvent("call", event.index, name=part.tool_name, call_id=part.tool_call_id))
                     if isinstance(part.args, str) and part.args:
@@ -286,6 +290,8 @@ async def request_turn_async(
                 delta = event.delta
                 if isinstance(delta, TextPartDelta) and delta.content_delta:
                     on_stream(StreamEvent("text", event.index, text=delta.content_delta))
+                elif isinstance(delta, ThinkingPartDelta) and delta.content_delta:
+                    on_stream(StreamEvent("thinking", event.index, text=delta.content_delta))
                 elif isinstance(delta, ToolCallPartDelta) and isinstance(delta.args_delta, str):
                     on_stream(StreamEvent("args", event.index, text=delta.args_delta))
         response = stream.get()

@@ -1,0 +1,161 @@
+"""The events a live subscriber receives: a thread's committed events and the deltas of the
+model step in progress, as typed values.
+
+Committed events come from the ledger (:class:`Committed`, with the ``seq`` a client resumes
+from). Deltas (:class:`TextDelta`, :class:`ThinkingDelta`, :class:`ToolCallDelta`) travel outside
+the ledger, over the broker, while a model step streams; they are never stored row by row and the
+committed message stays the truth. Every delta names its run, step and ``attempt`` (the fence of
+the claim that streamed it: a retried step streams under a higher one), the model part it belongs
+to and its ``seq``, which counts the step attempt's deltas from 1 with no gap: a client rebuilds a
+part's text by appending deltas in ``seq`` order, and sees a gap as a ``seq`` skipped.
+
+:class:`StepVoid` says that what a step's attempt (and every earlier attempt of that step)
+streamed is void: its worker died or its model call failed, and the step runs again from its
+start. :class:`Resync` says that this subscriber fell behind and some deltas were dropped: the
+stream goes on with the committed events after ``after`` and the step in progress from its start.
+
+A step's partial text is superseded by its committed assistant ``message`` event (and by the
+run's end): a client drops what it built from the run's deltas when that arrives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from threads_celery.records import Event
+
+#: The SSE event types of the deltas and stream controls (committed events keep their own type).
+DELTA_TYPES = ("text_delta", "thinking_delta", "tool_call_delta")
+CONTROL_TYPES = ("step_void", "resync")
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of the reply's text as the model writes it."""
+
+    type: ClassVar[Literal["text_delta"]] = "text_delta"
+    run_id: str
+    step: int
+    attempt: int
+    #: The model part (text, thinking and tool-call parts of one reply share one numbering).
+    part: int
+    #: This delta's place among the step attempt's deltas, from 1, without gaps.
+    seq: int
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "step": self.step, "attempt": self.attempt, "part": self.part,
+                "seq": self.seq, "text": self.text}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingDelta:
+    """A piece of the model's thinking, where the model sends it."""
+
+    type: ClassVar[Literal["thinking_delta"]] = "thinking_delta"
+    run_id: str
+    step: int
+    attempt: int
+    part: int
+    seq: int
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "step": self.step, "attempt": self.attempt, "part": self.part,
+                "seq": self.seq, "text": self.text}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A fragment of a tool call's arguments (JSON text) as the model writes them. The first
+    delta of a part may have empty ``args``: the call's name and id are known before them."""
+
+    type: ClassVar[Literal["tool_call_delta"]] = "tool_call_delta"
+    run_id: str
+    step: int
+    attempt: int
+    part: int
+    seq: int
+    call_id: str
+    name: str
+    args: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "step": self.step, "attempt": self.attempt, "part": self.part,
+                "seq": self.seq, "call_id": self.call_id, "name": self.name, "args": self.args}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class StepVoid:
+    """Everything streamed by ``attempt`` of the run's ``step`` (and by its earlier attempts) is void."""
+
+    type: ClassVar[Literal["step_void"]] = "step_void"
+    run_id: str
+    step: int
+    attempt: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "step": self.step, "attempt": self.attempt}
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    """This subscriber fell behind and deltas were dropped. What follows: the committed events
+    after ``after`` (the last committed seq it was sent), then the step in progress from its start;
+    drop every partial text built so far."""
+
+    type: ClassVar[Literal["resync"]] = "resync"
+    after: int
+    reason: str = "overflow"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"after": self.after, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """An event of the thread's log, committed to the ledger (``seq`` is its ``id:`` on SSE)."""
+
+    event: Event
+
+    @property
+    def type(self) -> str:
+        return self.event.type
+
+    @property
+    def seq(self) -> int:
+        return self.event.seq
+
+    @property
+    def run_id(self) -> str | None:
+        return self.event.run_id
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        return self.event.payload
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Nothing happened for a while (only when a heartbeat was asked for): SSE sends a comment."""
+
+    type: ClassVar[Literal["heartbeat"]] = "heartbeat"
+
+
+Delta = TextDelta | ThinkingDelta | ToolCallDelta
+LiveEvent = TextDelta | ThinkingDelta | ToolCallDelta | StepVoid | Resync | Committed
+
+__all__ = [
+    "CONTROL_TYPES",
+    "DELTA_TYPES",
+    "Committed",
+    "Delta",
+    "Heartbeat",
+    "LiveEvent",
+    "Resync",
+    "StepVoid",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallDelta",
+]

@@ -1,0 +1,165 @@
+"""The subscribing side: ONE bus subscription per process, shared by every local subscriber.
+
+:class:`LiveHub` holds the process's one :class:`~threads_celery.live.bus.Listener` and, per
+channel, the local :class:`Subscriber` objects (one per SSE stream, ``threads.stream``, protocol
+adapter...). A channel is subscribed on the bus while it has a subscriber and unsubscribed when
+its last one leaves. Each message is decoded once, on the listener's thread, and offered to each
+subscriber's bounded queue; a subscriber's event loop is woken at most once per batch.
+
+A subscriber that does not keep up never slows the listener nor grows without bound: when its
+queue is full, its queued deltas are dropped and it is marked ``overflowed`` (it then sends a
+``resync`` and starts over from its cursor: see :mod:`.subscription`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+from collections import deque
+
+from threads_celery.live.bus import Listener, LiveBus
+from threads_celery.live.wire import BusMessage, channel_for, decode
+
+log = logging.getLogger("threads_celery.live.hub")
+
+#: How many messages a subscriber's queue holds before it overflows.
+QUEUE_SIZE = 1000
+
+
+class Subscriber:
+    """One local subscriber's queue of a channel's messages (filled on the listener's thread)."""
+
+    def __init__(self, channel: str, loop: asyncio.AbstractEventLoop, max_queue: int) -> None:
+        self.channel = channel
+        self.loop = loop
+        self.max_queue = max_queue
+        self.messages: deque[BusMessage] = deque()
+        self.overflowed = False
+        self.nudged = False
+        self.wake = asyncio.Event()
+        self._wake_scheduled = False
+
+    def offer(self, message: BusMessage) -> None:
+        if message.nudge:
+            self.nudged = True
+        elif len(self.messages) >= self.max_queue:
+            self.messages.clear()
+            self.overflowed = True
+        else:
+            self.messages.append(message)
+
+    def signal(self) -> None:
+        if self._wake_scheduled:
+            return
+        self._wake_scheduled = True
+        with contextlib.suppress(RuntimeError):  # its loop is closed: the subscriber is going away
+            self.loop.call_soon_threadsafe(self._set)
+
+    def _set(self) -> None:
+        self._wake_scheduled = False
+        self.wake.set()
+
+    def take(self) -> list[BusMessage]:
+        taken: list[BusMessage] = []
+        while self.messages:
+            taken.append(self.messages.popleft())
+        return taken
+
+
+class LiveHub:
+    """A process's live subscriptions over one bus."""
+
+    def __init__(self, bus: LiveBus, *, max_queue: int = QUEUE_SIZE) -> None:
+        self.bus = bus
+        self.max_queue = max_queue
+        self.pid = os.getpid()
+        self._listener: Listener | None = None
+        self._channels: dict[str, set[Subscriber]] = {}
+        self._lock = threading.Lock()
+
+    def channel_of(self, thread_id: str) -> str:
+        return channel_for(thread_id, self.bus.namespace)
+
+    def subscribe(self, thread_id: str, loop: asyncio.AbstractEventLoop) -> Subscriber:
+        """A new subscriber to the thread's channel (blocking briefly: call it off the event loop)."""
+        channel = self.channel_of(thread_id)
+        subscriber = Subscriber(channel, loop, self.max_queue)
+        with self._lock:
+            if self._listener is None:
+                self._listener = self.bus.listen(self._deliver)
+            listener = self._listener
+            subscribers = self._channels.get(channel)
+            first = subscribers is None
+            self._channels[channel] = (subscribers or set()) | {subscriber}
+        if first:
+            listener.add(channel)
+        return subscriber
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        with self._lock:
+            subscribers = self._channels.get(subscriber.channel, set()) - {subscriber}
+            if subscribers:
+                self._channels[subscriber.channel] = subscribers
+                return
+            self._channels.pop(subscriber.channel, None)
+            listener = self._listener
+        if listener is not None:
+            listener.remove(subscriber.channel)
+
+    def replay(self, channel: str) -> list[BusMessage]:
+        """The channel's buffered messages of the step in progress (blocking)."""
+        listener = self._listener
+        if listener is None:
+            return []
+        return [m for m in (decode(p) for p in listener.replay(channel)) if m is not None]
+
+    def _deliver(self, batch: list[tuple[str, bytes]]) -> None:
+        touched: set[Subscriber] = set()
+        channels = self._channels
+        for channel, payload in batch:
+            subscribers = channels.get(channel)
+            if not subscribers:
+                continue
+            message = decode(payload)
+            if message is None:
+                continue
+            for subscriber in subscribers:
+                subscriber.offer(message)
+                touched.add(subscriber)
+        for subscriber in touched:
+            subscriber.signal()
+
+    @property
+    def channel_count(self) -> int:
+        return len(self._channels)
+
+    @property
+    def subscriber_count(self) -> int:
+        return sum(len(s) for s in self._channels.values())
+
+    def close(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            self._channels.clear()
+        if listener is not None:
+            listener.close()
+
+
+_hubs: dict[int, LiveHub] = {}
+_hubs_lock = threading.Lock()
+
+
+def hub_for(bus: LiveBus) -> LiveHub:
+    """This process's hub for ``bus`` (made on first use)."""
+    with _hubs_lock:
+        hub = _hubs.get(id(bus))
+        if hub is None or hub.bus is not bus or hub.pid != os.getpid():
+            hub = LiveHub(bus)
+            _hubs[id(bus)] = hub
+        return hub
+
+
+__all__ = ["QUEUE_SIZE", "LiveHub", "Subscriber", "hub_for"]

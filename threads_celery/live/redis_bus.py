@@ -1,0 +1,166 @@
+"""Live messages on the broker's Redis: PUBLISH for the live ones, a capped list for replay.
+
+The worker's sender sends a batch in one pipelined round trip: each message is PUBLISHed on its
+channel and, unless it is a nudge, written to the channel's replay list (``<channel>:replay``):
+RPUSH, LTRIM to :data:`~threads_celery.live.buffers.MAX_MESSAGES`, EXPIRE after
+:data:`~threads_celery.live.buffers.TTL_S`; the first message of a step attempt replaces the
+list, its end deletes it. Its client times out in a quarter of a second: a Redis that does not
+answer costs the sender thread that, never the model turn (see :mod:`.sender`).
+
+A subscribing process holds one pub/sub connection (:class:`RedisListener`), on a thread of its
+own, and SUBSCRIBEs to a channel while some local subscriber wants it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from threads_celery.live.buffers import MAX_MESSAGES, TTL_S
+from threads_celery.live.bus import Deliver, Outgoing
+
+log = logging.getLogger("threads_celery.live.redis_bus")
+
+SOCKET_TIMEOUT_S = 0.25
+#: How long the listener waits for a message before it looks at its channel requests.
+LISTEN_TICK_S = 0.02
+#: How long adding a channel waits for the listener's thread to send the SUBSCRIBE.
+ADD_WAIT_S = 1.0
+
+
+def replay_key(channel: str) -> str:
+    return f"{channel}:replay"
+
+
+class RedisBus:
+    """Publishes on, and listens to, the broker's Redis."""
+
+    def __init__(self, url: str, namespace: str) -> None:
+        self.url = url
+        self.namespace = namespace
+        self._client: redis.Redis | None = None
+
+    def _redis(self) -> redis.Redis:
+        if self._client is None:
+            self._client = redis.Redis.from_url(
+                self.url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
+            )
+        return self._client
+
+    def send(self, batch: Sequence[Outgoing]) -> None:
+        pipe = self._redis().pipeline(transaction=False)
+        for out in batch:
+            pipe.publish(out.channel, out.payload)
+            key = replay_key(out.channel)
+            if out.buffer == "clear":
+                pipe.delete(key)
+            elif out.buffer in ("append", "reset"):
+                if out.buffer == "reset":
+                    pipe.delete(key)
+                pipe.rpush(key, out.payload)
+                pipe.ltrim(key, -MAX_MESSAGES, -1)
+                pipe.expire(key, int(TTL_S))
+        pipe.execute()
+
+    def listen(self, deliver: Deliver) -> RedisListener:
+        return RedisListener(self, deliver)
+
+
+class RedisListener:
+    """One pub/sub connection for the process, on its own thread."""
+
+    def __init__(self, bus: RedisBus, deliver: Deliver) -> None:
+        self.bus = bus
+        self.deliver = deliver
+        # A connection of its own, without the socket timeout: it waits for messages.
+        self._client = redis.Redis.from_url(bus.url, socket_connect_timeout=2.0, health_check_interval=30)
+        self._replay_client = redis.Redis.from_url(bus.url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        self._requests: queue.SimpleQueue[tuple[str, str, threading.Event | None]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="threads-live-redis", daemon=True)
+        self._thread.start()
+
+    def add(self, channel: str) -> None:
+        """Subscribe to ``channel``; returns once the SUBSCRIBE is sent (or after a second)."""
+        sent = threading.Event()
+        self._requests.put(("subscribe", channel, sent))
+        sent.wait(ADD_WAIT_S)
+
+    def remove(self, channel: str) -> None:
+        self._requests.put(("unsubscribe", channel, None))
+
+    def replay(self, channel: str) -> list[bytes]:
+        try:
+            found: list[bytes] = self._replay_client.lrange(replay_key(channel), 0, -1)  # type: ignore[assignment]
+        except redis.RedisError as exc:
+            log.warning("live replay of %s unavailable: %s", channel, exc)
+            return []
+        return found
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        self._client.close()
+        self._replay_client.close()
+
+    def _run(self) -> None:
+        pubsub: Any = None
+        channels: set[str] = set()
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                if pubsub is None:
+                    pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                    if channels:
+                        pubsub.subscribe(*channels)
+                self._apply_requests(pubsub, channels)
+                if not channels:
+                    time.sleep(LISTEN_TICK_S)
+                    continue
+                batch: list[tuple[str, bytes]] = []
+                message = pubsub.get_message(timeout=LISTEN_TICK_S)
+                while message is not None:
+                    if message.get("type") == "message":
+                        channel = message["channel"]
+                        batch.append((channel.decode() if isinstance(channel, bytes) else channel, message["data"]))
+                    if len(batch) >= 512:
+                        break
+                    message = pubsub.get_message(timeout=0)
+                if batch:
+                    self.deliver(batch)
+                backoff = 0.1
+            except Exception as exc:  # noqa: BLE001 - the listener outlives a Redis that went away
+                log.warning("live listener: %s: %s; reconnecting", type(exc).__name__, exc)
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):  # closing a broken connection
+                        pubsub.close()
+                pubsub = None
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+        if pubsub is not None:
+            pubsub.close()
+
+    def _apply_requests(self, pubsub: Any, channels: set[str]) -> None:
+        while True:
+            try:
+                action, channel, sent = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            if action == "subscribe" and channel not in channels:
+                channels.add(channel)
+                pubsub.subscribe(channel)
+            if sent is not None:
+                sent.set()
+            if action == "unsubscribe" and channel in channels:
+                channels.discard(channel)
+                pubsub.unsubscribe(channel)
+
+
+__all__ = ["RedisBus", "RedisListener", "replay_key"]
