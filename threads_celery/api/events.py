@@ -1,24 +1,25 @@
-"""A thread's events as Server-Sent Events: the log replayed after a cursor, then tailed live.
+"""A thread's events as Server-Sent Events: the log replayed after a cursor, then tailed live,
+with the deltas of the model step in progress (:mod:`threads_celery.live`) in the same stream.
 
-Each frame has ``id: <seq>``, ``event: <type>`` and ``data: <json>``. Sequence numbers are
+Each committed frame has ``id: <seq>``, ``event: <type>`` and ``data: <json>``; a delta frame
+(``text_delta``, ``thinking_delta``, ``tool_call_delta``) or stream control (``step_void``,
+``resync``) has no ``id:`` line (see docs/streaming.md). Sequence numbers are
 allocated under the thread's row lock and committed in that order, so a client that resumes from
 the last id it saw (``Last-Event-ID``, else ``?after=``) misses nothing and sees nothing twice.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 import logging
-import time
 from collections.abc import AsyncIterator
-from itertools import islice
 from typing import TYPE_CHECKING
-
-from starlette.concurrency import run_in_threadpool
 
 from threads_celery.api.bodies import MAX_SEQ, EventOut, Shown, as_stored
 from threads_celery.api.errors import ApiError
-from threads_celery.exceptions import StoreUnavailable, ThreadNotFound
+from threads_celery.exceptions import ThreadNotFound
+from threads_celery.live.events import Committed, Heartbeat, LiveEvent
+from threads_celery.live.subscription import FALLBACK_POLL_S, live_events
 from threads_celery.records import Event
 
 if TYPE_CHECKING:
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("threads_celery.api.events")
 
 DEFAULT_KEEPALIVE_S = 15.0
-DEFAULT_POLL_INTERVAL_S = 0.25
-EVENT_BATCH = 500
+#: How often a stream reads the store without a nudge (a worker nudges after each commit).
+DEFAULT_POLL_INTERVAL_S = FALLBACK_POLL_S
 
 
 def parse_cursor(last_event_id: str | None, after: int | None) -> int:
@@ -54,13 +55,23 @@ def last_event_seq(threads: Threads, thread_id: str) -> int:
     return int(thread.event_seq or 0)
 
 
-def _read_events(threads: Threads, thread_id: str, after: int) -> list[Event]:
-    return list(islice(threads.events(thread_id, after=after), EVENT_BATCH))
-
-
 def sse_frame(event: Event, shown: Shown = as_stored) -> str:
     """One SSE frame, its ids as ``shown``. JSON has no raw newline, so ``data`` is a single line."""
     return f"id: {event.seq}\nevent: {event.type}\ndata: {EventOut.of(event, shown).model_dump_json()}\n\n"
+
+
+def live_frame(event: LiveEvent | Heartbeat, shown: Shown = as_stored) -> str:
+    """One SSE frame of a live event: a committed event as :func:`sse_frame` (``id: <seq>``), a
+    delta or stream control with its own ``event:`` type and no ``id:`` (so that the client's
+    ``Last-Event-ID`` stays the last committed seq), a heartbeat as a comment."""
+    if isinstance(event, Committed):
+        return sse_frame(event.event, shown)
+    if isinstance(event, Heartbeat):
+        return ": keepalive\n\n"
+    data = event.to_json()
+    if "run_id" in data:
+        data["run_id"] = shown(data["run_id"])
+    return f"event: {event.type}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 async def event_stream(
@@ -72,32 +83,22 @@ async def event_stream(
     poll_interval_s: float,
     shown: Shown = as_stored,
 ) -> AsyncIterator[str]:
-    """The stream's frames: replay after ``cursor``, then poll every ``poll_interval_s``, with a
-    comment line after ``keepalive_s`` of silence so that proxies keep the connection open.
+    """The stream's frames: the committed events after ``cursor`` and the step in progress from
+    its start, then both live (:meth:`Threads.live_events`), with a comment line after
+    ``keepalive_s`` of silence so that proxies keep the connection open. Committed events are
+    read when the worker nudges the thread, and every ``poll_interval_s`` without one.
     ``thread_id`` is the stored id; the frames show ids as ``shown`` (the caller's own form)."""
-    # Sequence numbers are allocated under the thread's row lock and committed in that order,
-    # so "everything after the last seq sent" is exact: no gap to wait for, no duplicate.
     yield "retry: 3000\n\n"
-    quiet_since = time.monotonic()
-    while True:
-        try:
-            batch = await run_in_threadpool(_read_events, threads, thread_id, cursor)
-        except StoreUnavailable as exc:
-            log.warning("event stream of %s: %s", thread_id, exc)
-            batch = []
-            yield ": the store is unavailable; retrying\n\n"
-            await asyncio.sleep(min(keepalive_s, 2.0))
-        for event in batch:
-            cursor = event.seq
-            yield sse_frame(event, shown)
-        if batch:
-            quiet_since = time.monotonic()
-            if len(batch) >= EVENT_BATCH:
-                continue
-        elif time.monotonic() - quiet_since >= keepalive_s:
-            yield ": keepalive\n\n"
-            quiet_since = time.monotonic()
-        await asyncio.sleep(poll_interval_s)
+    async with live_events(
+        threads.store,
+        threads.live_hub,
+        thread_id,
+        after=cursor,
+        heartbeat_s=keepalive_s,
+        fallback_poll_s=poll_interval_s,
+    ) as events:
+        async for event in events:
+            yield live_frame(event, shown)
 
 
-__all__ = ["event_stream", "last_event_seq", "parse_cursor", "sse_frame"]
+__all__ = ["event_stream", "last_event_seq", "live_frame", "parse_cursor", "sse_frame"]

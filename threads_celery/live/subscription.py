@@ -1,8 +1,8 @@
 """A thread's live events, merged: its committed events and the deltas of the step in progress.
 
 :func:`live_events` is what the SSE endpoint, ``threads.stream`` and the protocol adapters
-iterate. On entry (and after a ``resync``) it subscribes first, then reads the step in progress
-from the replay buffer, then the committed events after the cursor, then goes live; a delta seen
+iterate. On entry (and after a ``resync``) it subscribes first, then reads the committed events
+after the cursor, then the step in progress from the replay buffer, then goes live; a delta seen
 twice (buffered and live) is sent once (by its seq). Committed events are read when the worker
 nudges the thread's channel after a commit, and every :data:`FALLBACK_POLL_S` in case a nudge
 was lost: a stream no longer polls the store four times a second.
@@ -110,6 +110,20 @@ def _thread_exists(store: Store, thread_id: str) -> bool:
         return tx.get_thread(thread_id) is not None
 
 
+async def _committed(store: Store, thread_id: str, cursor: int, tracker: StepTracker, out: list[LiveEvent]) -> int:
+    """Add the committed events after ``cursor`` (a batch of them) to ``out``; the new cursor."""
+    try:
+        batch = await asyncio.to_thread(_read_committed, store, thread_id, cursor)
+    except StoreUnavailable as exc:
+        log.warning("live events of %s: %s", thread_id, exc)
+        return cursor
+    for event in batch:
+        cursor = event.seq
+        tracker.on_committed(event)
+        out.append(Committed(event))
+    return cursor
+
+
 @contextlib.asynccontextmanager
 async def live_events(
     store: Store,
@@ -159,28 +173,25 @@ async def _iterate(
             replay = read_committed = True
         out: list[LiveEvent] = []
         if replay:
+            # The committed events first, then the step in progress from its start, then the
+            # committed events again: a step's stream ends before its message commits, so its
+            # message comes after its deltas whenever it commits in between.
             replay = False
+            cursor = await _committed(store, thread_id, cursor, tracker, out)
             for message in await asyncio.to_thread(hub.replay, subscriber.channel):
                 out.extend(tracker.on_message(message))
-        # Live deltas before committed events: a step's stream ends before its message commits.
+            read_committed = True
+        # Live deltas before committed events, for the same reason.
         for message in subscriber.take():
             out.extend(tracker.on_message(message))
         if subscriber.nudged:
             subscriber.nudged = False
             read_committed = True
         if read_committed or time.monotonic() >= next_poll:
-            read_committed = False
             next_poll = time.monotonic() + fallback_poll_s
-            try:
-                batch = await asyncio.to_thread(_read_committed, store, thread_id, cursor)
-            except StoreUnavailable as exc:
-                log.warning("live events of %s: %s", thread_id, exc)
-                batch = []
-            for event in batch:
-                cursor = event.seq
-                tracker.on_committed(event)
-                out.append(Committed(event))
-            read_committed = len(batch) >= EVENT_BATCH
+            before = len(out)
+            cursor = await _committed(store, thread_id, cursor, tracker, out)
+            read_committed = len(out) - before >= EVENT_BATCH
         for item in out:
             yield item
         if out:
