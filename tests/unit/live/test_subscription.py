@@ -1,0 +1,85 @@
+"""The subscribing side: one attempt per step (a later one voids the earlier), each delta once,
+none after a step ended; a subscriber that falls behind gets a resync and starts over; leaving
+leaves nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+
+from threads_celery import Agent, Threads
+from threads_celery.live import Committed, Resync, StepVoid, TextDelta
+from threads_celery.live.events import LiveEvent
+from threads_celery.live.hub import LiveHub
+from threads_celery.live.subscription import StepTracker, live_events
+from threads_celery.live.wire import BusMessage
+from threads_celery.records import Event
+from threads_celery.testing import ScriptedModel, say
+
+
+def deltas(run: str, step: int, attempt: int, *seqs: int) -> BusMessage:
+    return BusMessage(run, step, attempt, fragments=tuple(("t", 0, s, f"<{s}>", "", "") for s in seqs))
+
+
+def texts(events: list[LiveEvent]) -> list[str]:
+    return [e.text for e in events if isinstance(e, TextDelta)]
+
+
+def test_a_later_attempt_voids_the_earlier_one_then_streams_from_its_start() -> None:
+    tracker = StepTracker()
+    assert texts(tracker.on_message(deltas("r", 1, 5, 1, 2))) == ["<1>", "<2>"]
+    out = tracker.on_message(deltas("r", 1, 9, 1))
+    assert out[0] == StepVoid("r", 1, 5) and texts(out) == ["<1>"]
+    # What the dead attempt's worker sent late is dropped.
+    assert tracker.on_message(deltas("r", 1, 5, 3)) == []
+
+
+def test_each_delta_is_sent_once_and_none_after_the_step_ended() -> None:
+    tracker = StepTracker()
+    assert texts(tracker.on_message(deltas("r", 0, 1, 1, 2))) == ["<1>", "<2>"]
+    assert texts(tracker.on_message(deltas("r", 0, 1, 2, 3))) == ["<3>"]  # buffered and live
+    assert tracker.on_message(BusMessage("r", 0, 1, ended=True)) == []
+    assert tracker.on_message(deltas("r", 0, 1, 4)) == []
+    assert texts(tracker.on_message(deltas("r", 1, 2, 1))) == ["<1>"]  # the next step
+
+
+def test_a_void_message_voids_what_was_sent_and_the_committed_message_closes_the_step() -> None:
+    tracker = StepTracker()
+    tracker.on_message(deltas("r", 0, 1, 1))
+    assert tracker.on_message(BusMessage("r", 0, 1, void=True)) == [StepVoid("r", 0, 1)]
+    tracker.on_message(deltas("r", 1, 2, 1))
+    tracker.on_committed(Event("t", 9, "message", {"role": "assistant", "text": "x"}, run_id="r"))
+    assert tracker.on_message(deltas("r", 1, 2, 2)) == []
+
+
+def test_a_subscriber_that_falls_behind_gets_a_resync_then_the_step_from_its_start(threads: Threads) -> None:
+    reply = "".join(f"w{i} " for i in range(60))
+    threads.register(
+        Agent(name="flood", instructions="x", model=ScriptedModel([say(reply)], chunk_size=3, chunk_delay_s=0.003))
+    )
+    hub = LiveHub(threads.live_hub.bus, max_queue=3)
+    handle = threads.start("flood", "go")
+    run = threads.get_run(handle.run_id)
+
+    async def stalled() -> list[LiveEvent]:
+        seen: list[LiveEvent] = []
+        async with live_events(threads.store, hub, run.thread_id) as events:
+            async for event in events:
+                seen.append(event)
+                if isinstance(event, TextDelta) and len(seen) < 5:
+                    await asyncio.sleep(0.3)  # stalled: the model writes on
+                if isinstance(event, Committed) and event.type == "run" and event.payload["status"] == "completed":
+                    return seen
+        return seen
+
+    seen = asyncio.run(stalled())
+    resyncs = [i for i, e in enumerate(seen) if isinstance(e, Resync)]
+    assert resyncs, "the stalled subscriber should have been told to resync"
+    after = seen[resyncs[-1] + 1 :]
+    message = [e for e in seen if isinstance(e, Committed) and e.type == "message" and e.payload["role"] == "assistant"]
+    assert message and message[0].payload["text"] == reply
+    # After the resync the committed events come again from the cursor, never one twice.
+    committed = [e.seq for e in seen if isinstance(e, Committed)]
+    assert committed == sorted(set(committed))
+    assert any(isinstance(e, Committed) for e in after)
+    assert hub.subscriber_count == 0 and hub.channel_count == 0
+    hub.close()
