@@ -217,8 +217,17 @@ parallel_agent = Agent(
 )
 
 
+#: A reply the model streams slowly (about 4 s), so a test can kill its worker mid-stream.
+STREAMED_REPLY = " ".join(f"word{i}" for i in range(120))
+streaming_agent = Agent(
+    name="chaos_streaming",
+    instructions="Say it slowly.",
+    model=ScriptedModel([say(STREAMED_REPLY)], chunk_size=6, chunk_delay_s=0.03, model_name="chaos-streaming"),
+)
+
+
 def all_agents() -> list[Agent]:
-    return [*AGENTS.values(), mixed_agent, parallel_agent]
+    return [*AGENTS.values(), mixed_agent, parallel_agent, streaming_agent]
 
 
 # -- crash between commit and publish -----------------------------------------------------------
