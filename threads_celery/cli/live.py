@@ -44,6 +44,7 @@ from threads_celery.cli.live_format import (
     message_from_event,
     shorten,
 )
+from threads_celery.cli.live_partial import PartialTurn
 from threads_celery.records import TERMINAL_STATUSES, Event, Message, Run, ToolCall, ToolResult
 
 # -- what the view holds ----------------------------------------------------------------------
@@ -161,6 +162,8 @@ class RunView:
         self._orphans: list[ToolResult] = []
         self._spinners: dict[str, Spinner] = {}
         self._lock = threading.RLock()
+        #: The model turn being written, from the live deltas when the view is fed them.
+        self.partial = PartialTurn()
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -179,6 +182,7 @@ class RunView:
             elif message.role == "user":
                 self._entries.append(_UserEntry(message.text))
             elif message.role == "assistant":
+                self.partial.clear()
                 self._turns += 1
                 turn = _TurnEntry(self._turns, message.text, [_CallEntry(c) for c in message.tool_calls])
                 for entry in turn.calls:
@@ -515,7 +519,10 @@ class RunView:
             elif run.status == "queued":
                 activity = "queued: waiting for the thread or a worker"
             else:
-                activity = "model thinking"
+                activity = "model writing" if self.partial.writing else "model thinking"
+            writing = self.partial.render()
+            if writing is not None:
+                parts.append(writing)
             parts.append(self._spinner("__status", f"{activity} · {self.elapsed():.1f}s"))
             return parts
         style = STATUS_STYLES.get(run.status, "bold")

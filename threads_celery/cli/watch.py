@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Protocol, TypeVar
@@ -19,6 +21,7 @@ from threads_celery.cli.live import STOP_STATUSES, RunView
 from threads_celery.records import Event, Run
 
 T = TypeVar("T")
+log = logging.getLogger("threads_celery.cli.watch")
 
 
 class EventSource(Protocol):
@@ -72,6 +75,7 @@ def follow_run(
     deadline = None if timeout is None else time.monotonic() + timeout
     if header:
         console.print(view.render_header())
+    stop_deltas = _feed_deltas(source, run_id, view)
 
     def watch(printer: Console) -> Run:
         while True:
@@ -88,7 +92,31 @@ def follow_run(
                 return run
             time.sleep(poll_interval)
 
-    return _in_live_region(console, view, watch)
+    try:
+        return _in_live_region(console, view, watch)
+    finally:
+        stop_deltas.set()
+
+
+def _feed_deltas(source: RunSource, run_id: str, view: RunView) -> threading.Event:
+    """Feed the run's live deltas to the view on a thread of their own, when ``source`` streams
+    (a :class:`~threads_celery.client.threads.Threads` does); set the event returned to stop."""
+    stop = threading.Event()
+    stream = getattr(source, "stream", None)
+    if not callable(stream):
+        return stop
+
+    def feed() -> None:
+        try:
+            for event in stream(run_id):
+                if stop.is_set():
+                    return
+                view.partial.add(event)
+        except Exception as exc:  # noqa: BLE001 - the view goes on with the committed events alone
+            log.debug("live deltas of %s: %s", run_id, exc)
+
+    threading.Thread(target=feed, name=f"deltas-{run_id}", daemon=True).start()
+    return stop
 
 
 def follow_thread(
