@@ -25,6 +25,7 @@ import redis
 
 from threads_celery.live.buffers import MAX_MESSAGES, TTL_S
 from threads_celery.live.bus import Deliver, Outgoing
+from threads_celery.live.redis_direct import DirectRedis, resp
 
 log = logging.getLogger("threads_celery.live.redis_bus")
 
@@ -33,6 +34,10 @@ SOCKET_TIMEOUT_S = 0.25
 LISTEN_TICK_S = 0.02
 #: How long adding a channel waits for the listener's thread to send the SUBSCRIBE.
 ADD_WAIT_S = 1.0
+
+
+TRIM_FROM = b"-%d" % MAX_MESSAGES
+TTL_TEXT = b"%d" % int(TTL_S)
 
 
 def replay_key(channel: str) -> str:
@@ -46,6 +51,9 @@ class RedisBus:
         self.url = url
         self.namespace = namespace
         self._client: redis.Redis | None = None
+        self._direct: DirectRedis | None = None
+        #: Whether messages are written at once from the caller's thread (plain ``redis://``).
+        self.direct = url.startswith("redis://")
 
     def _redis(self) -> redis.Redis:
         if self._client is None:
@@ -53,6 +61,33 @@ class RedisBus:
                 self.url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
             )
         return self._client
+
+    def prepare(self) -> None:
+        """Open the non-blocking connection now, on a thread of its own (a worker's sender calls
+        this when it starts: the connection is up before its first delta)."""
+        if self.direct and self._direct is None:
+            self._direct = DirectRedis(self.url)
+            self._direct.connect_soon()
+
+    def send_now(self, batch: Sequence[Outgoing]) -> bool:
+        """Write ``batch`` at once on the non-blocking connection (``redis://``); False: dropped."""
+        if self._direct is None:
+            self.prepare()
+        assert self._direct is not None
+        commands: list[bytes] = []
+        for out in batch:
+            channel = out.channel.encode()
+            commands.append(resp(b"PUBLISH", channel, out.payload))
+            if out.buffer == "none":
+                continue
+            key = channel + b":replay"
+            if out.buffer != "append":  # reset or clear
+                commands.append(resp(b"DEL", key))
+            if out.buffer != "clear":
+                commands.append(resp(b"RPUSH", key, out.payload))
+                commands.append(resp(b"LTRIM", key, TRIM_FROM, b"-1"))
+                commands.append(resp(b"EXPIRE", key, TTL_TEXT))
+        return self._direct.write(commands)
 
     def send(self, batch: Sequence[Outgoing]) -> None:
         pipe = self._redis().pipeline(transaction=False)

@@ -1,29 +1,37 @@
-"""The worker's side of the bus: a sender thread, so that publishing never holds a model turn up.
+"""The worker's side of the bus: coalescing, numbering and sending, never holding a model turn up.
 
-The model turn's thread hands each fragment to :class:`DeltaSender` (an append to a bounded
-queue: no I/O, no lock held for long, no wait). The sender thread wakes, lets :data:`COALESCE_S`
-pass to gather what else arrives, merges the adjacent fragments of each part into one delta,
-numbers them (the step attempt's ``seq``) and sends the batch in one round trip.
+Each step attempt has an :class:`AttemptStream`. The model turn's thread hands it fragments
+(:meth:`DeltaSender.fragment`); a fragment that comes :data:`COALESCE_S` or more after the
+stream's last flush is flushed at once, and one that comes sooner waits for the rest of that
+window with the others (the sender's thread flushes what is still waiting when the window closes).
+A flush merges the adjacent fragments of each part into one delta, numbers them (the attempt's
+``seq``) and hands one message to the bus.
+
+How the message leaves depends on the bus. On Redis it is written on the spot, from the model
+turn's thread, to a socket that never blocks (:meth:`~threads_celery.live.redis_bus.RedisBus.send_now`):
+one syscall, no reply to wait for. Other buses (RabbitMQ, the in-process one) get it from the
+sender's thread, which sends what has queued up in one batch.
 
 Best effort, bounded, never blocking the worker:
-- a full queue (:data:`MAX_PENDING` items) drops the fragment; the dropped count is added to the
-  attempt's ``seq``, so a subscriber sees a gap rather than text silently missing;
-- a send that fails (the bus is down, times out) drops its batch and stops sending for a
-  growing pause (up to :data:`MAX_BACKOFF_S`), during which everything is dropped at once;
-- :meth:`DeltaSender.flush` (called before a step commits, so no delta of a step arrives after
-  its message) waits at most its timeout.
+- a full queue (:data:`MAX_PENDING` messages) or a socket that cannot take the bytes drops the
+  message; the dropped deltas are counted into the next ``seq``, so a subscriber sees a gap
+  rather than text silently missing;
+- a send that fails stops sending for a growing pause (up to :data:`MAX_BACKOFF_S`), during which
+  everything is dropped at once;
+- :meth:`DeltaSender.flush` (called before a step commits, so that no delta of a step arrives
+  after its message) waits at most its timeout.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import cast
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from threads_celery.live.buffers import BufferOp
 from threads_celery.live.bus import LiveBus, Outgoing
@@ -31,46 +39,58 @@ from threads_celery.live.wire import NUDGE, Fragment, encode_deltas, encode_end
 
 log = logging.getLogger("threads_celery.live.sender")
 
-COALESCE_S = 0.004
-MAX_PENDING = 20_000
+COALESCE_S = 0.005
+MAX_PENDING = 10_000
 MAX_BACKOFF_S = 5.0
+
+
+class DirectBus(Protocol):
+    """A bus that can take a message on the caller's thread without ever blocking it."""
+
+    def send_now(self, batch: Sequence[Outgoing]) -> bool:
+        """Hand ``batch`` to the transport at once; False when it was dropped."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
 class AttemptStream:
-    """The bus side of one step attempt: its channel, ids and the numbering of its deltas."""
+    """The bus side of one step attempt: its channel, ids, the numbering of its deltas and the
+    fragments waiting for their window to close."""
 
     channel: str
     run_id: str
     step: int
     attempt: int
-    #: The last seq given (sender thread only).
+    #: The last seq given.
     seq: int = 0
-    #: Fragments the worker's thread dropped (worker thread only) and how many of them the
-    #: sender has counted into ``seq``.
+    #: Deltas dropped since the last seq given (counted into the next one).
     dropped: int = 0
-    dropped_counted: int = 0
     #: Whether a message of this attempt was sent (the first one resets the replay buffer).
     started: bool = False
-
-
-# (number, kind, stream or channel, fragment-or-void)
-_Item = tuple[int, str, object, object]
+    pending: list[tuple[str, int, str, str, str]] = field(default_factory=list)
+    last_flush: float = 0.0
+    armed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class DeltaSender:
-    """Sends a process's live messages on its own thread (see the module's docstring)."""
+    """Sends a process's live messages (see the module's docstring)."""
 
     def __init__(self, bus: LiveBus, *, coalesce_s: float = COALESCE_S, max_pending: int = MAX_PENDING) -> None:
         self.bus = bus
+        self.direct: DirectBus | None = bus if getattr(bus, "direct", False) else None  # type: ignore[assignment]
+        prepare = getattr(bus, "prepare", None)
+        if callable(prepare):
+            prepare()
         self.coalesce_s = coalesce_s
         self.max_pending = max_pending
         self.pid = os.getpid()
         self.sent_messages = 0
         self.dropped = 0
-        self._items: deque[_Item] = deque()
-        self._numbers = itertools.count(1)
-        self._last_number = 0
+        self._queue: deque[tuple[int, Outgoing]] = deque()
+        self._armed: deque[AttemptStream] = deque()
+        self._numbers = 0
+        self._numbers_lock = threading.Lock()
         self._done = 0
         self._wake = threading.Event()
         self._flushed = threading.Condition()
@@ -84,117 +104,126 @@ class DeltaSender:
     def fragment(
         self, stream: AttemptStream, kind: str, part: int, text: str, call_id: str = "", name: str = ""
     ) -> None:
-        if len(self._items) >= self.max_pending or self._paused_until > time.monotonic():
-            stream.dropped += 1
-            self.dropped += 1
-            return
-        self._put("f", stream, (kind, part, text, call_id, name))
+        now = time.monotonic()
+        with stream.lock:
+            stream.pending.append((kind, part, text, call_id, name))
+            if now - stream.last_flush >= self.coalesce_s:
+                self._flush(stream, now)
+                return
+            if stream.armed:
+                return
+            stream.armed = True
+        self._armed.append(stream)
+        self._wake.set()
 
     def end(self, stream: AttemptStream, *, void: bool) -> None:
-        self._put("e", stream, void)
+        with stream.lock:
+            self._flush(stream, time.monotonic())
+            stream.started = True
+        payload = encode_end(stream.run_id, stream.step, stream.attempt, void=void)
+        self._emit([Outgoing(stream.channel, payload, "clear")])
 
     def nudge(self, channel: str) -> None:
-        self._put("n", channel, None)
+        self._emit([Outgoing(channel, NUDGE, "none")])
 
     def flush(self, timeout: float) -> bool:
         """Wait until what was handed over so far is sent (or dropped); False after ``timeout``."""
-        target = self._last_number
+        target = self._numbers
         with self._flushed:
             return self._flushed.wait_for(lambda: self._done >= target, timeout)
 
-    def _put(self, kind: str, target: object, value: object) -> None:
-        number = next(self._numbers)
-        self._items.append((number, kind, target, value))
-        self._last_number = number
-        if not self._wake.is_set():
-            self._wake.set()
-
-    # -- the sender thread ------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait()
-            time.sleep(self.coalesce_s)
-            self._wake.clear()
-            items: list[_Item] = []
-            while self._items:
-                items.append(self._items.popleft())
-            if not items:
-                continue
-            try:
-                self._send(items)
-            except Exception as exc:  # noqa: BLE001 - best effort: a failed send is dropped
-                self._pause(exc)
-            with self._flushed:
-                self._done = max(self._done, items[-1][0])
-                self._flushed.notify_all()
-
-    def _send(self, items: list[_Item]) -> None:
-        batch = self.batch_of(items)
-        if not batch:
+    def _flush(self, stream: AttemptStream, now: float) -> None:
+        """Send the stream's waiting fragments as one message (the caller holds its lock)."""
+        stream.last_flush = now
+        if not stream.pending:
             return
+        group: list[Fragment] = []
+        for kind, part, text, call_id, name in stream.pending:
+            if group and group[-1][0] == kind and group[-1][1] == part and not stream.dropped:
+                last = group[-1]
+                group[-1] = (last[0], last[1], last[2], last[3] + text, last[4], last[5])
+                continue
+            stream.seq += 1 + stream.dropped
+            stream.dropped = 0
+            group.append((kind, part, stream.seq, text, call_id, name))
+        stream.pending = []
+        op: BufferOp = "append" if stream.started else "reset"
+        payload = encode_deltas(stream.run_id, stream.step, stream.attempt, group)
+        if self._emit([Outgoing(stream.channel, payload, op)]):
+            stream.started = True
+        else:
+            # Not sent: a subscriber sees the gap in seq (and the first message sent resets).
+            stream.dropped += len(group)
+            stream.seq -= len(group)
+
+    def _emit(self, batch: list[Outgoing]) -> bool:
         if self._paused_until > time.monotonic():
             self.dropped += len(batch)
-            return
-        self.bus.send(batch)
-        self.sent_messages += len(batch)
-        self._backoff = 0.1
+            return False
+        if self.direct is not None:
+            if self.direct.send_now(batch):
+                self.sent_messages += len(batch)
+                return True
+            self.dropped += len(batch)
+            return False
+        if len(self._queue) >= self.max_pending:
+            self.dropped += len(batch)
+            return False
+        with self._numbers_lock:
+            for out in batch:
+                self._numbers += 1
+                self._queue.append((self._numbers, out))
+        self._wake.set()
+        return True
 
-    def _pause(self, exc: Exception) -> None:
+    # -- the sender's thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        waiting: list[AttemptStream] = []
+        while True:
+            timeout = None
+            if waiting:
+                timeout = max(min(s.last_flush for s in waiting) + self.coalesce_s - time.monotonic(), 0.0)
+            self._wake.wait(timeout)
+            self._wake.clear()
+            while self._armed:
+                waiting.append(self._armed.popleft())
+            now = time.monotonic()
+            still: list[AttemptStream] = []
+            for stream in waiting:
+                with stream.lock:
+                    if now - stream.last_flush >= self.coalesce_s or not stream.pending:
+                        self._flush(stream, now)
+                        stream.armed = False
+                    else:
+                        still.append(stream)
+            waiting = still
+            self._send_queued()
+
+    def _send_queued(self) -> None:
+        if not self._queue:
+            return
+        items: list[tuple[int, Outgoing]] = []
+        while self._queue:
+            items.append(self._queue.popleft())
+        try:
+            if self._paused_until > time.monotonic():
+                self.dropped += len(items)
+            else:
+                self.bus.send([out for _, out in items])
+                self.sent_messages += len(items)
+                self._backoff = 0.1
+        except Exception as exc:  # noqa: BLE001 - best effort: a failed send is dropped
+            self.pause(exc)
+        with self._flushed:
+            self._done = max(self._done, items[-1][0])
+            self._flushed.notify_all()
+
+    def pause(self, exc: BaseException) -> None:
+        """Stop sending for a while after ``exc`` (the pause doubles each time, up to a bound)."""
         self._paused_until = time.monotonic() + self._backoff
         log.warning("live deltas not sent (%s: %s); sending again in %.1f s", type(exc).__name__, exc, self._backoff)
         self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
-
-    @staticmethod
-    def batch_of(items: list[_Item]) -> list[Outgoing]:
-        """The messages for ``items``, in order: each run of one attempt's fragments is one
-        message, adjacent fragments of one part merged into one delta."""
-        out: list[Outgoing] = []
-        group: list[Fragment] = []
-        current: AttemptStream | None = None
-        nudged: set[str] = set()
-
-        def close() -> None:
-            if current is not None and group:
-                op: BufferOp = "append" if current.started else "reset"
-                current.started = True
-                out.append(
-                    Outgoing(current.channel, encode_deltas(current.run_id, current.step, current.attempt, group), op)
-                )
-
-        for _, kind, target, value in items:
-            if kind == "f":
-                assert isinstance(target, AttemptStream)
-                if target is not current:
-                    close()
-                    group, current = [], target
-                fkind, part, text, call_id, name = cast(tuple[str, int, str, str, str], value)
-                if (
-                    group
-                    and group[-1][0] == fkind
-                    and group[-1][1] == part
-                    and target.dropped == target.dropped_counted
-                ):
-                    last = group[-1]
-                    group[-1] = (last[0], last[1], last[2], last[3] + text, last[4], last[5])
-                    continue
-                target.seq += 1 + target.dropped - target.dropped_counted
-                target.dropped_counted = target.dropped
-                group.append((fkind, part, target.seq, text, call_id, name))
-                continue
-            close()
-            group, current = [], None
-            if kind == "e":
-                assert isinstance(target, AttemptStream)
-                payload = encode_end(target.run_id, target.step, target.attempt, void=bool(value))
-                out.append(Outgoing(target.channel, payload, "clear"))
-            elif kind == "n":
-                channel = str(target)
-                if channel not in nudged:
-                    nudged.add(channel)
-                    out.append(Outgoing(channel, NUDGE, "none"))
-        close()
-        return out
 
 
 _senders: dict[int, DeltaSender] = {}
@@ -211,4 +240,4 @@ def sender_for(bus: LiveBus) -> DeltaSender:
         return sender
 
 
-__all__ = ["COALESCE_S", "AttemptStream", "DeltaSender", "sender_for"]
+__all__ = ["COALESCE_S", "AttemptStream", "DeltaSender", "DirectBus", "sender_for"]

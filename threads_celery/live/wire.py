@@ -18,6 +18,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic_core import to_json
+
 from threads_celery.live.events import Delta, TextDelta, ThinkingDelta, ToolCallDelta
 
 CHANNEL_PREFIX = "threads-live:"
@@ -34,12 +36,12 @@ def channel_for(thread_id: str, namespace: str = "") -> str:
 
 
 def encode_deltas(run_id: str, step: int, attempt: int, fragments: list[Fragment]) -> bytes:
-    return json.dumps({"r": run_id, "s": step, "a": attempt, "d": fragments}, separators=(",", ":")).encode()
+    # pydantic-core's encoder: a third of json.dumps's time here, on the model turn's thread.
+    return to_json({"r": run_id, "s": step, "a": attempt, "d": fragments})
 
 
 def encode_end(run_id: str, step: int, attempt: int, *, void: bool) -> bytes:
-    key = "v" if void else "e"
-    return json.dumps({"r": run_id, "s": step, "a": attempt, key: 1}, separators=(",", ":")).encode()
+    return to_json({"r": run_id, "s": step, "a": attempt, "v" if void else "e": 1})
 
 
 @dataclass(frozen=True, slots=True)

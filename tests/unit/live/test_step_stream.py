@@ -3,11 +3,13 @@ numbering, and a bus that is down or slow never holding a model turn up."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Sequence
 
 from threads_celery.live.bus import MemoryBus, Outgoing
+from threads_celery.live.redis_direct import DirectRedis, resp
 from threads_celery.live.sender import AttemptStream, DeltaSender
 from threads_celery.live.step_stream import StepStream
 from threads_celery.live.wire import BusMessage, decode
@@ -117,14 +119,15 @@ class Hanging:
 
 def test_a_bus_that_hangs_never_holds_the_model_turn_and_its_queue_stays_bounded() -> None:
     bus = Hanging()
-    sender = DeltaSender(bus, coalesce_s=0.001, max_pending=100)  # type: ignore[arg-type]
+    sender = DeltaSender(bus, coalesce_s=0.0, max_pending=100)  # type: ignore[arg-type]
     stream = AttemptStream("ch", "run-1", 0, 1)
-    for i in range(5000):
+    for i in range(5000):  # each its own message (no coalescing window)
         sender.fragment(stream, "t", 0, f"w{i} ")
     # The worker's thread went through 5000 fragments while the bus hung: the queue held at
     # most its bound and the rest was dropped and counted.
-    assert len(sender._items) <= 100
-    assert stream.dropped >= 4000
+    assert len(sender._queue) <= 100
+    assert sender.dropped >= 4000
+    assert stream.seq + stream.dropped == 5000  # the dropped ones count: the next delta shows the gap
     bus.release.set()
     assert sender.flush(5.0)
 
@@ -137,13 +140,14 @@ def test_dropped_fragments_leave_a_gap_in_seq() -> None:
     sender.flush(2.0)
     stream.dropped += 2  # as a full queue would have done
     sender.fragment(stream, "t", 0, "d")
+    sender.end(stream, void=False)
     sender.flush(2.0)
     assert [d.seq for m in bus.messages() for d in m.deltas()] == [1, 4]
 
 
 def test_the_memory_bus_keeps_the_step_in_progress_for_replay() -> None:
     bus = MemoryBus()
-    sender = DeltaSender(bus, coalesce_s=0.001)
+    sender = DeltaSender(bus, coalesce_s=0.0)  # each fragment its own message
     stream = StepStream(bus, "thread-9", "run-9", 0, 3, sender=sender)
     stream.text(0, "Hel")
     sender.flush(2.0)
@@ -155,3 +159,13 @@ def test_the_memory_bus_keeps_the_step_in_progress_for_replay() -> None:
     stream.close(wait_s=2.0)
     assert listener.replay(stream.stream.channel) == []
     listener.close()
+
+
+def test_resp_encoding_and_a_redis_that_is_not_there() -> None:
+    assert resp(b"PUBLISH", b"ch", b"a\r\nb") == b"*3\r\n$7\r\nPUBLISH\r\n$2\r\nch\r\n$4\r\na\r\nb\r\n"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens here once the probe is closed
+    direct = DirectRedis(f"redis://127.0.0.1:{port}/3")
+    # Nothing connected: every write is dropped at once, and a connection is tried on a thread.
+    assert [direct.write([resp(b"PING")]) for _ in range(100)] == [False] * 100

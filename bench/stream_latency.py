@@ -1,0 +1,251 @@
+"""Live deltas: the time from a model delta produced in a worker to its arrival at an SSE client.
+
+A real worker (``celery -A tasks worker -P threads``) runs ``bench_streamer`` turns
+(:mod:`bench.bench_stream_agents`), whose model streams fragments stamped with the wall-clock time
+they were produced at; a real API process (``threads-celery api``, uvicorn) serves the event
+stream; ``--streams`` SSE clients (asyncio, httpx, in this process) subscribe to the threads of
+up to ``--runs`` concurrent runs and take, for every stamp in every ``text_delta`` they receive,
+arrival time minus production time. One row per number of streams: p50, p99 and max of that,
+and the CPU per delta of the API process (per delta frame delivered) and of the worker (per
+fragment produced, the whole streamed turn included).
+
+Then the worker's CPU per streamed turn with publishing on and off (``THREADS_LIVE_DELTAS``),
+side by side: what publishing deltas adds to a streamed turn. Targets (issue 23): p50 at most
+20 ms and p99 at most 100 ms at 100 streams; publishing adds at most 10% to a turn's worker CPU.
+Run by hand, never by CI::
+
+    .venv/bin/python bench/stream_latency.py --streams 1,100,500
+
+Needs PostgreSQL and Redis on loopback; creates a fresh database (dropped at the end) and
+flushes the Redis DB of ``--redis-url`` (default DB 8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.tool_call_overhead import fresh_database  # noqa: E402
+from tests.support.processes import ManagedProcess, free_port  # noqa: E402
+
+AGENTS_MODULE = "bench.bench_stream_agents"
+TOKEN = "bench-stream-token-0123456789"
+STAMP = re.compile(r"@(\d+);")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (and of its waited-for children) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / TICK
+
+
+@contextmanager
+def process(name: str, argv: list[str], env: dict[str, str], directory: Path) -> Iterator[ManagedProcess]:
+    managed = ManagedProcess(name, argv, env=env, log_path=directory / f"{name}.log", cwd=REPO)
+    managed.start()
+    try:
+        yield managed
+    finally:
+        managed.terminate(timeout=20)
+
+
+def worker_argv(concurrency: int) -> list[str]:
+    return [
+        str(Path(sys.executable).with_name("celery")), "-A", "tasks", "worker", "-P", "threads",
+        "-c", str(concurrency), "-l", "warning", "--without-heartbeat", "--without-gossip",
+        "--without-mingle", "-n", f"bench-stream-{uuid.uuid4().hex[:6]}@%h",
+    ]  # fmt: skip
+
+
+def wait_ready(api: ManagedProcess, api_url: str) -> None:
+    """Until the API answers and sees a worker (``/readyz?worker=1``)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{api_url}/readyz?worker=1", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the API did not become ready:\n{api.log_tail()}")
+        time.sleep(0.3)
+
+
+async def client(
+    http: httpx.AsyncClient, thread_id: str, latencies: list[float], counts: list[int], ready: asyncio.Event
+) -> None:
+    fields: dict[str, str] = {}
+    async with http.stream("GET", f"/v1/threads/{thread_id}/events") as response:
+        counts[1] += 1
+        if counts[1] >= counts[2]:
+            ready.set()
+        async for line in response.aiter_lines():
+            if line.startswith(":"):
+                continue
+            if line:
+                name, _, value = line.partition(":")
+                fields[name] = value.removeprefix(" ")
+                continue
+            event, data = fields.get("event"), fields.get("data", "")
+            fields = {}
+            if event == "text_delta":
+                now = time.time_ns()
+                counts[0] += 1
+                latencies.extend((now - int(stamp)) / 1e6 for stamp in STAMP.findall(data))
+            elif event == "run" and '"status":"completed"' in data.replace(" ", ""):
+                return
+
+
+async def one_level(api_url: str, streams: int, runs: int, markers: int, interval_ms: int) -> dict[str, float]:
+    latencies: list[float] = []
+    counts = [0, 0, streams]  # delta frames received, streams connected, streams wanted
+    ready = asyncio.Event()
+    limits = httpx.Limits(max_connections=streams + 10, max_keepalive_connections=streams + 10)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=api_url, headers=headers, limits=limits, timeout=120) as http:
+        thread_ids = [f"bench-{uuid.uuid4().hex[:10]}" for _ in range(runs)]
+        delay_ms = 2000 + streams * 12  # the clients subscribe meanwhile
+        for thread_id in thread_ids:
+            body = {"agent": "bench_streamer", "message": f"{markers} {interval_ms} {delay_ms}", "thread_id": thread_id}
+            response = await http.post("/v1/runs", json=body)
+            response.raise_for_status()
+        tasks = [
+            asyncio.create_task(client(http, thread_ids[i % runs], latencies, counts, ready)) for i in range(streams)
+        ]
+        await asyncio.wait_for(ready.wait(), timeout=delay_ms / 1000)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=120 + markers * interval_ms / 1000)
+    latencies.sort()
+    expected = streams * markers
+    return {
+        "samples": len(latencies),
+        "expected": expected,
+        "frames": counts[0],
+        "p50": statistics.median(latencies) if latencies else float("nan"),
+        "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else float("nan"),
+        "max": latencies[-1] if latencies else float("nan"),
+    }
+
+
+def cpu_per_turn(
+    env: dict[str, str], directory: Path, live: bool, turns: int, order: str, database_url: str, redis_url: str
+) -> float:
+    """The worker's CPU seconds per streamed turn (``turns`` in sequence, each asked ``order``)."""
+    from threads_celery import Threads
+
+    worker_env = {**env, "THREADS_LIVE_DELTAS": "true" if live else "false"}
+    threads = Threads(database_url=database_url, broker_url=redis_url)
+    try:
+        with process(f"cpu-worker-{'on' if live else 'off'}", worker_argv(2), worker_env, directory) as worker:
+            threads.wait(threads.start("bench_streamer", "5 1 0").run_id, 60)  # warm up
+            before = cpu_seconds(worker.pid)
+            for _ in range(turns):
+                threads.wait(threads.start("bench_streamer", order).run_id, 120)
+            return (cpu_seconds(worker.pid) - before) / turns
+    finally:
+        threads.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", default="1,100,500", help="comma-separated numbers of SSE clients")
+    parser.add_argument("--runs", type=int, default=10, help="concurrent streamed runs (at most one per stream)")
+    parser.add_argument("--markers", type=int, default=100, help="fragments each run streams")
+    parser.add_argument("--interval-ms", type=int, default=50, help="between two fragments")
+    parser.add_argument("--cpu-turns", type=int, default=20, help="turns for the publishing on/off CPU comparison")
+    parser.add_argument("--cpu-markers", type=int, default=100, help="fragments per turn there")
+    parser.add_argument("--cpu-interval-ms", type=int, default=20, help="between two fragments there")
+    parser.add_argument("--cpu-repeat", type=int, default=3, help="alternating off/on rounds there")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/8")
+    parser.add_argument("--pg-host", default="127.0.0.1")
+    parser.add_argument("--pg-port", type=int, default=5432)
+    parser.add_argument("--pg-user", default="postgres")
+    args = parser.parse_args()
+    levels = [int(n) for n in args.streams.split(",")]
+
+    import redis
+
+    redis.Redis.from_url(args.redis_url).flushdb()
+    print(
+        f"machine: {platform.machine()} cpus={os.cpu_count()} python={platform.python_version()} "
+        f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    rows = []
+    with fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url, \
+            tempfile.TemporaryDirectory(prefix="tc-bench-stream-") as tmp:  # fmt: skip
+        directory = Path(tmp)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "THREADS_DATABASE_URL": database_url,
+            "THREADS_BROKER_URL": args.redis_url,
+            "THREADS_AGENTS": AGENTS_MODULE,
+            "THREADS_API_TOKENS": TOKEN,
+        }
+        port = free_port()
+        api_url = f"http://127.0.0.1:{port}"
+        api_argv = [str(Path(sys.executable).with_name("threads-celery")), "api", "--port", str(port)]
+        with process("worker", worker_argv(max(args.runs, 2)), env, directory) as worker, \
+                process("api", api_argv, env, directory) as api:  # fmt: skip
+            wait_ready(api, api_url)
+            asyncio.run(one_level(api_url, 1, 1, 10, 10))  # warm up
+            for streams in levels:
+                runs = min(streams, args.runs)
+                api_cpu, worker_cpu = cpu_seconds(api.pid), cpu_seconds(worker.pid)
+                result = asyncio.run(one_level(api_url, streams, runs, args.markers, args.interval_ms))
+                api_cpu, worker_cpu = cpu_seconds(api.pid) - api_cpu, cpu_seconds(worker.pid) - worker_cpu
+                result["api_us_per_frame"] = api_cpu / max(result["frames"], 1) * 1e6
+                result["worker_us_per_delta"] = worker_cpu / (runs * args.markers) * 1e6
+                rows.append((streams, runs, result))
+                print(f"{streams} streams: {json.dumps({k: round(v, 2) for k, v in result.items()})}", flush=True)
+        order = f"{args.cpu_markers} {args.cpu_interval_ms} 0"
+        off, on = [], []
+        for _ in range(args.cpu_repeat):  # alternating, so that the machine's load falls on both
+            off.append(cpu_per_turn(env, directory, False, args.cpu_turns, order, database_url, args.redis_url))
+            on.append(cpu_per_turn(env, directory, True, args.cpu_turns, order, database_url, args.redis_url))
+
+    print(f"\n{args.markers} fragments per run, {args.interval_ms} ms apart:")
+    print(
+        "| streams | runs | stamps received | p50 ms | p99 ms | max ms | API CPU per delta frame | worker CPU per fragment (whole turn) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for streams, runs, r in rows:
+        print(
+            f"| {streams} | {runs} | {r['samples']:.0f} of {r['expected']:.0f} | {r['p50']:.1f} | {r['p99']:.1f} | "
+            f"{r['max']:.1f} | {r['api_us_per_frame']:.0f} µs | {r['worker_us_per_delta']:.0f} µs |"
+        )
+    off_ms, on_ms = statistics.median(off) * 1000, statistics.median(on) * 1000
+    print(
+        f"\nworker CPU per streamed turn of {args.cpu_markers} fragments {args.cpu_interval_ms} ms apart "
+        f"({args.cpu_turns} turns a round, median of {args.cpu_repeat} rounds): publishing off {off_ms:.1f} ms "
+        f"({', '.join(f'{x * 1000:.1f}' for x in off)}), on {on_ms:.1f} ms ({', '.join(f'{x * 1000:.1f}' for x in on)}): "
+        f"{(on_ms / off_ms - 1) * 100:+.1f}%"
+    )
+    at_100 = [r for s, _, r in rows if s == 100]
+    if at_100:
+        r = at_100[0]
+        verdict = "met" if r["p50"] <= 20 and r["p99"] <= 100 else "NOT met"
+        print(f"target at 100 streams (p50 <= 20 ms, p99 <= 100 ms): {verdict}")
+    print(f"target for publishing (<= +10% worker CPU per turn): {'met' if on_ms <= off_ms * 1.10 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
