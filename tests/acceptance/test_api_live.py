@@ -70,7 +70,11 @@ def until_run_ends(response: httpx.Response, run_id: str) -> list[Frame]:
 def served() -> Iterator[tuple[str, Threads]]:
     with Threads.embedded() as threads:
         threads.register(
-            Agent(name="writer", instructions="x", model=ScriptedModel([say(REPLY)], chunk_size=4, chunk_delay_s=0.03))
+            Agent(
+                name="live_api_writer",
+                instructions="x",
+                model=ScriptedModel([say(REPLY)], chunk_size=4, chunk_delay_s=0.03),
+            )
         )
         app = create_api(threads, env={"THREADS_API_TOKENS": TOKENS}, keepalive_s=0.2)
         port = free_port()
@@ -86,7 +90,7 @@ def served() -> Iterator[tuple[str, Threads]]:
 
 
 def start(base: str, caller: dict[str, str], **body: Any) -> dict[str, Any]:
-    response = httpx.post(f"{base}/v1/runs", json={"agent": "writer", "message": "go", **body}, headers=caller)
+    response = httpx.post(f"{base}/v1/runs", json={"agent": "live_api_writer", "message": "go", **body}, headers=caller)
     assert response.status_code == 202, response.text
     return response.json()  # type: ignore[no-any-return]
 

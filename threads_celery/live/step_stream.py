@@ -5,10 +5,13 @@ the process's :class:`~threads_celery.live.sender.DeltaSender`:
 
 - each fragment is made storable exactly as the store boundary does it (every NUL and unpaired
   surrogate becomes U+FFFD: :func:`~threads_celery.records.storable_text`);
-- when secrets are to be redacted (those of the thread's agent, and the process's
-  :func:`~threads_celery.redaction.known_secrets`), each part holds back its last
-  ``Redactor.longest`` characters, and never cuts through a secret: a secret split across two
-  fragments is whole when it is redacted. What is held back goes out when the part's stream ends.
+- when the thread has secrets (the values of its agent's secret variables on the thread), each
+  part holds back its last ``Redactor.longest`` characters, and never cuts through a secret: a
+  secret split across two fragments is whole when it is redacted. What is held back goes out
+  when the part's stream ends. The secrets other threads' tools revealed in this process
+  (:func:`~threads_celery.redaction.known_secrets`, which logs are redacted of) are not the
+  thread's: holding back every reply of every thread for them would make no text live at all in a
+  worker that ever ran such a tool, and this thread's model never saw them.
 
 :meth:`StepStream.close` ends the attempt's stream (before its message is committed) and waits,
 briefly, for the sender to have sent it; :meth:`StepStream.void` says the attempt is void.
@@ -22,7 +25,7 @@ from threads_celery.live.bus import LiveBus
 from threads_celery.live.sender import AttemptStream, DeltaSender, sender_for
 from threads_celery.live.wire import channel_for
 from threads_celery.records import storable_text
-from threads_celery.redaction import Redactor, known_secrets, redactor_for
+from threads_celery.redaction import Redactor, redactor_for
 
 #: How long closing a step's stream waits for its last deltas to be sent, at most.
 CLOSE_WAIT_S = 0.05
@@ -44,8 +47,7 @@ class StepStream:
     ) -> None:
         self.sender = sender or sender_for(bus)
         self.stream = AttemptStream(channel_for(thread_id, bus.namespace), run_id, step, attempt)
-        every = frozenset([*secrets, *known_secrets()])
-        self.redactor: Redactor | None = redactor_for(every) if every else None
+        self.redactor: Redactor | None = redactor_for(frozenset(secrets)) if secrets else None
         #: Per part: the text held back (a secret may start in it), its kind, call id and name.
         self._held: dict[int, list[str]] = {}
         self._closed = False

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+from cryptography.fernet import Fernet
 from pydantic import BaseModel
 
-from threads_celery import Agent, Threads, tool
+from threads_celery import Agent, Threads, Variable, tool
 from threads_celery.live import Committed, StepVoid, TextDelta, ToolCallDelta
 from threads_celery.live.events import LiveEvent
 from threads_celery.testing import ScriptedModel, call, say
@@ -39,8 +41,8 @@ def _assistant_messages(events: list[LiveEvent]) -> list[Committed]:
 
 
 def test_text_deltas_arrive_before_the_message_commits_and_add_up_to_it(threads: Threads) -> None:
-    threads.register(slow_agent("streamer", say(REPLY)))
-    handle = threads.start("streamer", "hi")
+    threads.register(slow_agent("live_streamer", say(REPLY)))
+    handle = threads.start("live_streamer", "hi")
     events = list(threads.stream(handle.run_id))
     messages = _assistant_messages(events)
     assert len(messages) == 1
@@ -56,8 +58,8 @@ def test_text_deltas_arrive_before_the_message_commits_and_add_up_to_it(threads:
 
 
 def test_tool_call_arguments_stream_as_deltas_with_the_call_named(threads: Threads) -> None:
-    threads.register(slow_agent("caller", call("lookup", q="pangolins"), say("done")))
-    handle = threads.start("caller", "look")
+    threads.register(slow_agent("live_caller", call("lookup", q="pangolins"), say("done")))
+    handle = threads.start("live_caller", "look")
     events = list(threads.stream(handle.run_id))
     calls = [e for e in events if isinstance(e, ToolCallDelta)]
     assert calls and {c.name for c in calls} == {"lookup"}
@@ -66,8 +68,8 @@ def test_tool_call_arguments_stream_as_deltas_with_the_call_named(threads: Threa
 
 
 def test_the_async_iterator_yields_the_same_typed_events(threads: Threads) -> None:
-    threads.register(slow_agent("async_streamer", say(REPLY)))
-    handle = threads.start("async_streamer", "hi")
+    threads.register(slow_agent("live_async_streamer", say(REPLY)))
+    handle = threads.start("live_async_streamer", "hi")
 
     async def collect() -> list[LiveEvent]:
         return [e async for e in threads.stream(handle.run_id)]
@@ -79,11 +81,29 @@ def test_the_async_iterator_yields_the_same_typed_events(threads: Threads) -> No
 
 
 def test_leaving_a_stream_early_leaves_no_subscription(threads: Threads) -> None:
-    threads.register(slow_agent("left", say(REPLY), delay=0.05))
-    handle = threads.start("left", "hi")
+    threads.register(slow_agent("live_left", say(REPLY), delay=0.05))
+    handle = threads.start("live_left", "hi")
     for event in threads.stream(handle.run_id):
         if isinstance(event, TextDelta):
             break
     assert threads.live_hub.subscriber_count == 0
     assert threads.live_hub.channel_count == 0
     threads.wait(handle.run_id)
+
+
+def test_a_threads_secret_is_redacted_in_its_deltas_even_split_across_fragments(
+    threads: Threads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("THREADS_SECRET_KEY", Fernet.generate_key().decode())
+    secret = "sk-live-93c1b7aa20f54e1d"
+    agent = Agent(
+        name="live_secret_teller",
+        instructions="Tell.",
+        model=ScriptedModel([say(f"The key is {secret}, keep it safe.")], chunk_size=3, chunk_delay_s=0.005),
+        variables=[Variable("API_KEY", "secret")],
+    )
+    handle = threads.start(agent, "go", env={"API_KEY": secret})
+    events = list(threads.stream(handle.run_id))
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text == "The key is ***, keep it safe."
+    assert not any(secret[:8] in e.text for e in events if isinstance(e, TextDelta))

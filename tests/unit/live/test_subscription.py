@@ -54,10 +54,10 @@ def test_a_void_message_voids_what_was_sent_and_the_committed_message_closes_the
 def test_a_subscriber_that_falls_behind_gets_a_resync_then_the_step_from_its_start(threads: Threads) -> None:
     reply = "".join(f"w{i} " for i in range(60))
     threads.register(
-        Agent(name="flood", instructions="x", model=ScriptedModel([say(reply)], chunk_size=3, chunk_delay_s=0.003))
+        Agent(name="live_flood", instructions="x", model=ScriptedModel([say(reply)], chunk_size=3, chunk_delay_s=0.003))
     )
     hub = LiveHub(threads.live_hub.bus, max_queue=3)
-    handle = threads.start("flood", "go")
+    handle = threads.start("live_flood", "go")
     run = threads.get_run(handle.run_id)
 
     async def stalled() -> list[LiveEvent]:
