@@ -45,3 +45,9 @@ bench_streamer = Agent(
     instructions="Stream markers.",
     model=FunctionModel(_respond, stream_function=_stream, model_name="bench-streamer"),
 )
+
+
+#: The same kind of turn through a real provider's path (pydantic-ai's OpenAI model and the
+#: ``openai`` SDK, streaming over HTTP): the benchmark points ``OPENAI_BASE_URL`` at a fake
+#: OpenAI server that streams the reply in small chunks.
+bench_provider = Agent(name="bench_provider", instructions="Write.", model="openai:gpt-4o-mini")

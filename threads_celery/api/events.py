@@ -19,7 +19,7 @@ from threads_celery.api.bodies import MAX_SEQ, EventOut, Shown, as_stored
 from threads_celery.api.errors import ApiError
 from threads_celery.exceptions import ThreadNotFound
 from threads_celery.live.events import Committed, Heartbeat, LiveEvent
-from threads_celery.live.subscription import FALLBACK_POLL_S, live_events
+from threads_celery.live.subscription import FALLBACK_POLL_S, live_event_batches
 from threads_celery.records import Event
 
 if TYPE_CHECKING:
@@ -89,16 +89,16 @@ async def event_stream(
     read when the worker nudges the thread, and every ``poll_interval_s`` without one.
     ``thread_id`` is the stored id; the frames show ids as ``shown`` (the caller's own form)."""
     yield "retry: 3000\n\n"
-    async with live_events(
+    async with live_event_batches(
         threads.store,
         threads.live_hub,
         thread_id,
         after=cursor,
         heartbeat_s=keepalive_s,
         fallback_poll_s=poll_interval_s,
-    ) as events:
-        async for event in events:
-            yield live_frame(event, shown)
+    ) as batches:
+        async for batch in batches:  # one write for what arrived together
+            yield "".join(live_frame(event, shown) for event in batch)
 
 
 __all__ = ["event_stream", "last_event_seq", "live_frame", "parse_cursor", "sse_frame"]

@@ -45,7 +45,7 @@ class TextDelta:
     text: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "step": self.step, "attempt": self.attempt, "part": self.part,
+        return {"type": self.type, "run_id": self.run_id, "step": self.step, "attempt": self.attempt, "part": self.part,
                 "seq": self.seq, "text": self.text}  # fmt: skip
 
 
@@ -62,7 +62,7 @@ class ThinkingDelta:
     text: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "step": self.step, "attempt": self.attempt, "part": self.part,
+        return {"type": self.type, "run_id": self.run_id, "step": self.step, "attempt": self.attempt, "part": self.part,
                 "seq": self.seq, "text": self.text}  # fmt: skip
 
 
@@ -82,7 +82,7 @@ class ToolCallDelta:
     args: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "step": self.step, "attempt": self.attempt, "part": self.part,
+        return {"type": self.type, "run_id": self.run_id, "step": self.step, "attempt": self.attempt, "part": self.part,
                 "seq": self.seq, "call_id": self.call_id, "name": self.name, "args": self.args}  # fmt: skip
 
 
@@ -96,7 +96,7 @@ class StepVoid:
     attempt: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "step": self.step, "attempt": self.attempt}
+        return {"type": self.type, "run_id": self.run_id, "step": self.step, "attempt": self.attempt}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,7 @@ class Resync:
     reason: str = "overflow"
 
     def to_json(self) -> dict[str, Any]:
-        return {"after": self.after, "reason": self.reason}
+        return {"type": self.type, "after": self.after, "reason": self.reason}
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,11 @@ class Subscriber:
         return taken
 
 
+def _wake_all(subscribers: list[Subscriber]) -> None:
+    for subscriber in subscribers:
+        subscriber._set()
+
+
 class LiveHub:
     """A process's live subscriptions over one bus."""
 
@@ -129,8 +134,16 @@ class LiveHub:
             for subscriber in subscribers:
                 subscriber.offer(message)
                 touched.add(subscriber)
+        # One wake-up per event loop for the whole batch (each costs the loop a write to its
+        # self-pipe), not one per subscriber.
+        by_loop: dict[asyncio.AbstractEventLoop, list[Subscriber]] = {}
         for subscriber in touched:
-            subscriber.signal()
+            if not subscriber._wake_scheduled:
+                subscriber._wake_scheduled = True
+                by_loop.setdefault(subscriber.loop, []).append(subscriber)
+        for loop, woken in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a closed loop: its subscribers are going away
+                loop.call_soon_threadsafe(_wake_all, woken)
 
     @property
     def channel_count(self) -> int:

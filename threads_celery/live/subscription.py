@@ -110,7 +110,9 @@ def _thread_exists(store: Store, thread_id: str) -> bool:
         return tx.get_thread(thread_id) is not None
 
 
-async def _committed(store: Store, thread_id: str, cursor: int, tracker: StepTracker, out: list[LiveEvent]) -> int:
+async def _committed(
+    store: Store, thread_id: str, cursor: int, tracker: StepTracker, out: list[LiveEvent | Heartbeat]
+) -> int:
     """Add the committed events after ``cursor`` (a batch of them) to ``out``; the new cursor."""
     try:
         batch = await asyncio.to_thread(_read_committed, store, thread_id, cursor)
@@ -145,9 +147,35 @@ async def live_events(
     loop = asyncio.get_running_loop()
     subscriber = await asyncio.to_thread(hub.subscribe, thread_id, loop)
     try:
+        yield _each(_iterate(store, hub, subscriber, thread_id, after, heartbeat_s, fallback_poll_s))
+    finally:
+        hub.unsubscribe(subscriber)
+
+
+@contextlib.asynccontextmanager
+async def live_event_batches(
+    store: Store,
+    hub: LiveHub,
+    thread_id: str,
+    *,
+    after: int = 0,
+    heartbeat_s: float | None = None,
+    fallback_poll_s: float = FALLBACK_POLL_S,
+) -> AsyncIterator[AsyncIterator[list[LiveEvent | Heartbeat]]]:
+    """:func:`live_events` in batches: the events that were there at each wake-up, together."""
+    if not await asyncio.to_thread(_thread_exists, store, thread_id):
+        raise ThreadNotFound(thread_id)
+    subscriber = await asyncio.to_thread(hub.subscribe, thread_id, asyncio.get_running_loop())
+    try:
         yield _iterate(store, hub, subscriber, thread_id, after, heartbeat_s, fallback_poll_s)
     finally:
         hub.unsubscribe(subscriber)
+
+
+async def _each(batches: AsyncIterator[list[LiveEvent | Heartbeat]]) -> AsyncIterator[LiveEvent | Heartbeat]:
+    async for batch in batches:
+        for event in batch:
+            yield event
 
 
 async def _iterate(
@@ -158,7 +186,8 @@ async def _iterate(
     cursor: int,
     heartbeat_s: float | None,
     fallback_poll_s: float,
-) -> AsyncIterator[LiveEvent | Heartbeat]:
+) -> AsyncIterator[list[LiveEvent | Heartbeat]]:
+    """The events in batches: what was there at each wake-up (the SSE endpoint writes a batch at once)."""
     tracker = StepTracker()
     replay = True
     read_committed = True
@@ -169,9 +198,9 @@ async def _iterate(
             subscriber.overflowed = False
             subscriber.take()
             tracker = StepTracker()
-            yield Resync(after=cursor)
+            yield [Resync(after=cursor)]
             replay = read_committed = True
-        out: list[LiveEvent] = []
+        out: list[LiveEvent | Heartbeat] = []
         if replay:
             # The committed events first, then the step in progress from its start, then the
             # committed events again: a step's stream ends before its message commits, so its
@@ -192,13 +221,12 @@ async def _iterate(
             before = len(out)
             cursor = await _committed(store, thread_id, cursor, tracker, out)
             read_committed = len(out) - before >= EVENT_BATCH
-        for item in out:
-            yield item
         if out:
+            yield out
             quiet_since = time.monotonic()
         elif heartbeat_s is not None and time.monotonic() - quiet_since >= heartbeat_s:
             quiet_since = time.monotonic()
-            yield Heartbeat()
+            yield [Heartbeat()]
         if read_committed or subscriber.messages or subscriber.overflowed or subscriber.nudged:
             continue
         wait = next_poll - time.monotonic()
@@ -211,4 +239,4 @@ async def _iterate(
             await asyncio.wait_for(subscriber.wake.wait(), max(wait, 0.0))
 
 
-__all__ = ["FALLBACK_POLL_S", "StepTracker", "live_events"]
+__all__ = ["FALLBACK_POLL_S", "StepTracker", "live_event_batches", "live_events"]
