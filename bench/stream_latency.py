@@ -3,7 +3,7 @@
 A real worker (``celery -A tasks worker -P threads``) runs ``bench_streamer`` turns
 (:mod:`bench.bench_stream_agents`), whose model streams fragments stamped with the wall-clock time
 they were produced at; a real API process (``threads-celery api``, uvicorn) serves the event
-stream; ``--streams`` SSE clients (asyncio, httpx, in this process) subscribe to the threads of
+stream; ``--streams`` SSE clients (asyncio sockets, in this process) subscribe to the threads of
 up to ``--runs`` concurrent runs and take, for every stamp in every ``text_delta`` they receive,
 arrival time minus production time. One row per number of streams: p50, p99 and max of that,
 and the CPU per delta of the API process (per delta frame delivered) and of the worker (per
@@ -51,7 +51,9 @@ from tests.support.processes import ManagedProcess, free_port  # noqa: E402
 
 AGENTS_MODULE = "bench.bench_stream_agents"
 TOKEN = "bench-stream-token-0123456789"
-STAMP = re.compile(r"@(\d+);")
+STAMP_BYTES = re.compile(rb"@(\d+);")
+#: The run event of a completed run, as the API writes it (compact JSON).
+DONE = b'"status":"completed"'
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -93,38 +95,47 @@ def wait_ready(api: ManagedProcess, api_url: str) -> None:
         time.sleep(0.3)
 
 
-async def client(
-    http: httpx.AsyncClient, thread_id: str, latencies: list[float], counts: list[int], ready: asyncio.Event
-) -> None:
-    fields: dict[str, str] = {}
-    async with http.stream("GET", f"/v1/threads/{thread_id}/events") as response:
-        counts[1] += 1
-        if counts[1] >= counts[2]:
-            ready.set()
-        async for line in response.aiter_lines():
-            if line.startswith(":"):
-                continue
-            if line:
-                name, _, value = line.partition(":")
-                fields[name] = value.removeprefix(" ")
-                continue
-            event, data = fields.get("event"), fields.get("data", "")
-            fields = {}
-            if event == "text_delta":
-                now = time.time_ns()
-                counts[0] += 1
-                latencies.extend((now - int(stamp)) / 1e6 for stamp in STAMP.findall(data))
-            elif event == "run" and '"status":"completed"' in data.replace(" ", ""):
+async def client(url: str, thread_id: str, latencies: list[float], counts: list[int], ready: asyncio.Event) -> None:
+    """One SSE stream, read as raw bytes: each stamp found is a sample, taken when it arrived.
+
+    A plain socket and a regular expression over what arrives, not an HTTP client's line parser:
+    the 500 clients share two cores with the API and the worker, and what they spend parsing
+    would be counted as delivery latency.
+    """
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"GET /v1/threads/{thread_id}/events HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nAccept: text/event-stream\r\n\r\n".encode()
+    )
+    await writer.drain()
+    counts[1] += 1
+    if counts[1] >= counts[2]:
+        ready.set()
+    tail = b""
+    try:
+        while True:
+            chunk = await reader.read(65536)
+            if not chunk:
                 return
+            now = time.time_ns()
+            data = tail + chunk
+            counts[0] += chunk.count(b"event: text_delta")
+            latencies.extend((now - int(stamp)) / 1e6 for stamp in STAMP_BYTES.findall(data))
+            if DONE in data:
+                return
+            # Every whole stamp ends at a ';': what follows the last one may be a stamp's start.
+            tail = data[data.rfind(b";") + 1 :][-64:]
+    finally:
+        writer.close()
 
 
 async def one_level(api_url: str, streams: int, runs: int, markers: int, interval_ms: int) -> dict[str, float]:
     latencies: list[float] = []
     counts = [0, 0, streams]  # delta frames received, streams connected, streams wanted
     ready = asyncio.Event()
-    limits = httpx.Limits(max_connections=streams + 10, max_keepalive_connections=streams + 10)
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    async with httpx.AsyncClient(base_url=api_url, headers=headers, limits=limits, timeout=120) as http:
+    async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=120) as http:
         thread_ids = [f"bench-{uuid.uuid4().hex[:10]}" for _ in range(runs)]
         delay_ms = 2000 + streams * 12  # the clients subscribe meanwhile
         for thread_id in thread_ids:
@@ -132,7 +143,7 @@ async def one_level(api_url: str, streams: int, runs: int, markers: int, interva
             response = await http.post("/v1/runs", json=body)
             response.raise_for_status()
         tasks = [
-            asyncio.create_task(client(http, thread_ids[i % runs], latencies, counts, ready)) for i in range(streams)
+            asyncio.create_task(client(api_url, thread_ids[i % runs], latencies, counts, ready)) for i in range(streams)
         ]
         await asyncio.wait_for(ready.wait(), timeout=delay_ms / 1000)
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=120 + markers * interval_ms / 1000)
@@ -184,6 +195,7 @@ def main() -> None:
     parser.add_argument("--cpu-markers", type=int, default=100, help="fragments per turn there")
     parser.add_argument("--cpu-interval-ms", type=int, default=20, help="between two fragments there")
     parser.add_argument("--cpu-repeat", type=int, default=3, help="alternating off/on rounds there")
+    parser.add_argument("--coalesce-ms", type=float, default=None, help="THREADS_LIVE_COALESCE_MS for the workers")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/8")
     parser.add_argument("--pg-host", default="127.0.0.1")
     parser.add_argument("--pg-port", type=int, default=5432)
@@ -209,6 +221,10 @@ def main() -> None:
             "THREADS_BROKER_URL": args.redis_url,
             "THREADS_AGENTS": AGENTS_MODULE,
             "THREADS_API_TOKENS": TOKEN,
+            "OPENAI_API_KEY": "bench",
+            **(
+                {"THREADS_LIVE_COALESCE_MS": str(args.coalesce_ms)} if args.coalesce_ms is not None else {}
+            ),  # bench_provider is loaded everywhere; only the CPU phase calls it
         }
         port = free_port()
         api_url = f"http://127.0.0.1:{port}"
@@ -242,7 +258,7 @@ def main() -> None:
                             )
                         )
 
-    print(f"\n{args.markers} fragments per run, {args.interval_ms} ms apart:")
+    print(f"\n{args.markers} fragments per run, {args.interval_ms} ms apart, coalescing {args.coalesce_ms or 5.0} ms:")
     print(
         "| streams | runs | stamps received | p50 ms | p99 ms | max ms | API CPU per delta frame | worker CPU per fragment (whole turn) |"
     )

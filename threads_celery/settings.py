@@ -98,6 +98,9 @@ class Settings:
     # THREADS_LIVE_DELTAS: whether workers publish a streaming model step's deltas on the broker
     # (threads_celery/live/) and nudge a thread's subscribers after a commit.
     live_deltas: bool = True
+    # THREADS_LIVE_COALESCE_MS: a step's fragments that come within this many ms of its last
+    # message go out together (fewer messages, less worker CPU; that much more latency at most).
+    live_coalesce_ms: float = 5.0
     # Concurrent read_only calls of one model reply running at once (as parallel tasks).
     max_parallel_tool_calls: int = 8
     # Each thread's attachments live in <files_root>/<thread_id>/ (relative: to the worker's cwd).
@@ -186,6 +189,7 @@ class Settings:
             "control_task_events": _bool(env, "THREADS_CONTROL_TASK_EVENTS", False),
             "capture_output": _bool(env, "THREADS_CAPTURE_OUTPUT", True),
             "live_deltas": _bool(env, "THREADS_LIVE_DELTAS", True),
+            "live_coalesce_ms": _float(env, "THREADS_LIVE_COALESCE_MS", 5.0),
             "max_parallel_tool_calls": _int(env, "THREADS_MAX_PARALLEL_TOOL_CALLS", 8),
             "files_root": env.get("THREADS_FILES_ROOT") or DEFAULT_FILES_ROOT,
             "files_max_bytes": _int(env, "THREADS_FILES_MAX_BYTES", 100 * 2**20),

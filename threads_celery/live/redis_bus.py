@@ -52,6 +52,7 @@ class RedisBus:
         self.namespace = namespace
         self._client: redis.Redis | None = None
         self._direct: DirectRedis | None = None
+        self._commands: dict[str, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
         #: Whether messages are written at once from the caller's thread (plain ``redis://``).
         self.direct = url.startswith("redis://")
 
@@ -76,18 +77,35 @@ class RedisBus:
         assert self._direct is not None
         commands: list[bytes] = []
         for out in batch:
-            channel = out.channel.encode()
-            commands.append(resp(b"PUBLISH", channel, out.payload))
+            known = self._commands.get(out.channel)
+            if known is None:
+                known = self._commands_of(out.channel)
+            publish, rpush, trim, expire, delete = known
+            bulk = b"$%d\r\n%s\r\n" % (len(out.payload), out.payload)
+            commands += (publish, bulk)
             if out.buffer == "none":
                 continue
-            key = channel + b":replay"
             if out.buffer != "append":  # reset or clear
-                commands.append(resp(b"DEL", key))
+                commands.append(delete)
             if out.buffer != "clear":
-                commands.append(resp(b"RPUSH", key, out.payload))
-                commands.append(resp(b"LTRIM", key, TRIM_FROM, b"-1"))
-                commands.append(resp(b"EXPIRE", key, TTL_TEXT))
+                commands += (rpush, bulk, trim, expire)
         return self._direct.write(commands)
+
+    def _commands_of(self, channel: str) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+        """A channel's commands, encoded once (the payload's bulk string follows PUBLISH and RPUSH)."""
+        name = channel.encode()
+        key = name + b":replay"
+        known = (
+            resp(b"PUBLISH", name).replace(b"*2\r\n", b"*3\r\n", 1),
+            resp(b"RPUSH", key).replace(b"*2\r\n", b"*3\r\n", 1),
+            resp(b"LTRIM", key, TRIM_FROM, b"-1"),
+            resp(b"EXPIRE", key, TTL_TEXT),
+            resp(b"DEL", key),
+        )
+        if len(self._commands) >= 4096:  # bounded: one entry per thread streamed lately
+            self._commands.clear()
+        self._commands[channel] = known
+        return known
 
     def send(self, batch: Sequence[Outgoing]) -> None:
         pipe = self._redis().pipeline(transaction=False)

@@ -230,13 +230,16 @@ _senders: dict[int, DeltaSender] = {}
 _senders_lock = threading.Lock()
 
 
-def sender_for(bus: LiveBus) -> DeltaSender:
-    """This process's sender for ``bus`` (a fork gets its own: threads do not survive one)."""
+def sender_for(bus: LiveBus, coalesce_s: float | None = None) -> DeltaSender:
+    """This process's sender for ``bus`` (a fork gets its own: threads do not survive one),
+    coalescing over ``coalesce_s`` when given."""
     with _senders_lock:
         sender = _senders.get(id(bus))
         if sender is None or sender.pid != os.getpid() or sender.bus is not bus:
             sender = DeltaSender(bus)
             _senders[id(bus)] = sender
+        if coalesce_s is not None:
+            sender.coalesce_s = coalesce_s
         return sender
 
 

@@ -44,8 +44,9 @@ class StepStream:
         *,
         secrets: Sequence[str] = (),
         sender: DeltaSender | None = None,
+        coalesce_s: float | None = None,
     ) -> None:
-        self.sender = sender or sender_for(bus)
+        self.sender = sender or sender_for(bus, coalesce_s)
         self.stream = AttemptStream(channel_for(thread_id, bus.namespace), run_id, step, attempt)
         self.redactor: Redactor | None = redactor_for(frozenset(secrets)) if secrets else None
         #: Per part: the text held back (a secret may start in it), its kind, call id and name.
@@ -53,10 +54,10 @@ class StepStream:
         self._closed = False
 
     def text(self, part: int, text: str) -> None:
-        self._fragment("t", part, text)
+        self.fragment("t", part, text)
 
     def thinking(self, part: int, text: str) -> None:
-        self._fragment("h", part, text)
+        self.fragment("h", part, text)
 
     def call(self, part: int, call_id: str, name: str) -> None:
         """A tool call appeared (its name and id known, its arguments to come)."""
@@ -64,9 +65,10 @@ class StepStream:
         self.sender.fragment(self.stream, "c", part, "", call_id, name)
 
     def args(self, part: int, text: str) -> None:
-        self._fragment("c", part, text)
+        self.fragment("c", part, text)
 
-    def _fragment(self, kind: str, part: int, text: str) -> None:
+    def fragment(self, kind: str, part: int, text: str) -> None:
+        """A fragment of ``kind`` (``t`` text, ``h`` thinking, ``c`` a call's arguments)."""
         if self._closed or not text:
             return
         held = self._held.get(part)

@@ -39,22 +39,26 @@ def open_step_stream(worker: Worker, run: Run, step: int, attempt: int, agent: A
         if any(getattr(v, "type", "text") == "secret" for v in declared.values()):
             env = ThreadEnv(worker.store, worker.registry, run.thread_id, declared, owner=f"agent {agent.name!r}")
             secrets = env.secret_values()
-        return StepStream(live_bus(worker), run.thread_id, run.id, step, attempt, secrets=secrets)
+        coalesce_s = worker.settings.live_coalesce_ms / 1000
+        return StepStream(
+            live_bus(worker), run.thread_id, run.id, step, attempt, secrets=secrets, coalesce_s=coalesce_s
+        )
     except Exception as exc:  # noqa: BLE001 - best effort: the turn runs without live deltas
         log.warning("live deltas of run %s step %d off: %s: %s", run.id, step, type(exc).__name__, exc)
         return None
 
 
+#: A model stream event's kind as a live fragment's (a call's start is passed on apart).
+_KINDS = {"text": "t", "thinking": "h", "args": "c"}
+
+
 def feed(stream: StepStream, event: StreamEvent) -> None:
     """Pass one model stream event to the step's live stream."""
-    if event.kind == "text":
-        stream.text(event.index, event.text)
-    elif event.kind == "thinking":
-        stream.thinking(event.index, event.text)
+    kind = _KINDS.get(event.kind)
+    if kind is not None:
+        stream.fragment(kind, event.index, event.text)
     elif event.kind == "call":
         stream.call(event.index, event.call_id, event.name)
-    elif event.kind == "args":
-        stream.args(event.index, event.text)
 
 
 def both(first: OnStream, stream: StepStream) -> OnStream:
