@@ -54,6 +54,7 @@ TOKEN = "bench-stream-token-0123456789"
 STAMP_BYTES = re.compile(rb"@(\d+);")
 #: The run event of a completed run, as the API writes it (compact JSON).
 DONE = b'"status":"completed"'
+DELTA_LINE = b'data: {"type":"text_delta"'
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -120,12 +121,15 @@ async def client(url: str, thread_id: str, latencies: list[float], counts: list[
                 return
             now = time.time_ns()
             data = tail + chunk
-            counts[0] += chunk.count(b"event: text_delta")
-            latencies.extend((now - int(stamp)) / 1e6 for stamp in STAMP_BYTES.findall(data))
-            if DONE in data:
-                return
-            # Every whole stamp ends at a ';': what follows the last one may be a stamp's start.
-            tail = data[data.rfind(b";") + 1 :][-64:]
+            cut = data.rfind(b"\n") + 1  # whole lines only: the rest waits for the next read
+            lines, tail = data[:cut], data[cut:]
+            for line in lines.split(b"\n"):
+                # Only the deltas: the committed message and the run's output hold the stamps too.
+                if line.startswith(DELTA_LINE):
+                    counts[0] += 1
+                    latencies.extend((now - int(stamp)) / 1e6 for stamp in STAMP_BYTES.findall(line))
+                elif DONE in line:
+                    return
     finally:
         writer.close()
 
