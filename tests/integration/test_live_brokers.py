@@ -6,7 +6,6 @@ Last-Event-ID in the middle of the step, gets the step again from its start."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,29 +14,22 @@ from fastapi.testclient import TestClient
 
 from tests.integration.live_agents import ALL_AGENTS, REPLY
 from tests.support.processes import WorkerProcess, subprocess_env
-from tests.support.services import require_service
+from tests.support.rabbitmq import rabbitmq_vhost
 from threads_celery import Threads
 from threads_celery.api.app import create_api
 from threads_celery.live import Committed, TextDelta
 
-RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 TOKEN = "live-brokers-token-0123456789"
 
 
-def _rabbitmq_answers() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module", params=["redis", "rabbitmq"])
-def broker_url(request: pytest.FixtureRequest, integration_redis_url: str) -> str:
+def broker_url(request: pytest.FixtureRequest, integration_redis_url: str) -> Iterator[str]:
+    """The module's Redis database, or a RabbitMQ vhost of the module's own."""
     if request.param == "rabbitmq":
-        require_service("RabbitMQ", _rabbitmq_answers(), "no answer on port 5672", address="127.0.0.1:5672")
-        return RABBITMQ_URL
-    return integration_redis_url
+        with rabbitmq_vhost("threads-live") as url:
+            yield url
+        return
+    yield integration_redis_url
 
 
 @pytest.fixture(scope="module")
