@@ -151,6 +151,7 @@ class RedisListener:
 
     def replay(self, channel: str) -> list[bytes]:
         try:
+            # redis-py types lrange for its sync and async clients alike (a union with an Awaitable):
             found: list[bytes] = self._replay_client.lrange(replay_key(channel), 0, -1)  # type: ignore[assignment]
         except redis.RedisError as exc:
             log.warning("live replay of %s unavailable: %s", channel, exc)
@@ -170,6 +171,7 @@ class RedisListener:
         while not self._stop.is_set():
             try:
                 if pubsub is None:
+                    # redis-py leaves Redis.pubsub unannotated:
                     pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
                     if channels:
                         pubsub.subscribe(*channels)

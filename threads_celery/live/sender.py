@@ -78,6 +78,7 @@ class DeltaSender:
 
     def __init__(self, bus: LiveBus, *, coalesce_s: float = COALESCE_S, max_pending: int = MAX_PENDING) -> None:
         self.bus = bus
+        # A bus that says it writes directly is a DirectBus; the LiveBus protocol cannot say so:
         self.direct: DirectBus | None = bus if getattr(bus, "direct", False) else None  # type: ignore[assignment]
         prepare = getattr(bus, "prepare", None)
         if callable(prepare):
