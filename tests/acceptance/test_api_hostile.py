@@ -87,7 +87,7 @@ def start(client: TestClient, agent: str = "chatty_mailer", message: str = "mail
 
 
 def read_events(client: TestClient, thread_id: str, until: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
-    """The thread's SSE frames (type and payload) until one satisfies ``until``."""
+    """The thread's committed SSE frames (type and payload) until one satisfies ``until``."""
     frames: list[dict[str, Any]] = []
     deadline = time.monotonic() + DEADLINE_S
     with client.stream("GET", f"/v1/threads/{thread_id}/events", headers=AUTH) as stream:
@@ -101,7 +101,7 @@ def read_events(client: TestClient, thread_id: str, until: Callable[[dict[str, A
                 name, _, value = line.partition(":")
                 fields[name] = value.removeprefix(" ")
                 continue
-            if "data" in fields:
+            if "data" in fields and "id" in fields:  # a committed event (a live delta has no id)
                 data = json.loads(fields["data"])
                 frame = {"type": fields["event"], "payload": data["payload"]}
                 frames.append(frame)
