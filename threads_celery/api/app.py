@@ -73,6 +73,8 @@ from threads_celery.api.bodies import (
     StartRun,
 )
 from threads_celery.api.body_limit import BodyLimit, max_body_from_env
+from threads_celery.api.chat_agui import add_ag_ui_routes
+from threads_celery.api.chat_vercel import add_vercel_ai_routes
 from threads_celery.api.children import add_agent_tool_routes
 from threads_celery.api.errors import ERROR_RESPONSES, ApiError, install_error_handlers
 from threads_celery.api.events import (
@@ -348,6 +350,8 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
         ),
     )
     add_usage_routes(router, threads, caller_of=caller_of)
+    for add_chat_routes in (add_vercel_ai_routes, add_ag_ui_routes):
+        add_chat_routes(router, threads, caller_of=caller_of, poll_interval_s=poll_interval_s, keepalive_s=keepalive_s)
     return router
 
 

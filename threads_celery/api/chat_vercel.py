@@ -1,0 +1,281 @@
+"""The Vercel AI SDK's UI message stream protocol, for ``useChat`` as it is.
+
+``POST /v1/chat/vercel-ai/{agent}`` takes the request ``useChat``'s ``DefaultChatTransport``
+sends (``{id, messages, trigger}``) and answers the UI message stream of one run:
+
+- the chat ``id`` is the thread (the caller's own id, as on ``/v1``: a new id starts a thread);
+- a last message from the user starts a run with its text; the message's id is the run's id, so
+  a request sent again attaches to the run it started instead of starting another;
+- a last assistant message whose tool parts carry approval answers (``addToolApprovalResponse``)
+  records them, under the token's principal, and streams the run on from where it waited;
+- the run's reply is one assistant message whose id is the run id.
+
+``GET /v1/chat/vercel-ai/{agent}/{id}/stream`` is ``useChat``'s ``resume``: the thread's run in
+progress replayed from its start, then live; ``204`` when nothing is in progress.
+
+The chunks are Pydantic AI's models of the protocol (``pydantic_ai.ui.vercel_ai``), encoded by
+its ``VercelAIEventStream`` for AI SDK 6. A call that waits for approval is a
+``tool-approval-request`` chunk whose ``approvalId`` is the call's effect key; anything else that
+waits for a person is a ``data-threads-waiting`` part, answered through ``/v1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Annotated, Final
+
+from fastapi import APIRouter, Body, Depends, Path
+from fastapi.responses import Response, StreamingResponse
+from pydantic_ai.ui.vercel_ai import VercelAIEventStream
+from pydantic_ai.ui.vercel_ai.request_types import (
+    RequestData,
+    SubmitMessage,
+    TextUIPart,
+    ToolApprovalResponded,
+    UIMessage,
+)
+from pydantic_ai.ui.vercel_ai.response_types import (
+    BaseChunk,
+    DataChunk,
+    DoneChunk,
+    ErrorChunk,
+    FinishChunk,
+    FinishStepChunk,
+    ReasoningDeltaChunk,
+    ReasoningEndChunk,
+    ReasoningStartChunk,
+    StartChunk,
+    StartStepChunk,
+    TextDeltaChunk,
+    TextEndChunk,
+    TextStartChunk,
+    ToolApprovalRequestChunk,
+    ToolInputAvailableChunk,
+    ToolInputDeltaChunk,
+    ToolInputStartChunk,
+    ToolOutputAvailableChunk,
+    ToolOutputDeniedChunk,
+    ToolOutputErrorChunk,
+)
+from starlette.concurrency import run_in_threadpool
+
+from threads_celery.api import chat_common as chat
+from threads_celery.api.bodies import ID_PATTERN, ErrorOut
+from threads_celery.api.errors import ApiError
+from threads_celery.api.tenancy import Caller, owned_thread, run_to_start, shown_to, thread_to_start
+from threads_celery.exceptions import ThreadNotFound
+
+if TYPE_CHECKING:
+    from threads_celery.client.threads import Threads
+
+#: The AI SDK major version the stream is encoded for (tool approvals need 6).
+SDK_VERSION: Final = 6
+STREAM_HEADERS = {"x-vercel-ai-ui-message-stream": "v1", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+AgentName = Annotated[str, Path(pattern=ID_PATTERN, description="The agent's name.")]
+ChatId = Annotated[str, Path(pattern=ID_PATTERN, description="The chat id: the thread.")]
+
+
+def chunks_of(part: chat.Part, step_open: list[bool]) -> list[BaseChunk]:
+    """The UI message stream chunks of one reply part (``step_open`` is the reply's step state)."""
+    match part:
+        case chat.StepStart():
+            out: list[BaseChunk] = [FinishStepChunk()] if step_open[0] else []
+            step_open[0] = True
+            return [*out, StartStepChunk()]
+        case chat.TextStart(id=id):
+            return [TextStartChunk(id=id)]
+        case chat.TextDelta(id=id, delta=delta):
+            return [TextDeltaChunk(id=id, delta=delta)]
+        case chat.TextEnd(id=id):
+            return [TextEndChunk(id=id)]
+        case chat.ReasoningStart(id=id):
+            return [ReasoningStartChunk(id=id)]
+        case chat.ReasoningDelta(id=id, delta=delta):
+            return [ReasoningDeltaChunk(id=id, delta=delta)]
+        case chat.ReasoningEnd(id=id):
+            return [ReasoningEndChunk(id=id)]
+        case chat.ToolStart(call_id=call_id, name=name):
+            return [ToolInputStartChunk(tool_call_id=call_id, tool_name=name)]
+        case chat.ToolArgsDelta(call_id=call_id, delta=delta):
+            return [ToolInputDeltaChunk(tool_call_id=call_id, input_text_delta=delta)]
+        case chat.ToolInput(call_id=call_id, name=name, input=input):
+            return [ToolInputAvailableChunk(tool_call_id=call_id, tool_name=name, input=input)]
+        case chat.ToolOutput(call_id=call_id, content=content, is_error=True):
+            return [ToolOutputErrorChunk(tool_call_id=call_id, error_text=content)]
+        case chat.ToolOutput(call_id=call_id, content=content):
+            return [ToolOutputAvailableChunk(tool_call_id=call_id, output=content)]
+        case chat.ToolDenied(call_id=call_id):
+            return [ToolOutputDeniedChunk(tool_call_id=call_id)]
+        case chat.ApprovalRequest(approval_id=approval_id, call_id=call_id):
+            return [ToolApprovalRequestChunk(approval_id=approval_id, tool_call_id=call_id)]
+        case chat.Waiting():
+            data = {"effectKey": part.effect_key, "status": part.status, "tool": part.tool, "reason": part.reason}
+            return [DataChunk(type="data-threads-waiting", id=part.effect_key, data={**data, "kind": part.kind})]
+        case chat.RunEnd(status=status):
+            out = [FinishStepChunk()] if step_open[0] else []
+            step_open[0] = False
+            if status in ("completed", "waiting"):
+                reason = "stop" if status == "completed" else "tool-calls"
+                return [*out, FinishChunk(finish_reason=reason)]
+            text = part.error or f"the run ended: {status}"
+            return [*out, ErrorChunk(error_text=text)]
+    return []
+
+
+async def ui_message_stream(
+    threads: Threads,
+    thread_id: str,
+    run_id: str,
+    cursor: int,
+    shown: Callable[[str], str],
+    *,
+    poll_interval_s: float,
+    keepalive_s: float,
+) -> AsyncIterator[str]:
+    """The run's reply as SSE frames of the UI message stream, ``[DONE]`` last."""
+    encoder = VercelAIEventStream(sdk_version=SDK_VERSION)
+    start = StartChunk(
+        message_id=shown(run_id), message_metadata={"threadId": shown(thread_id), "runId": shown(run_id)}
+    )
+    yield encoder.encode_event(start)
+    parts = chat.reply_parts(threads, run_id, shown)
+    step_open = [False]
+    async for batch in chat.reply_stream(
+        threads, thread_id, parts, cursor, poll_interval_s=poll_interval_s, keepalive_s=keepalive_s
+    ):
+        if batch is None:
+            yield ": keepalive\n\n"
+            continue
+        yield "".join(encoder.encode_event(chunk) for part in batch for chunk in chunks_of(part, step_open))
+    yield encoder.encode_event(DoneChunk())
+
+
+def _text_of(message: UIMessage) -> str:
+    return "\n".join(p.text for p in message.parts if isinstance(p, TextUIPart))
+
+
+def _answers_of(message: UIMessage) -> list[chat.Answer]:
+    answers = []
+    for part in message.parts:
+        approval = getattr(part, "approval", None)
+        if getattr(part, "state", None) == "approval-responded" and isinstance(approval, ToolApprovalResponded):
+            answers.append(chat.Answer(approval.id, approval.approved, approval.reason))
+    return answers
+
+
+def add_vercel_ai_routes(
+    router: APIRouter,
+    threads: Threads,
+    *,
+    caller_of: Callable[..., Caller],
+    poll_interval_s: float,
+    keepalive_s: float,
+) -> None:
+    """``POST /chat/vercel-ai/{agent}`` and its resume ``GET``, on ``router`` (``/v1``)."""
+    errors: dict[int | str, dict[str, object]] = {
+        404: {"model": ErrorOut, "description": "No such agent, or an approval that is not the caller's."},
+        409: {"model": ErrorOut, "description": "The thread belongs to another agent."},
+        413: {"model": ErrorOut, "description": "The body is over the size limit."},
+    }
+    stream_doc: dict[int | str, dict[str, object]] = {
+        200: {
+            "description": "The AI SDK UI message stream (text/event-stream) of the run.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        }
+    }
+
+    def stream(thread_id: str, run_id: str, cursor: int, caller: Caller) -> StreamingResponse:
+        body = ui_message_stream(
+            threads,
+            thread_id,
+            run_id,
+            cursor,
+            shown_to(caller),
+            poll_interval_s=poll_interval_s,
+            keepalive_s=keepalive_s,
+        )
+        return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
+
+    def plan(agent: str, body: SubmitMessage, caller: Caller) -> tuple[str, str | None, int]:
+        """The stored thread, the run to stream (None: nothing to stream) and the cursor to stream after."""
+        if not body.messages:
+            raise ApiError(422, "validation_error", "messages: the request holds no message")
+        thread_id = thread_to_start(threads, caller, body.id)
+        latest = chat.latest_run(threads, thread_id)
+        chat.check_agent(threads, agent, latest)
+        last = body.messages[-1]
+        if last.role == "user":
+            text = _text_of(last)
+            if not text.strip():
+                raise ApiError(422, "validation_error", "messages: the last user message has no text")
+            run_id = run_to_start(threads, caller, last.id) if chat.is_id(last.id) else None
+            handle = threads.start(agent, text, thread_id=thread_id, run_id=run_id, tenant=caller.tenant)
+            return handle.thread_id, handle.run_id, chat.first_event_seq(threads, handle.thread_id, handle.run_id)
+        answers = _answers_of(last) if last.role == "assistant" else []
+        if answers:
+            # Every answer is checked (another tenant's or thread's approval is 404), even on a new thread.
+            waited = 0 if latest is None else chat.last_status_seq(threads, thread_id, latest.id, "awaiting_approval")
+            answered = chat.answer_approvals(threads, caller, thread_id, answers)
+            if answered is not None:
+                return thread_id, answered, waited
+        if latest is not None and latest.status not in chat.ENDED:
+            return thread_id, latest.id, chat.first_event_seq(threads, thread_id, latest.id)
+        return thread_id, None, 0
+
+    @router.post(
+        "/chat/vercel-ai/{agent}",
+        tags=["chat"],
+        response_class=StreamingResponse,
+        responses={**stream_doc, **errors},
+    )
+    async def vercel_ai_chat(
+        agent: AgentName,
+        body: Annotated[RequestData, Body()],
+        caller: Caller = Depends(caller_of),
+    ) -> Response:
+        """A ``useChat`` request: start a run on the chat's thread, or answer its approvals; its reply streams."""
+        if not isinstance(body, SubmitMessage):
+            raise ApiError(
+                400, "unsupported_trigger",
+                "regenerate-message is not supported: the thread's history is kept by the server; send a new message",
+            )  # fmt: skip
+        if not chat.is_id(body.id):
+            raise ApiError(422, "validation_error", "id: a chat id is 1-64 letters, digits, '_', '.', ':' or '-'")
+        thread_id, run_id, cursor = await run_in_threadpool(plan, agent, body, caller)
+        if run_id is None:
+            return StreamingResponse(_empty_reply(), media_type="text/event-stream", headers=STREAM_HEADERS)
+        return stream(thread_id, run_id, cursor, caller)
+
+    @router.get(
+        "/chat/vercel-ai/{agent}/{chat_id}/stream",
+        tags=["chat"],
+        response_class=StreamingResponse,
+        responses={**stream_doc, 204: {"description": "Nothing is in progress on the thread."}, **errors},
+    )
+    async def vercel_ai_resume(agent: AgentName, chat_id: ChatId, caller: Caller = Depends(caller_of)) -> Response:
+        """``useChat``'s resume: the run in progress on the chat's thread, replayed from its start, then live."""
+
+        def find() -> tuple[str, str | None, int]:
+            thread_id = owned_thread(threads, caller, chat_id)
+            latest = chat.latest_run(threads, thread_id)
+            chat.check_agent(threads, agent, latest)
+            if latest is None or latest.status in chat.ENDED:
+                return thread_id, None, 0
+            return thread_id, latest.id, chat.first_event_seq(threads, thread_id, latest.id)
+
+        try:
+            thread_id, run_id, cursor = await run_in_threadpool(find)
+        except ThreadNotFound:
+            return Response(status_code=204)  # a chat that never started has nothing to resume
+        if run_id is None:
+            return Response(status_code=204)
+        return stream(thread_id, run_id, cursor, caller)
+
+
+async def _empty_reply() -> AsyncIterator[str]:
+    encoder = VercelAIEventStream(sdk_version=SDK_VERSION)
+    for chunk in (StartChunk(), FinishChunk(finish_reason="stop"), DoneChunk()):
+        yield encoder.encode_event(chunk)
+
+
+__all__ = ["SDK_VERSION", "add_vercel_ai_routes", "chunks_of", "ui_message_stream"]
