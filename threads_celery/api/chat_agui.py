@@ -181,6 +181,8 @@ class AguiEvents:
                     "kind": part.kind,
                 }
                 out.append(CustomEvent(name="threads.waiting", value=value))
+            case chat.StepVoided(step=step, attempt=attempt):
+                out.append(CustomEvent(name="threads.step_void", value={"step": step, "attempt": attempt}))
             case chat.RunEnd(status=status):
                 out += [ToolCallEndEvent(tool_call_id=c) for c in sorted(self._open_calls)]
                 self._open_calls.clear()

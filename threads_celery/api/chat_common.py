@@ -13,11 +13,9 @@ where its events begin (:func:`first_event_seq`), the approvals a request answer
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from itertools import islice
@@ -28,7 +26,8 @@ from starlette.concurrency import run_in_threadpool
 from threads_celery.api.bodies import ID_PATTERN, Shown
 from threads_celery.api.errors import ApiError
 from threads_celery.api.tenancy import Caller, owned_call
-from threads_celery.exceptions import CallNotFound, CallStateError, StoreUnavailable, ThreadNotFound
+from threads_celery.exceptions import CallNotFound, CallStateError
+from threads_celery.live import events as live
 from threads_celery.records import Event, Run
 
 if TYPE_CHECKING:
@@ -156,6 +155,18 @@ class Waiting:
 
 
 @dataclass(frozen=True, slots=True)
+class StepVoided:
+    """What the model step streamed so far is void (its worker died or its model call failed).
+
+    The committed message, or the step's next attempt, follows; text already shown stays shown
+    in protocols that cannot take it back, so a page may drop the parts before this one.
+    """
+
+    step: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
 class RunEnd:
     """The reply is over: the run ended (``completed``, ``error``...) or waits for a person (``waiting``)."""
 
@@ -179,6 +190,7 @@ Part = (
     | ToolDenied
     | ApprovalRequest
     | Waiting
+    | StepVoided
     | RunEnd
 )
 
@@ -214,6 +226,22 @@ class ReplyParts:
     _effect_keys: dict[str, str] = field(default_factory=dict)  # call id -> effect key
     _counter: int = 0
     _streamed_text: str = ""  # the open text part's text so far
+    _delivered: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (step, attempt, part) -> seq
+
+    def fresh(self, step: int, attempt: int, part: int, seq: int) -> bool:
+        """Whether a delta was not shown yet (deltas are replayed from a step's start)."""
+        key = (step, attempt, part)
+        if seq <= self._delivered.get(key, 0):
+            return False
+        self._delivered[key] = seq
+        return True
+
+    def void(self, step: int, attempt: int) -> list[Part]:
+        """A step's attempt (and its earlier ones) streamed in vain: close its parts, say so."""
+        out = self.close_text()
+        self._streamed_text = ""
+        self._tools_args.clear()
+        return [*out, StepVoided(step, attempt)]
 
     def _id(self, kind: str) -> str:
         self._counter += 1
@@ -487,37 +515,43 @@ async def reply_stream(
     poll_interval_s: float,
     keepalive_s: float,
 ) -> AsyncIterator[list[Part] | None]:
-    """The reply's parts as the run's events commit, from ``cursor`` on; ``None`` for a keepalive.
+    """The reply's parts from the thread's live events after ``cursor``; ``None`` for a keepalive.
 
-    Ends after the reply's :class:`RunEnd`.
+    The committed events and the deltas of the step in progress come merged from
+    ``threads.live_events``; the deltas are shown as they come and the committed message
+    completes them. Ends after the reply's :class:`RunEnd`, which leaves the subscription.
+    ``poll_interval_s`` is unused since the live subscription is nudged: kept for the signature.
     """
-
-    def step(after: int) -> tuple[int, list[Part]]:
-        with threads.store.read() as tx:
-            batch = list(islice(tx.list_events(thread_id, after=after), EVENT_BATCH))
-        out: list[Part] = []
-        for event in batch:
-            after = event.seq
-            out += parts.committed(event)
+    del poll_interval_s
+    async with threads.live_events(thread_id, after=cursor, heartbeat_s=keepalive_s) as events:
+        async for event in events:
+            if isinstance(event, live.Heartbeat):
+                yield None
+                continue
+            out = await _parts_of(parts, event)
+            if out:
+                yield out
             if parts.done:
-                break
-        return after, out
+                return
 
-    quiet_since = time.monotonic()
-    while not parts.done:
-        try:
-            cursor, out = await run_in_threadpool(step, cursor)
-        except (StoreUnavailable, ThreadNotFound) as exc:
-            log.warning("chat stream of %s: %s", thread_id, exc)
-            out = []
-        if out:
-            quiet_since = time.monotonic()
-            yield out
-            continue
-        if time.monotonic() - quiet_since >= keepalive_s:
-            quiet_since = time.monotonic()
-            yield None
-        await asyncio.sleep(poll_interval_s)
+
+async def _parts_of(parts: ReplyParts, event: live.LiveEvent) -> list[Part]:
+    match event:
+        case live.Committed(event=committed):
+            if committed.run_id != parts.run_id:
+                return []
+            return await run_in_threadpool(parts.committed, committed)
+        case live.TextDelta() | live.ThinkingDelta() | live.ToolCallDelta() if event.run_id == parts.run_id:
+            if not parts.fresh(event.step, event.attempt, event.part, event.seq):
+                return []  # sent already (a replay after a resync or of the step in progress)
+            if isinstance(event, live.TextDelta):
+                return parts.text_delta(event.text)
+            if isinstance(event, live.ThinkingDelta):
+                return parts.reasoning_delta(event.text)
+            return parts.tool_args_delta(event.call_id, event.name, event.args)
+        case live.StepVoid() if event.run_id == parts.run_id:
+            return parts.void(event.step, event.attempt)
+    return []
 
 
 __all__ = [

@@ -8,7 +8,7 @@ sends (``{id, messages, trigger}``) and answers the UI message stream of one run
   a request sent again attaches to the run it started instead of starting another;
 - a last assistant message whose tool parts carry approval answers (``addToolApprovalResponse``)
   records them, under the token's principal, and streams the run on from where it waited;
-- the run's reply is one assistant message whose id is the run id.
+- the run's reply is one assistant message, ``reply-<run id>``, whose metadata names the thread and run.
 
 ``GET /v1/chat/vercel-ai/{agent}/{id}/stream`` is ``useChat``'s ``resume``: the thread's run in
 progress replayed from its start, then live; ``204`` when nothing is in progress.
@@ -75,6 +75,11 @@ AgentName = Annotated[str, Path(pattern=ID_PATTERN, description="The agent's nam
 ChatId = Annotated[str, Path(pattern=ID_PATTERN, description="The chat id: the thread.")]
 
 
+def reply_id(run_id: str) -> str:
+    """The id of a run's reply message: not the run id, which is the id of the user's message."""
+    return f"reply-{run_id}"
+
+
 def chunks_of(part: chat.Part, step_open: list[bool]) -> list[BaseChunk]:
     """The UI message stream chunks of one reply part (``step_open`` is the reply's step state)."""
     match part:
@@ -111,6 +116,9 @@ def chunks_of(part: chat.Part, step_open: list[bool]) -> list[BaseChunk]:
         case chat.Waiting():
             data = {"effectKey": part.effect_key, "status": part.status, "tool": part.tool, "reason": part.reason}
             return [DataChunk(type="data-threads-waiting", id=part.effect_key, data={**data, "kind": part.kind})]
+        case chat.StepVoided(step=step, attempt=attempt):
+            void = {"step": step, "attempt": attempt}
+            return [DataChunk(type="data-threads-step-void", id=f"void-{step}-{attempt}", data=void)]
         case chat.RunEnd(status=status):
             out = [FinishStepChunk()] if step_open[0] else []
             step_open[0] = False
@@ -135,7 +143,7 @@ async def ui_message_stream(
     """The run's reply as SSE frames of the UI message stream, ``[DONE]`` last."""
     encoder = VercelAIEventStream(sdk_version=SDK_VERSION)
     start = StartChunk(
-        message_id=shown(run_id), message_metadata={"threadId": shown(thread_id), "runId": shown(run_id)}
+        message_id=reply_id(shown(run_id)), message_metadata={"threadId": shown(thread_id), "runId": shown(run_id)}
     )
     yield encoder.encode_event(start)
     parts = chat.reply_parts(threads, run_id, shown)
