@@ -182,6 +182,39 @@ def test_another_tenant_gets_404_for_everything_and_changes_nothing(
     assert snapshot(threads, acme) == before
 
 
+def test_chat_requests_of_another_tenant_answer_nothing_of_theirs(
+    world: tuple[TestClient, Threads], acme: dict[str, str]
+) -> None:
+    """The chat protocols' routes: acme's approval answered by globex is 404, acme's run is not resumed for it."""
+    http, threads = world
+    before = snapshot(threads, acme)
+    thread, key = acme["thread"], acme["call"]
+    answered = {
+        "type": "tool-send", "toolCallId": "call_x", "state": "approval-responded", "input": {"to": "x"},
+        "approval": {"id": key, "approved": True},
+    }  # fmt: skip
+    vercel = {
+        "id": thread, "trigger": "submit-message",
+        "messages": [{"id": "reply-x", "role": "assistant", "parts": [answered]}],
+    }  # fmt: skip
+    response = request(http, "POST", "/v1/chat/vercel-ai/t-mailer", "/v1/chat/vercel-ai/{agent}", BOB, json=vercel)
+    not_found_like_an_unknown_id(response, "call_not_found")
+    ag_ui = {
+        "threadId": thread, "runId": "r1", "state": {}, "messages": [], "tools": [], "context": [],
+        "forwardedProps": {}, "resume": [{"interruptId": key, "status": "resolved", "payload": {"approved": True}}],
+    }  # fmt: skip
+    response = request(http, "POST", "/v1/chat/ag-ui/t-mailer", "/v1/chat/ag-ui/{agent}", BOB, json=ag_ui)
+    not_found_like_an_unknown_id(response, "call_not_found")
+    # acme's run that waits for approval is, for globex, a chat with nothing in progress: as one that never was.
+    resume = "/v1/chat/vercel-ai/{agent}/{chat_id}/stream"
+    response = request(http, "GET", f"/v1/chat/vercel-ai/t-mailer/{acme['asking_run']}/stream", resume, BOB)
+    assert response.status_code == 204
+    asking_thread = threads.get_run(acme["asking_run"]).thread_id
+    assert http.get(f"/v1/chat/vercel-ai/t-mailer/{asking_thread}/stream", headers=BOB).status_code == 204
+    assert http.get("/v1/chat/vercel-ai/t-mailer/thread_nowhere/stream", headers=BOB).status_code == 204
+    assert snapshot(threads, acme) == before
+
+
 def test_listings_show_only_the_callers_tenant(world: tuple[TestClient, Threads], acme: dict[str, str]) -> None:
     http, _ = world
     acme_runs = {acme["run"], acme["asking_run"], acme["waiting_run"]}
@@ -284,6 +317,22 @@ def test_fleet_metrics_hold_counts_never_another_tenants_ids(
     assert response.status_code == 200
     for value in acme.values():
         assert value not in response.text
+
+
+def test_a_chat_on_another_tenants_thread_id_is_the_callers_own(
+    world: tuple[TestClient, Threads], acme: dict[str, str]
+) -> None:
+    http, threads = world
+    thread = acme["thread"]
+    before = [len(threads.messages(t)) for t in (acme["thread"], acme["parent_thread"])]
+    # A message on acme's thread id starts globex's own run on a thread of its own.
+    message = {"id": "m-chat-1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+    mine = {"id": thread, "trigger": "submit-message", "messages": [message]}
+    response = http.post("/v1/chat/vercel-ai/t-greeter", json=mine, headers=BOB)
+    assert response.status_code == 200 and "acme" not in response.text
+    assert f'"threadId":"{thread}","runId":"m-chat-1"' in response.text and '"delta":"hello"' in response.text
+    assert threads.tenant_of(run_id="globex~m-chat-1") == "globex"
+    assert [len(threads.messages(t)) for t in (acme["thread"], acme["parent_thread"])] == before
 
 
 def test_every_v1_route_was_exercised_across_tenants(world: tuple[TestClient, Threads]) -> None:
