@@ -32,8 +32,10 @@ nothing twice.
 The app is assembled here from its parts: authentication (:mod:`~threads_celery.api.auth`), the
 body limit (:mod:`~threads_celery.api.body_limit`), error answers (:mod:`~threads_celery.api.errors`),
 the event stream (:mod:`~threads_celery.api.events`), and the routes of runs, threads and calls
-below, of agent-tool runs (:mod:`~threads_celery.api.children`) and of usage
-(:mod:`~threads_celery.api.usage`).
+below, of agent-tool runs (:mod:`~threads_celery.api.children`), of usage
+(:mod:`~threads_celery.api.usage`), and of the chat front-ends' protocols: the Vercel AI SDK's UI
+message stream (:mod:`~threads_celery.api.chat_vercel`) and AG-UI
+(:mod:`~threads_celery.api.chat_agui`).
 """
 
 from __future__ import annotations
