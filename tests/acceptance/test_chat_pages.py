@@ -131,12 +131,12 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(pages: Path) -> Iterator[Server]:
+def server() -> Iterator[Server]:
     with Threads.embedded() as threads:
         for agent in (forecaster, mailer):
             threads.register(agent)
         app = create_api(threads, tokens=[TOKEN], poll_interval_s=0.02)
-        app.mount("/pages", StaticFiles(directory=pages), name="pages")
+        app.mount("/pages", StaticFiles(directory=PAGES), name="pages")
         port = free_port()
         uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
         thread = threading.Thread(target=uv.run, name="chat-pages-api", daemon=True)
@@ -158,7 +158,7 @@ def server(pages: Path) -> Iterator[Server]:
 
 
 @pytest.fixture
-def browser() -> Iterator[Any]:
+def browser(pages: Path) -> Iterator[Any]:
     found = Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()
     require_service(
         "Chromium", found, f"{CHROMIUM} and {CHROMEDRIVER} are needed (apt-get install chromium chromium-driver)"
@@ -327,3 +327,42 @@ def test_ag_ui_reload_mid_turn_resumes(server: Server, browser: Any) -> None:
     assert log["toolStarts"] == ["weather"] and log["texts"][-1] == REPLY
     assert run_of(server, thread).status == "completed"
     assert not log["errors"], log["errors"]
+
+
+# -- a client that goes away ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["vercel-ai", "ag-ui"])
+def test_a_chat_client_that_disconnects_mid_reply_leaves_no_subscription(server: Server, protocol: str) -> None:
+    hub = server.threads.live_hub
+    thread, message = f"chat-{uuid.uuid4().hex[:10]}", f"m-{uuid.uuid4().hex[:10]}"
+    if protocol == "vercel-ai":
+        parts = [{"type": "text", "text": "weather?"}]
+        body: dict[str, Any] = {
+            "id": thread,
+            "trigger": "submit-message",
+            "messages": [{"id": message, "role": "user", "parts": parts}],
+        }
+        first_delta = '"type":"tool-input-delta"'
+    else:
+        body = {
+            "threadId": thread, "runId": "r1", "state": {}, "tools": [], "context": [], "forwardedProps": {},
+            "messages": [{"id": message, "role": "user", "content": "weather?"}],
+        }  # fmt: skip
+        first_delta = '"type":"TOOL_CALL_ARGS"'
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    url = f"{server.url}/v1/chat/{protocol}/pages_weather"
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=WAIT_S) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if first_delta in line:
+                assert hub.subscriber_count >= 1
+                break
+    eventually(
+        lambda: hub.subscriber_count == 0 and hub.channel_count == 0,
+        timeout=10,
+        what="the subscription removed",
+        detail=lambda: (hub.subscriber_count, hub.channel_count),
+    )
+    # The run goes on without its client.
+    assert server.threads.wait(message, WAIT_S).status == "completed"

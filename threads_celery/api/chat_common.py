@@ -337,20 +337,20 @@ class ReplyParts:
     def _assistant(self, payload: dict[str, Any]) -> list[Part]:
         out = self._open_step()
         text = str(payload.get("text") or "")
-        if self._text is not None:
-            # The step's text was streamed: the committed message is the truth. Send what the
-            # stream had not sent yet; a stream that does not lead to it (a retried step) is closed
-            # and the committed text shown whole.
-            streamed = self._streamed_text
-            if text.startswith(streamed):
-                if text[len(streamed) :]:
-                    out.append(TextDelta(self._text, text[len(streamed) :]))
+        # The committed message is the truth. When the step's text was streamed, send only what
+        # the stream had not sent yet (in the open text part, or a new one when a tool call closed
+        # it); a stream that does not lead to it (voided, or pieces lost) is closed and the
+        # committed text is shown whole.
+        streamed = self._streamed_text
+        if streamed and text.startswith(streamed):
+            rest, text = text[len(streamed) :], ""
+            if rest and self._text is None:
                 out += self.close_text()
-                text = ""
-            else:
-                out += self.close_text()
-        else:
-            out += self.close_text()
+                self._text = self._id("text")
+                out.append(TextStart(self._text))
+            if rest and self._text is not None:
+                out.append(TextDelta(self._text, rest))
+        out += self.close_text()
         if text:
             text_id = self._id("text")
             out += [TextStart(text_id), TextDelta(text_id, text), TextEnd(text_id)]
@@ -523,35 +523,99 @@ async def reply_stream(
     ``poll_interval_s`` is unused since the live subscription is nudged: kept for the signature.
     """
     del poll_interval_s
+    feed = _Feed(threads, thread_id, parts, cursor)
     async with threads.live_events(thread_id, after=cursor, heartbeat_s=keepalive_s) as events:
         async for event in events:
             if isinstance(event, live.Heartbeat):
                 yield None
                 continue
-            out = await _parts_of(parts, event)
+            out = await feed.parts_of(event)
             if out:
                 yield out
             if parts.done:
                 return
 
 
-async def _parts_of(parts: ReplyParts, event: live.LiveEvent) -> list[Part]:
-    match event:
-        case live.Committed(event=committed):
-            if committed.run_id != parts.run_id:
-                return []
-            return await run_in_threadpool(parts.committed, committed)
-        case live.TextDelta() | live.ThinkingDelta() | live.ToolCallDelta() if event.run_id == parts.run_id:
-            if not parts.fresh(event.step, event.attempt, event.part, event.seq):
-                return []  # sent already (a replay after a resync or of the step in progress)
-            if isinstance(event, live.TextDelta):
-                return parts.text_delta(event.text)
-            if isinstance(event, live.ThinkingDelta):
-                return parts.reasoning_delta(event.text)
-            return parts.tool_args_delta(event.call_id, event.name, event.args)
-        case live.StepVoid() if event.run_id == parts.run_id:
-            return parts.void(event.step, event.attempt)
-    return []
+def _step_of(effect_key: object) -> int | None:
+    """The step of an effect key ``<run id>:<step>:<index>``; None for anything else."""
+    parts = effect_key.rsplit(":", 2) if isinstance(effect_key, str) else []
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() and len(parts[1]) < 10 else None
+
+
+@dataclass
+class _Feed:
+    """Live events in order for one reply: a step's first delta comes after what committed before it.
+
+    Deltas travel faster than the store is read, so the next model step's first delta can arrive
+    before the previous step's tool results are read, though they were committed before it began.
+    At each new step's first delta the store is read up to date first; committed events already
+    fed are then skipped when the subscription delivers them.
+    """
+
+    threads: Threads
+    thread_id: str
+    parts: ReplyParts
+    cursor: int
+    step: tuple[int, int] | None = None
+    #: Steps whose message is committed (a late delta of theirs is dropped); None: every step.
+    _done_steps: set[int] | None = field(default_factory=set)
+
+    def _committed_up_to_date(self) -> list[Part]:
+        out: list[Part] = []
+        while not self.parts.done:
+            with self.threads.store.read() as tx:
+                batch = tx.list_events(self.thread_id, after=self.cursor)
+            if not batch:
+                break
+            for event in batch:
+                out += self._committed(event)
+                if self.parts.done:
+                    break
+        return out
+
+    def _committed(self, event: Event) -> list[Part]:
+        if event.seq <= self.cursor:
+            return []  # fed already, when a step's first delta brought the store up to date
+        self.cursor = event.seq
+        payload = event.payload
+        if event.type == "message" and event.run_id == self.parts.run_id and payload.get("role") == "assistant":
+            # The step's message: its deltas are over. Its calls' effect keys (<run>:<step>:<i>) name
+            # the step; a message with no call ends the run, and every step with it.
+            keys = [c.get("effect_key") for c in payload.get("tool_calls") or [] if isinstance(c, dict)]
+            steps = {step for k in keys if (step := _step_of(k)) is not None}
+            if not steps:
+                self._done_steps = None
+            elif self._done_steps is not None:
+                self._done_steps |= steps
+        return self.parts.committed(event)
+
+    def _step_is_done(self, step: int) -> bool:
+        return self._done_steps is None or step in self._done_steps
+
+    async def parts_of(self, event: live.LiveEvent) -> list[Part]:
+        parts = self.parts
+        match event:
+            case live.Committed(event=committed):
+                return await run_in_threadpool(self._committed, committed)
+            case live.TextDelta() | live.ThinkingDelta() | live.ToolCallDelta() if event.run_id == parts.run_id:
+                out: list[Part] = []
+                if (event.step, event.attempt) != self.step:
+                    self.step = (event.step, event.attempt)
+                    out = await run_in_threadpool(self._committed_up_to_date)
+                    if parts.done:
+                        return out
+                if self._step_is_done(event.step):
+                    return out  # a step whose message is committed: the message showed it whole
+                if not parts.fresh(event.step, event.attempt, event.part, event.seq):
+                    return out  # sent already (a replay after a resync or of the step in progress)
+                if isinstance(event, live.TextDelta):
+                    return out + parts.text_delta(event.text)
+                if isinstance(event, live.ThinkingDelta):
+                    return out + parts.reasoning_delta(event.text)
+                return out + parts.tool_args_delta(event.call_id, event.name, event.args)
+            case live.StepVoid() if event.run_id == parts.run_id:
+                return parts.void(event.step, event.attempt)
+        return []
 
 
 __all__ = [
