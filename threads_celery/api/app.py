@@ -35,7 +35,8 @@ the event stream (:mod:`~threads_celery.api.events`), and the routes of runs, th
 below, of agent-tool runs (:mod:`~threads_celery.api.children`), of usage
 (:mod:`~threads_celery.api.usage`), and of the chat front-ends' protocols: the Vercel AI SDK's UI
 message stream (:mod:`~threads_celery.api.chat_vercel`) and AG-UI
-(:mod:`~threads_celery.api.chat_agui`).
+(:mod:`~threads_celery.api.chat_agui`), which share :mod:`~threads_celery.api.chat_parts` and
+:mod:`~threads_celery.api.chat_common`.
 """
 
 from __future__ import annotations

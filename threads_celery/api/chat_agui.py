@@ -58,6 +58,7 @@ from pydantic.alias_generators import to_camel
 from starlette.concurrency import run_in_threadpool
 
 from threads_celery.api import chat_common as chat
+from threads_celery.api import chat_parts as reply
 from threads_celery.api.bodies import ID_PATTERN, ErrorOut
 from threads_celery.api.errors import ApiError
 from threads_celery.api.tenancy import Caller, run_to_start, shown_to, thread_to_start
@@ -125,43 +126,45 @@ class AguiEvents:
             ]
         return self._parent
 
-    def events(self, part: chat.Part) -> list[BaseEvent]:
+    def events(self, part: reply.Part) -> list[BaseEvent]:
         out: list[BaseEvent] = []
         match part:
-            case chat.StepStart():
+            case reply.StepStart():
                 self._parent = None
-            case chat.TextStart(id=id):
+            case reply.TextStart(id=id):
                 self._parent = id
                 out.append(TextMessageStartEvent(message_id=id, role="assistant"))
-            case chat.TextDelta(id=id, delta=delta) if delta:
+            case reply.TextDelta(id=id, delta=delta) if delta:
                 out.append(TextMessageContentEvent(message_id=id, delta=delta))
-            case chat.TextEnd(id=id):
+            case reply.TextEnd(id=id):
                 out.append(TextMessageEndEvent(message_id=id))
-            case chat.ReasoningStart(id=id):
+            case reply.ReasoningStart(id=id):
                 out += [ReasoningStartEvent(message_id=id), ReasoningMessageStartEvent(message_id=id, role="reasoning")]
-            case chat.ReasoningDelta(id=id, delta=delta) if delta:
+            case reply.ReasoningDelta(id=id, delta=delta) if delta:
                 out.append(ReasoningMessageContentEvent(message_id=id, delta=delta))
-            case chat.ReasoningEnd(id=id):
+            case reply.ReasoningEnd(id=id):
                 out += [ReasoningMessageEndEvent(message_id=id), ReasoningEndEvent(message_id=id)]
-            case chat.ToolStart(call_id=call_id, name=name):
+            case reply.ToolStart(call_id=call_id, name=name):
                 parent = self._announce_parent(out)
                 self._open_calls.add(call_id)
                 out.append(ToolCallStartEvent(tool_call_id=call_id, tool_call_name=name, parent_message_id=parent))
-            case chat.ToolArgsDelta(call_id=call_id, delta=delta) if delta:
+            case reply.ToolArgsDelta(call_id=call_id, delta=delta) if delta:
                 out.append(ToolCallArgsEvent(tool_call_id=call_id, delta=delta))
-            case chat.ToolInput(call_id=call_id, args=args, streamed_args=streamed):
+            case reply.ToolInput(call_id=call_id, args=args, streamed_args=streamed):
                 if args.startswith(streamed) and args[len(streamed) :]:
                     out.append(ToolCallArgsEvent(tool_call_id=call_id, delta=args[len(streamed) :]))
                 if call_id in self._open_calls:
                     self._open_calls.discard(call_id)
                     out.append(ToolCallEndEvent(tool_call_id=call_id))
-            case chat.ToolOutput(call_id=call_id, content=content) | chat.ToolDenied(call_id=call_id, content=content):
+            case (
+                reply.ToolOutput(call_id=call_id, content=content) | reply.ToolDenied(call_id=call_id, content=content)
+            ):
                 out.append(
                     ToolCallResultEvent(
                         message_id=f"result_{self.run_id}_{call_id}", tool_call_id=call_id, content=content, role="tool"
                     )
                 )
-            case chat.ApprovalRequest():
+            case reply.ApprovalRequest():
                 interrupt = Interrupt(
                     id=part.approval_id,
                     reason="tool_call",
@@ -172,7 +175,7 @@ class AguiEvents:
                 self._interrupts.append(interrupt)
                 if not self.interrupts_supported:
                     out.append(CustomEvent(name="threads.approval", value=interrupt.model_dump(by_alias=True)))
-            case chat.Waiting():
+            case reply.Waiting():
                 value = {
                     "effectKey": part.effect_key,
                     "status": part.status,
@@ -181,9 +184,9 @@ class AguiEvents:
                     "kind": part.kind,
                 }
                 out.append(CustomEvent(name="threads.waiting", value=value))
-            case chat.StepVoided(step=step, attempt=attempt):
+            case reply.StepVoided(step=step, attempt=attempt):
                 out.append(CustomEvent(name="threads.step_void", value={"step": step, "attempt": attempt}))
-            case chat.RunEnd(status=status):
+            case reply.RunEnd(status=status):
                 out += [ToolCallEndEvent(tool_call_id=c) for c in sorted(self._open_calls)]
                 self._open_calls.clear()
                 if status == "completed":
@@ -291,7 +294,7 @@ def add_ag_ui_routes(
             run_id = run_to_start(threads, caller, last.id) if chat.is_id(last.id) else None
             handle = threads.start(agent, text, thread_id=thread_id, run_id=run_id, tenant=caller.tenant)
             return handle.thread_id, handle.run_id, chat.first_event_seq(threads, handle.thread_id, handle.run_id)
-        if latest is not None and latest.status not in chat.ENDED:
+        if latest is not None and latest.status not in reply.ENDED:
             return thread_id, latest.id, chat.first_event_seq(threads, thread_id, latest.id)
         return thread_id, None, 0
 

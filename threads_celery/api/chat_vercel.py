@@ -60,6 +60,7 @@ from pydantic_ai.ui.vercel_ai.response_types import (
 from starlette.concurrency import run_in_threadpool
 
 from threads_celery.api import chat_common as chat
+from threads_celery.api import chat_parts as reply
 from threads_celery.api.bodies import ID_PATTERN, ErrorOut
 from threads_celery.api.errors import ApiError
 from threads_celery.api.tenancy import Caller, owned_thread, run_to_start, shown_to, thread_to_start
@@ -80,46 +81,46 @@ def reply_id(run_id: str) -> str:
     return f"reply-{run_id}"
 
 
-def chunks_of(part: chat.Part, step_open: list[bool]) -> list[BaseChunk]:
+def chunks_of(part: reply.Part, step_open: list[bool]) -> list[BaseChunk]:
     """The UI message stream chunks of one reply part (``step_open`` is the reply's step state)."""
     match part:
-        case chat.StepStart():
+        case reply.StepStart():
             out: list[BaseChunk] = [FinishStepChunk()] if step_open[0] else []
             step_open[0] = True
             return [*out, StartStepChunk()]
-        case chat.TextStart(id=id):
+        case reply.TextStart(id=id):
             return [TextStartChunk(id=id)]
-        case chat.TextDelta(id=id, delta=delta):
+        case reply.TextDelta(id=id, delta=delta):
             return [TextDeltaChunk(id=id, delta=delta)]
-        case chat.TextEnd(id=id):
+        case reply.TextEnd(id=id):
             return [TextEndChunk(id=id)]
-        case chat.ReasoningStart(id=id):
+        case reply.ReasoningStart(id=id):
             return [ReasoningStartChunk(id=id)]
-        case chat.ReasoningDelta(id=id, delta=delta):
+        case reply.ReasoningDelta(id=id, delta=delta):
             return [ReasoningDeltaChunk(id=id, delta=delta)]
-        case chat.ReasoningEnd(id=id):
+        case reply.ReasoningEnd(id=id):
             return [ReasoningEndChunk(id=id)]
-        case chat.ToolStart(call_id=call_id, name=name):
+        case reply.ToolStart(call_id=call_id, name=name):
             return [ToolInputStartChunk(tool_call_id=call_id, tool_name=name)]
-        case chat.ToolArgsDelta(call_id=call_id, delta=delta):
+        case reply.ToolArgsDelta(call_id=call_id, delta=delta):
             return [ToolInputDeltaChunk(tool_call_id=call_id, input_text_delta=delta)]
-        case chat.ToolInput(call_id=call_id, name=name, input=input):
+        case reply.ToolInput(call_id=call_id, name=name, input=input):
             return [ToolInputAvailableChunk(tool_call_id=call_id, tool_name=name, input=input)]
-        case chat.ToolOutput(call_id=call_id, content=content, is_error=True):
+        case reply.ToolOutput(call_id=call_id, content=content, is_error=True):
             return [ToolOutputErrorChunk(tool_call_id=call_id, error_text=content)]
-        case chat.ToolOutput(call_id=call_id, content=content):
+        case reply.ToolOutput(call_id=call_id, content=content):
             return [ToolOutputAvailableChunk(tool_call_id=call_id, output=content)]
-        case chat.ToolDenied(call_id=call_id):
+        case reply.ToolDenied(call_id=call_id):
             return [ToolOutputDeniedChunk(tool_call_id=call_id)]
-        case chat.ApprovalRequest(approval_id=approval_id, call_id=call_id):
+        case reply.ApprovalRequest(approval_id=approval_id, call_id=call_id):
             return [ToolApprovalRequestChunk(approval_id=approval_id, tool_call_id=call_id)]
-        case chat.Waiting():
+        case reply.Waiting():
             data = {"effectKey": part.effect_key, "status": part.status, "tool": part.tool, "reason": part.reason}
             return [DataChunk(type="data-threads-waiting", id=part.effect_key, data={**data, "kind": part.kind})]
-        case chat.StepVoided(step=step, attempt=attempt):
+        case reply.StepVoided(step=step, attempt=attempt):
             void = {"step": step, "attempt": attempt}
             return [DataChunk(type="data-threads-step-void", id=f"void-{step}-{attempt}", data=void)]
-        case chat.RunEnd(status=status):
+        case reply.RunEnd(status=status):
             out = [FinishStepChunk()] if step_open[0] else []
             step_open[0] = False
             if status in ("completed", "waiting"):
@@ -226,7 +227,7 @@ def add_vercel_ai_routes(
             answered = chat.answer_approvals(threads, caller, thread_id, answers)
             if answered is not None:
                 return thread_id, answered, waited
-        if latest is not None and latest.status not in chat.ENDED:
+        if latest is not None and latest.status not in reply.ENDED:
             return thread_id, latest.id, chat.first_event_seq(threads, thread_id, latest.id)
         return thread_id, None, 0
 
@@ -267,7 +268,7 @@ def add_vercel_ai_routes(
             thread_id = owned_thread(threads, caller, chat_id)
             latest = chat.latest_run(threads, thread_id)
             chat.check_agent(threads, agent, latest)
-            if latest is None or latest.status in chat.ENDED:
+            if latest is None or latest.status in reply.ENDED:
                 return thread_id, None, 0
             return thread_id, latest.id, chat.first_event_seq(threads, thread_id, latest.id)
 

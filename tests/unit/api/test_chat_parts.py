@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from threads_celery.api import chat_common as chat
+from threads_celery.api import chat_parts as chat
 from threads_celery.api.chat_agui import AguiEvents
 from threads_celery.api.chat_vercel import chunks_of
 from threads_celery.records import Event
