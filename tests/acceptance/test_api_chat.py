@@ -164,6 +164,32 @@ def test_an_approval_round_trip_through_the_chat_endpoint(client: TestClient, th
     assert threads.get_run(message["id"]).status == "completed"
 
 
+def test_the_chat_history_is_ui_messages_of_each_run(client: TestClient) -> None:
+    chat_id = f"chat-{uuid.uuid4().hex[:8]}"
+    first, second = user_message("weather in Paris?"), user_message("mail ann")
+    ui_chunks(chat(client, "chat_weather", chat_id, [first]).text)
+    history = client.get(f"/v1/chat/vercel-ai/chat_weather/{chat_id}/messages", headers=AUTH)
+    assert history.status_code == 200
+    [user, reply] = history.json()
+    assert user == {"id": first["id"], "role": "user", "parts": [{"type": "text", "text": "weather in Paris?"}]}
+    assert reply["id"] == f"reply-{first['id']}" and reply["role"] == "assistant"
+    assert reply["metadata"] == {"threadId": chat_id, "runId": first["id"]}
+    [tool] = [p for p in reply["parts"] if p["type"] == "tool-weather"]
+    assert tool["state"] == "output-available" and tool["input"] == {"city": "Paris"}
+    assert tool["output"] == "21 degrees in Paris"
+    texts = [p for p in reply["parts"] if p["type"] == "text"]
+    assert texts == [{"type": "text", "text": "It is 21 degrees in Paris.", "state": "done"}]
+    assert [p["type"] for p in reply["parts"]].count("step-start") == 2
+    # Another chat's history is its own; another tenant's is empty.
+    other = f"chat-{uuid.uuid4().hex[:8]}"
+    ui_chunks(chat(client, "chat_mailer", other, [second]).text)
+    [_, waiting] = client.get(f"/v1/chat/vercel-ai/chat_mailer/{other}/messages", headers=AUTH).json()
+    [asking] = [p for p in waiting["parts"] if p["type"] == "tool-send_email"]
+    assert asking["state"] == "approval-requested" and asking["approval"]["id"].endswith(":0:0")
+    assert client.get(f"/v1/chat/vercel-ai/chat_weather/{chat_id}/messages", headers=OTHER_AUTH).json() == []
+    assert_error(client.get(f"/v1/chat/vercel-ai/chat_mailer/{chat_id}/messages", headers=AUTH), 409, "conflict")
+
+
 def test_a_denial_through_the_chat_endpoint_is_a_denied_tool_part(client: TestClient, threads: Threads) -> None:
     chat_id = f"chat-{uuid.uuid4().hex[:8]}"
     message = user_message("mail ann")

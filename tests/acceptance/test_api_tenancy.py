@@ -212,6 +212,8 @@ def test_chat_requests_of_another_tenant_answer_nothing_of_theirs(
     asking_thread = threads.get_run(acme["asking_run"]).thread_id
     assert http.get(f"/v1/chat/vercel-ai/t-mailer/{asking_thread}/stream", headers=BOB).status_code == 204
     assert http.get("/v1/chat/vercel-ai/t-mailer/thread_nowhere/stream", headers=BOB).status_code == 204
+    history = "/v1/chat/vercel-ai/{agent}/{chat_id}/messages"
+    assert request(http, "GET", f"/v1/chat/vercel-ai/t-mailer/{asking_thread}/messages", history, BOB).json() == []
     assert snapshot(threads, acme) == before
 
 

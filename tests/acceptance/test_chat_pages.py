@@ -202,6 +202,13 @@ def page_text(browser: Any) -> str:
     return text
 
 
+def shown_messages(browser: Any) -> list[tuple[str, str]]:
+    """Each message on the page: its role and its text."""
+    script = """return [...document.querySelectorAll('.message')].map(
+        m => [m.classList[1], [...m.querySelectorAll('.text')].map(t => t.textContent).join('')])"""
+    return [tuple(m) for m in browser.execute_script(script)]
+
+
 def wait_for_text(browser: Any, text: str) -> None:
     eventually(
         lambda: text in page_text(browser),
@@ -271,12 +278,17 @@ def test_usechat_reload_mid_turn_resumes(server: Server, browser: Any) -> None:
         timeout=WAIT_S,
         what="the call",
     )
-    browser.get(url)  # a reload while the tool runs: the page starts again with no message
+    browser.get(url)  # a reload while the tool runs: the page loads the history, then resumes the reply
     wait_for_text(browser, REPLY)
     log = chat_log(browser)
     assert log["renders"] > 1 and log["texts"][-1] == REPLY
     assert run_of(server, chat).status == "completed"
     assert len(server.threads.runs(thread_id=chat)) == 1
+    assert shown_messages(browser) == [("user", "weather in Paris?"), ("assistant", REPLY)]
+    browser.get(url)  # and once it is over, the history alone shows the whole conversation
+    eventually(lambda: REPLY in page_text(browser), timeout=WAIT_S, what="the history on the page")
+    assert shown_messages(browser) == [("user", "weather in Paris?"), ("assistant", REPLY)]
+    assert not chat_log(browser)["errors"]
 
 
 # -- AG-UI -----------------------------------------------------------------------------------------

@@ -41,8 +41,12 @@ def is_id(value: str) -> bool:
     return _ID.fullmatch(value) is not None
 
 
-def reply_parts(threads: Threads, run_id: str, shown: Shown) -> ReplyParts:
-    """A :class:`ReplyParts` for ``run_id`` reading what it needs from ``threads``."""
+def reply_parts(threads: Threads, run_id: str, shown: Shown, *, from_start: bool = False) -> ReplyParts:
+    """A :class:`ReplyParts` for ``run_id`` reading what it needs from ``threads``.
+
+    ``from_start``: it will be fed the run's events from the start, so it learns its calls' effect
+    keys as they come; otherwise they are read from the run's messages first.
+    """
 
     def resolution_of(effect_key: str) -> str | None:
         with threads.store.read() as tx:
@@ -50,6 +54,8 @@ def reply_parts(threads: Threads, run_id: str, shown: Shown) -> ReplyParts:
         return None if found is None else found[0].resolution
 
     parts = ReplyParts(run_id=run_id, shown=shown, pending=threads.pending, resolution_of=resolution_of)
+    if from_start:
+        return parts
     # A reply that goes on after an approval names calls it did not show: know their effect keys.
     with threads.store.read() as tx:
         run = tx.get_run(run_id)

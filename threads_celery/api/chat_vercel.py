@@ -10,6 +10,9 @@ sends (``{id, messages, trigger}``) and answers the UI message stream of one run
   records them, under the token's principal, and streams the run on from where it waited;
 - the run's reply is one assistant message, ``reply-<run id>``, whose metadata names the thread and run.
 
+``GET /v1/chat/vercel-ai/{agent}/{id}/messages`` is the chat's history as ``UIMessage`` objects
+(:mod:`~threads_celery.api.chat_history`), for ``useChat``'s initial ``messages``.
+
 ``GET /v1/chat/vercel-ai/{agent}/{id}/stream`` is ``useChat``'s ``resume``: the thread's run in
 progress replayed from its start, then live; ``204`` when nothing is in progress.
 
@@ -22,7 +25,7 @@ waits for a person is a ``data-threads-waiting`` part, answered through ``/v1``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Annotated, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 from fastapi import APIRouter, Body, Depends, Path
 from fastapi.responses import Response, StreamingResponse
@@ -62,6 +65,7 @@ from starlette.concurrency import run_in_threadpool
 from threads_celery.api import chat_common as chat
 from threads_celery.api import chat_parts as reply
 from threads_celery.api.bodies import ID_PATTERN, ErrorOut
+from threads_celery.api.chat_history import ui_messages
 from threads_celery.api.errors import ApiError
 from threads_celery.api.tenancy import Caller, owned_thread, run_to_start, shown_to, thread_to_start
 from threads_celery.exceptions import ThreadNotFound
@@ -254,6 +258,22 @@ def add_vercel_ai_routes(
         if run_id is None:
             return StreamingResponse(_empty_reply(), media_type="text/event-stream", headers=STREAM_HEADERS)
         return stream(thread_id, run_id, cursor, caller)
+
+    @router.get("/chat/vercel-ai/{agent}/{chat_id}/messages", tags=["chat"], responses=errors)
+    def vercel_ai_history(
+        agent: AgentName, chat_id: ChatId, caller: Caller = Depends(caller_of)
+    ) -> list[dict[str, Any]]:
+        """The chat's history as AI SDK ``UIMessage`` objects, for ``useChat``'s initial ``messages``.
+
+        A chat the caller does not have (never started, or another tenant's) has no messages.
+        """
+        try:
+            thread_id = owned_thread(threads, caller, chat_id)
+        except ThreadNotFound:
+            return []
+        chat.check_agent(threads, agent, chat.latest_run(threads, thread_id))
+        shown = shown_to(caller)
+        return ui_messages(threads, thread_id, shown, lambda r: chat.reply_parts(threads, r, shown, from_start=True))
 
     @router.get(
         "/chat/vercel-ai/{agent}/{chat_id}/stream",

@@ -1,5 +1,6 @@
 // A chat page built on the AI SDK's useChat, unchanged, against /v1/chat/vercel-ai/{agent}.
-// ?token=...&agent=...&chat=... ; window.chatLog records what each render showed, for the test.
+// ?token=...&agent=...&chat=... ; the chat's history is loaded first; window.chatLog records what
+// each render showed, for the test.
 import React, { useState } from "react";
 import { createRoot } from "react-dom/client";
 import { useChat } from "@ai-sdk/react";
@@ -41,10 +42,11 @@ function ToolPart({ part, answer }) {
   );
 }
 
-function Chat() {
+function Chat({ history }) {
   const [input, setInput] = useState("");
   const { messages, sendMessage, addToolApprovalResponse, status, error } = useChat({
     id: chatId,
+    messages: history,
     resume: true,
     transport: new DefaultChatTransport({
       api: `/v1/chat/vercel-ai/${agent}`,
@@ -85,4 +87,7 @@ function Chat() {
   );
 }
 
-createRoot(document.getElementById("root")).render(<Chat />);
+// The chat's history first (a reload shows the conversation), then useChat resumes the reply in progress.
+fetch(`/v1/chat/vercel-ai/${agent}/${chatId}/messages`, { headers: { Authorization: `Bearer ${token}` } })
+  .then((response) => response.json())
+  .then((history) => createRoot(document.getElementById("root")).render(<Chat history={history} />));
