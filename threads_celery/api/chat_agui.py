@@ -282,10 +282,8 @@ def add_ag_ui_routes(
         answers = answers_of(run_input)
         if answers:
             # Every answer is checked (another tenant's or thread's approval is 404), even on a new thread.
-            waited = 0 if latest is None else chat.last_status_seq(threads, thread_id, latest.id, "awaiting_approval")
-            answered = chat.answer_approvals(threads, caller, thread_id, answers)
-            if answered is not None:
-                return thread_id, answered, waited
+            answered, cursor = chat.answer_approvals(threads, caller, thread_id, answers)
+            return thread_id, answered, cursor
         last = run_input.messages[-1] if run_input.messages else None
         if isinstance(last, UserMessage):
             text = _text_of(last)

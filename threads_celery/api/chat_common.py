@@ -123,22 +123,28 @@ class Answer:
     override_args: dict[str, Any] | None = None
 
 
-def answer_approvals(threads: Threads, caller: Caller, thread_id: str, answers: list[Answer]) -> str | None:
-    """Record each answer under the caller's principal; the run they answer (stored id), if any.
+def answer_approvals(threads: Threads, caller: Caller, thread_id: str, answers: list[Answer]) -> tuple[str, int]:
+    """Record each answer under the caller's principal; the run answered and where its reply goes on.
 
-    An approval of another tenant or thread is 404, as on ``/v1``. An answer to a call that was
-    decided already (the client sent its history again) is skipped: deciding is not repeated.
+    Every answer is checked before any is recorded: an approval of another tenant or another
+    thread is 404, as on ``/v1``, and changes nothing. An answer to a call decided already (the
+    client sent its history again) is skipped: deciding is not repeated. The reply goes on after
+    the run's last ``awaiting_approval`` event, read before the answers are recorded.
     """
-    run_id: str | None = None
+    if not answers:
+        raise ValueError("no answer to record")
+    found = []
     for answer in answers:
         key = owned_call(threads, caller, answer.approval_id)
         with threads.store.read() as tx:
-            found = tx.get_call_and_run(key)
-        if found is None or found[1].thread_id != thread_id:
+            row = tx.get_call_and_run(key)
+        if row is None or row[1].thread_id != thread_id:
             raise CallNotFound(answer.approval_id)
-        call, run = found
-        run_id = run.id
-        if call.status != "awaiting_approval":
+        found.append((answer, key, row[0].status, row[1].id))
+    run_id = found[-1][3]
+    cursor = last_status_seq(threads, thread_id, run_id, "awaiting_approval")
+    for answer, key, status, _ in found:
+        if status != "awaiting_approval":
             continue
         try:
             if answer.approved:
@@ -147,7 +153,7 @@ def answer_approvals(threads: Threads, caller: Caller, thread_id: str, answers: 
                 threads.deny(key, answer.reason or "denied by the user", principal=caller.principal)
         except CallStateError:
             continue  # decided meanwhile by another request: that decision stands
-    return run_id
+    return run_id, cursor
 
 
 # -- the feed of a reply ---------------------------------------------------------------------------

@@ -227,10 +227,8 @@ def add_vercel_ai_routes(
         answers = _answers_of(last) if last.role == "assistant" else []
         if answers:
             # Every answer is checked (another tenant's or thread's approval is 404), even on a new thread.
-            waited = 0 if latest is None else chat.last_status_seq(threads, thread_id, latest.id, "awaiting_approval")
-            answered = chat.answer_approvals(threads, caller, thread_id, answers)
-            if answered is not None:
-                return thread_id, answered, waited
+            answered, cursor = chat.answer_approvals(threads, caller, thread_id, answers)
+            return thread_id, answered, cursor
         if latest is not None and latest.status not in reply.ENDED:
             return thread_id, latest.id, chat.first_event_seq(threads, thread_id, latest.id)
         return thread_id, None, 0
