@@ -257,6 +257,21 @@ def test_another_tenants_chat_is_not_theirs(client: TestClient, threads: Threads
     answered = chat(client, "chat_mailer", chat_id, [message, assistant], headers=OTHER_AUTH)
     assert_error(answered, 404, "call_not_found")
     assert threads.get_run(message["id"]).status == "awaiting_approval"
+    # With an approval of its own beside it, nothing is recorded either: every answer is checked first.
+    theirs_id = f"chat-{uuid.uuid4().hex[:8]}"
+    their_message = user_message("mail ann")
+    their_chunks = ui_chunks(chat(client, "chat_mailer", theirs_id, [their_message], headers=OTHER_AUTH).text)
+    [their_request] = [c for c in their_chunks if c["type"] == "tool-approval-request"]
+    own_part = {
+        **tool_part,
+        "toolCallId": their_request["toolCallId"],
+        "approval": {"id": their_request["approvalId"], "approved": True},
+    }
+    both = {"id": "reply-x", "role": "assistant", "parts": [own_part, tool_part]}
+    assert_error(
+        chat(client, "chat_mailer", theirs_id, [their_message, both], headers=OTHER_AUTH), 404, "call_not_found"
+    )
+    assert threads.pending(f"globex~{their_message['id']}")[0].status == "awaiting_approval"
     # The same chat id is, for the other tenant, a thread of its own.
     theirs = ui_chunks(chat(client, "chat_greeter", chat_id, [user_message("hi")], headers=OTHER_AUTH).text)
     assert theirs[0]["messageMetadata"]["threadId"] == chat_id
