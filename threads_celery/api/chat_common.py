@@ -259,7 +259,7 @@ class _Feed:
                         return out
                 if self._step_is_done(event.step):
                     return out  # a step whose message is committed: the message showed it whole
-                if not parts.fresh(event.step, event.attempt, event.part, event.seq):
+                if not parts.fresh(event.step, event.attempt, event.seq):
                     return out  # sent already (a replay after a resync or of the step in progress)
                 if isinstance(event, live.TextDelta):
                     return out + parts.text_delta(event.text)
@@ -268,6 +268,8 @@ class _Feed:
                 return out + parts.tool_args_delta(event.call_id, event.name, event.args)
             case live.StepVoid() if event.run_id == parts.run_id:
                 return parts.void(event.step, event.attempt)
+            case live.Resync():
+                parts.resynced()
         return []
 
 

@@ -201,15 +201,30 @@ class ReplyParts:
     _effect_keys: dict[str, str] = field(default_factory=dict)  # call id -> effect key
     _counter: int = 0
     _streamed_text: str = ""  # the open text part's text so far
-    _delivered: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (step, attempt, part) -> seq
+    _delivered: dict[tuple[int, int], int] = field(default_factory=dict)  # (step, attempt) -> last seq shown
+    _gapped: set[tuple[int, int]] = field(default_factory=set)
 
-    def fresh(self, step: int, attempt: int, part: int, seq: int) -> bool:
-        """Whether a delta was not shown yet (deltas are replayed from a step's start)."""
-        key = (step, attempt, part)
-        if seq <= self._delivered.get(key, 0):
+    def fresh(self, step: int, attempt: int, seq: int) -> bool:
+        """Whether a delta is the next one of its step's attempt, to be shown.
+
+        Deltas are numbered per step attempt from 1, and replayed from 1 (a reconnect, a resync):
+        one shown already is not fresh. After a gap (deltas lost before this client got them) the
+        attempt's later deltas are not shown either, so the partial text stays a true start of the
+        message, which completes it when it commits.
+        """
+        key = (step, attempt)
+        last = self._delivered.get(key, 0)
+        if key in self._gapped or seq <= last:
+            return False
+        if seq != last + 1:
+            self._gapped.add(key)
             return False
         self._delivered[key] = seq
         return True
+
+    def resynced(self) -> None:
+        """The step in progress is replayed from its start after a resync: a gap may be filled now."""
+        self._gapped.clear()
 
     def void(self, step: int, attempt: int) -> list[Part]:
         """A step's attempt (and its earlier ones) streamed in vain: close its parts, say so."""

@@ -68,11 +68,22 @@ def test_a_void_step_closes_its_parts_and_says_so() -> None:
     assert texts(out) == "again"
 
 
-def test_a_delta_replayed_after_a_resync_is_not_fresh() -> None:
+def test_a_delta_replayed_is_not_fresh_and_after_a_gap_none_is_until_a_resync() -> None:
+    reply = chat.ReplyParts(run_id=RUN, shown=lambda s: s, pending=lambda _: [], resolution_of=lambda _: None)
+    assert reply.fresh(step=1, attempt=2, seq=1) and reply.fresh(1, 2, 2)
+    assert not reply.fresh(1, 2, 1) and not reply.fresh(1, 2, 2)  # replayed from the step's start
+    assert reply.fresh(1, 3, 1)  # a new attempt counts from 1 again
+    assert not reply.fresh(1, 3, 3) and not reply.fresh(1, 3, 4)  # seq 2 was lost: wait for the message
+    reply.resynced()
+    assert reply.fresh(1, 3, 2) and reply.fresh(1, 3, 3)  # the replay after a resync fills the gap
+
+
+def test_text_after_a_gap_is_completed_by_the_message_once() -> None:
     reply = parts()
-    assert reply.fresh(step=1, attempt=2, part=0, seq=1) and reply.fresh(1, 2, 0, 2)
-    assert not reply.fresh(1, 2, 0, 1) and not reply.fresh(1, 2, 0, 2)
-    assert reply.fresh(1, 3, 0, 1)  # a new attempt counts from 1 again
+    out = reply.text_delta("Hello ") if reply.fresh(1, 1, 1) else []
+    out += reply.text_delta("lost") if reply.fresh(1, 1, 3) else []  # seq 2 never came
+    out += reply.committed(assistant("Hello from the chat."))
+    assert texts(out) == "Hello from the chat."
 
 
 def test_tool_calls_start_before_their_arguments_and_results_follow() -> None:
