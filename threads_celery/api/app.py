@@ -354,7 +354,7 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
     )
     add_usage_routes(router, threads, caller_of=caller_of)
     for add_chat_routes in (add_vercel_ai_routes, add_ag_ui_routes):
-        add_chat_routes(router, threads, caller_of=caller_of, poll_interval_s=poll_interval_s, keepalive_s=keepalive_s)
+        add_chat_routes(router, threads, caller_of=caller_of, keepalive_s=keepalive_s)
     return router
 
 

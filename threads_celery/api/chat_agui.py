@@ -212,7 +212,6 @@ async def agui_stream(
     shown: Callable[[str], str],
     *,
     accept: str | None,
-    poll_interval_s: float,
     keepalive_s: float,
 ) -> AsyncIterator[str]:
     """The run's reply as AG-UI SSE frames, from ``RUN_STARTED`` to ``RUN_FINISHED`` or ``RUN_ERROR``."""
@@ -224,9 +223,7 @@ async def agui_stream(
         return
     yield encoder.encode(CustomEvent(name="threads.run", value={"runId": shown(run_id), "threadId": shown(thread_id)}))
     parts = chat.reply_parts(threads, run_id, shown)
-    async for batch in chat.reply_stream(
-        threads, thread_id, parts, cursor, poll_interval_s=poll_interval_s, keepalive_s=keepalive_s
-    ):
+    async for batch in chat.reply_stream(threads, thread_id, parts, cursor, keepalive_s=keepalive_s):
         if batch is None:
             yield ": keepalive\n\n"
             continue
@@ -263,7 +260,6 @@ def add_ag_ui_routes(
     threads: Threads,
     *,
     caller_of: Callable[..., Caller],
-    poll_interval_s: float,
     keepalive_s: float,
 ) -> None:
     """``POST /chat/ag-ui/{agent}`` on ``router`` (``/v1``)."""
@@ -323,7 +319,6 @@ def add_ag_ui_routes(
             cursor,
             shown_to(caller),
             accept="text/event-stream",
-            poll_interval_s=poll_interval_s,
             keepalive_s=keepalive_s,
         )
         return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)

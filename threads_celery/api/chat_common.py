@@ -165,7 +165,6 @@ async def reply_stream(
     parts: ReplyParts,
     cursor: int,
     *,
-    poll_interval_s: float,
     keepalive_s: float,
 ) -> AsyncIterator[list[Part] | None]:
     """The reply's parts from the thread's live events after ``cursor``; ``None`` for a keepalive.
@@ -173,9 +172,7 @@ async def reply_stream(
     The committed events and the deltas of the step in progress come merged from
     ``threads.live_events``; the deltas are shown as they come and the committed message
     completes them. Ends after the reply's :class:`RunEnd`, which leaves the subscription.
-    ``poll_interval_s`` is unused since the live subscription is nudged: kept for the signature.
     """
-    del poll_interval_s
     feed = _Feed(threads, thread_id, parts, cursor)
     async with threads.live_events(thread_id, after=cursor, heartbeat_s=keepalive_s) as events:
         async for event in events:

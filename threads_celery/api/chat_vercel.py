@@ -142,7 +142,6 @@ async def ui_message_stream(
     cursor: int,
     shown: Callable[[str], str],
     *,
-    poll_interval_s: float,
     keepalive_s: float,
 ) -> AsyncIterator[str]:
     """The run's reply as SSE frames of the UI message stream, ``[DONE]`` last."""
@@ -153,9 +152,7 @@ async def ui_message_stream(
     yield encoder.encode_event(start)
     parts = chat.reply_parts(threads, run_id, shown)
     step_open = [False]
-    async for batch in chat.reply_stream(
-        threads, thread_id, parts, cursor, poll_interval_s=poll_interval_s, keepalive_s=keepalive_s
-    ):
+    async for batch in chat.reply_stream(threads, thread_id, parts, cursor, keepalive_s=keepalive_s):
         if batch is None:
             yield ": keepalive\n\n"
             continue
@@ -181,7 +178,6 @@ def add_vercel_ai_routes(
     threads: Threads,
     *,
     caller_of: Callable[..., Caller],
-    poll_interval_s: float,
     keepalive_s: float,
 ) -> None:
     """``POST /chat/vercel-ai/{agent}`` and its resume ``GET``, on ``router`` (``/v1``)."""
@@ -204,7 +200,6 @@ def add_vercel_ai_routes(
             run_id,
             cursor,
             shown_to(caller),
-            poll_interval_s=poll_interval_s,
             keepalive_s=keepalive_s,
         )
         return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
