@@ -39,6 +39,8 @@ from threads_celery.testing import ScriptedModel, call, say
 
 PAGES = Path(__file__).resolve().parent / "chat_pages"
 TOKEN = "pages-token-0123456789"
+#: A caller of another tenant, for the tenancy of the streamed deltas.
+OTHER_TOKEN = "pages-token-globex"
 WAIT_S = 30.0
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -135,7 +137,7 @@ def server() -> Iterator[Server]:
     with Threads.embedded() as threads:
         for agent in (forecaster, mailer):
             threads.register(agent)
-        app = create_api(threads, tokens=[TOKEN], poll_interval_s=0.02)
+        app = create_api(threads, tokens=[TOKEN, f"bob@globex={OTHER_TOKEN}"], poll_interval_s=0.02)
         app.mount("/pages", StaticFiles(directory=PAGES), name="pages")
         port = free_port()
         uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
@@ -378,3 +380,30 @@ def test_a_chat_client_that_disconnects_mid_reply_leaves_no_subscription(server:
     )
     # The run goes on without its client.
     assert server.threads.wait(message, WAIT_S).status == "completed"
+
+
+def test_two_tenants_on_the_same_chat_id_each_stream_only_their_own_deltas(server: Server) -> None:
+    """The chat id names a thread of each caller's own: both stream at once, neither sees the other's text."""
+    chat = f"chat-{uuid.uuid4().hex[:10]}"
+    replies: dict[str, str] = {}
+
+    def converse(token: str, agent: str, text: str) -> None:
+        message = {"id": f"m-{uuid.uuid4().hex[:10]}", "role": "user", "parts": [{"type": "text", "text": text}]}
+        body = {"id": chat, "trigger": "submit-message", "messages": [message]}
+        headers = {"Authorization": f"Bearer {token}"}
+        url = f"{server.url}/v1/chat/vercel-ai/{agent}"
+        with httpx.stream("POST", url, json=body, headers=headers, timeout=WAIT_S) as response:
+            replies[token] = "".join(response.iter_text())
+
+    both = [
+        threading.Thread(target=converse, args=(TOKEN, "pages_weather", "weather?")),
+        threading.Thread(target=converse, args=(OTHER_TOKEN, "pages_mailer", "mail ann")),
+    ]
+    for thread in both:
+        thread.start()
+    for thread in both:
+        thread.join(WAIT_S)
+    ours, theirs = replies[TOKEN], replies[OTHER_TOKEN]
+    assert '"type":"text-delta"' in ours and "twenty-one" not in theirs and "weather" not in theirs
+    assert "send_email" in theirs and "send_email" not in ours
+    assert ours.count('"threadId":"' + chat + '"') == 1 == theirs.count('"threadId":"' + chat + '"')
