@@ -170,7 +170,8 @@ class Runtime:
                 raise RetryLater(0.1, "run was claimed concurrently")
             fence = claimed
         self._touched.thread_id = run.thread_id
-        live_stream.nudge(self, run.thread_id)  # the run is running: its subscribers read that now
+        if run.status == "queued":  # the claim committed the run's "running" event: read it now
+            live_stream.nudge(self, run.thread_id)
         history = self.history.load(self.store, run.thread_id)  # each read a statement of its own
         if (run.input_meta or {}).get("narrate"):
             # A narrated status line: its message is in the thread already; no model turn.
