@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from threads_celery.live.events import Committed, Heartbeat, LiveEvent
 from threads_celery.live.hub import LiveHub, hub_for
+from threads_celery.live.step_stream import nudge
 from threads_celery.live.subscription import live_events
 from threads_celery.live.transports import bus_for
 from threads_celery.records import TERMINAL_STATUSES, Run
@@ -39,6 +40,14 @@ class LiveMixin:
     def live_hub(self) -> LiveHub:
         """This process's one live subscription for this handle's broker."""
         return hub_for(bus_for(self.settings.broker_url, self.settings.database_url))
+
+    def _nudge_live(self, thread_ids: frozenset[str]) -> None:
+        """Tell these threads' live subscribers that events were committed (best effort): what
+        a person does through this handle (an approval, a cancel, a variable set) shows at once,
+        not at the streams' next slow read."""
+        bus = bus_for(self.settings.broker_url, self.settings.database_url)
+        for thread_id in thread_ids:
+            nudge(bus, thread_id)
 
     def live_events(
         self, thread_id: str, *, after: int = 0, heartbeat_s: float | None = None

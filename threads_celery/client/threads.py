@@ -99,6 +99,8 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
         self.settings = settings.with_(database_url=database_url, broker_url=broker_url)
         self.registry = registry or AgentRegistry()
         self.store: Store = open_store(database_url, self.settings)
+        if self.settings.live_deltas:  # what this handle commits reaches live streams at once
+            self.store.on_events_committed = self._nudge_live
         # The app publishes; the worker side (its tasks, the runtime) is installed on it only
         # when this process starts a worker or ticks the backbone (see client.in_process).
         self.app = celery_app(self.settings, broker_url=broker_url)

@@ -20,6 +20,7 @@ class MessageQueries:
 
     conn: Connection
     dialect: str
+    event_threads: set[str]
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -72,6 +73,7 @@ class MessageQueries:
         self, thread_id: str, run_id: str | None, type: str, payload: dict[str, Any], now: datetime
     ) -> int:
         """Append to the thread's event log; returns the event's sequence number."""
+        self.event_threads.add(thread_id)
         if self.dialect == "postgresql":
             params = {"b_thread": thread_id, "b_run": run_id, "b_type": type, "b_payload": payload, "b_now": now}
             return int(self.conn.execute(statements.APPEND_EVENT_PG, params).scalar_one())

@@ -12,7 +12,8 @@ from :mod:`.operations`.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,6 +36,8 @@ from threads_celery.store.rows import run_from_row, thread_from_row
 from threads_celery.store.schema import agents, runs, threads, variables
 from threads_celery.store.usage_queries import UsageQueries
 
+log = logging.getLogger("threads_celery.store")
+
 
 class Store(OwnOperations):
     """The ledger: a narrow interface over one database."""
@@ -51,12 +54,22 @@ class Store(OwnOperations):
         self.tool_grace = timedelta(seconds=tool_grace_s)
         # A tool call's own one-statement operations skip SQLAlchemy's Connection on PostgreSQL.
         self._direct = DirectStatements(engine) if direct and self.dialect == "postgresql" else None
+        #: Called after a transaction that appended events commits, with the threads they are
+        #: in (the client tells the threads' live subscribers with it); never raises into the
+        #: caller.
+        self.on_events_committed: Callable[[frozenset[str]], None] | None = None
 
     @contextmanager
     def transaction(self) -> Iterator[Tx]:
         """One read-write transaction, committed on success and rolled back on error."""
         with unreachable_as_store_unavailable(self.engine.url), self.engine.begin() as conn:
-            yield Tx(conn, self)
+            tx = Tx(conn, self)
+            yield tx
+        if tx.event_threads and self.on_events_committed is not None:
+            try:
+                self.on_events_committed(frozenset(tx.event_threads))
+            except Exception as exc:  # noqa: BLE001 - the commit stands; a listener is told best effort
+                log.warning("after a commit: %s: %s", type(exc).__name__, exc)
 
     @contextmanager
     def read(self) -> Iterator[Tx]:
@@ -95,6 +108,8 @@ class Tx(CallQueries, OutboxQueries, MessageQueries, AgentToolQueries, UsageQuer
 
     def __init__(self, conn: Connection, store: Store) -> None:
         self.conn = conn
+        #: The threads this transaction appended events to (see Store.on_events_committed).
+        self.event_threads: set[str] = set()
         self.dialect = store.dialect
         self.step_grace = store.step_grace
         self.tool_grace = store.tool_grace
