@@ -60,7 +60,10 @@ class StepStream:
         self.fragment("h", part, text)
 
     def call(self, part: int, call_id: str, name: str) -> None:
-        """A tool call appeared (its name and id known, its arguments to come)."""
+        """A tool call appeared (its name and id known, its arguments to come). The model chose
+        both: they are made storable as its text is (a NUL or a lone surrogate in a tool's name
+        is an unknown tool to the turn, and must not stop its stream)."""
+        call_id, name = storable_text(call_id), storable_text(name)
         self._held.setdefault(part, ["c", "", call_id, name])
         self.sender.fragment(self.stream, "c", part, "", call_id, name)
 

@@ -74,6 +74,22 @@ def both(first: OnStream, stream: StepStream) -> OnStream:
     return on_stream
 
 
+def close(stream: StepStream) -> None:
+    """End the step's live stream before its message commits (best effort: never raises)."""
+    try:
+        stream.close()
+    except Exception as exc:  # noqa: BLE001 - the turn is whole; only its live view is cut short
+        log.warning("live deltas: closing the step's stream: %s: %s", type(exc).__name__, exc)
+
+
+def void(stream: StepStream) -> None:
+    """Say the step's partial turn is void (best effort: never raises)."""
+    try:
+        stream.void()
+    except Exception as exc:  # noqa: BLE001 - subscribers also drop it at the next attempt or message
+        log.warning("live deltas: voiding the step's stream: %s: %s", type(exc).__name__, exc)
+
+
 def nudge(worker: Worker, thread_id: str) -> None:
     """Tell the thread's live subscribers that something was committed (best effort)."""
     if not worker.settings.live_deltas:
@@ -84,4 +100,4 @@ def nudge(worker: Worker, thread_id: str) -> None:
         log.debug("live nudge of %s not sent: %s", thread_id, exc)
 
 
-__all__ = ["both", "feed", "live_bus", "nudge", "open_step_stream"]
+__all__ = ["both", "close", "feed", "live_bus", "nudge", "open_step_stream", "void"]

@@ -230,15 +230,15 @@ class Runtime:
                 )
             starts.finish()
             if live is not None:
-                live.close()
+                live_stream.close(live)
         except AgentCodeFailed as exc:  # not the provider: the agent's own code, which would fail again
             if live is not None:
-                live.void()
+                live_stream.void(live)
             finish_run(self, run, fence, "error", error=str(exc))
             return "error: the agent's code failed"
         except Exception as exc:  # noqa: BLE001 - the provider failed: retry with backoff, then fail the run
             if live is not None:
-                live.void()
+                live_stream.void(live)
             ended = provider_retry.provider_failed(self, run, fence, step, exc)
             return ended if ended is not None else provider_retry.step_failed(self, run, fence, step, attempt, exc)
         used = int(turn.usage.get("input_tokens", 0)) + int(turn.usage.get("output_tokens", 0))

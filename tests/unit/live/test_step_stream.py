@@ -73,6 +73,16 @@ def test_nul_and_lone_surrogates_are_replaced_as_at_the_store_boundary() -> None
     assert args.args == '{"x": "\ufffd"}'  # type: ignore[union-attr]
 
 
+def test_a_tool_call_named_with_a_nul_or_a_lone_surrogate_streams_and_closes() -> None:
+    bus = Recording()
+    stream = stream_of(bus)
+    stream.call(0, "call\x00id", "bad\ud800name")
+    stream.args(0, "{}")
+    stream.close(wait_s=2.0)  # raised while encoding the name before it was made storable
+    calls = [d for m in bus.messages() for d in m.deltas() if d.type == "tool_call_delta"]
+    assert calls and {(d.call_id, d.name) for d in calls} == {("call\ufffdid", "bad\ufffdname")}  # type: ignore[union-attr]
+
+
 def test_fragments_are_coalesced_numbered_without_gaps_and_the_end_clears_the_buffer() -> None:
     bus = Recording()
     stream = stream_of(bus)
