@@ -383,6 +383,49 @@ class AgentToolRun:
 
 
 @dataclass(frozen=True, slots=True)
+class CallTimelineEntry:
+    """A tool call as an operator's timeline shows it: its times, state and a preview of its result.
+
+    ``result_preview`` holds at most the first characters of the whole result (the kept
+    ``full_result`` when the model was shown it shortened); ``result_chars`` is the whole one's length.
+    """
+
+    effect_key: str
+    run_id: str
+    step: int
+    index: int
+    tool: str
+    args: str
+    effect: str
+    status: str
+    attempt: int
+    created_at: datetime | None = None
+    first_started_at: datetime | None = None
+    finished_at: datetime | None = None
+    is_error: bool = False
+    park_reason: str | None = None
+    resolution: str | None = None
+    resolved_by: str | None = None
+    approved_by: str | None = None
+    result_preview: str | None = None
+    result_chars: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTurn:
+    """One model call that returned (a committed step): when it was committed and what it used."""
+
+    run_id: str
+    step: int
+    model: str
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    cost: float | None = None
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class UsageTotals:
     """Summed usage: requests, input and output tokens, and cost (None: no priced call)."""
 

@@ -79,6 +79,7 @@ from threads_celery.api.body_limit import BodyLimit, max_body_from_env
 from threads_celery.api.chat_agui import add_ag_ui_routes
 from threads_celery.api.chat_vercel import add_vercel_ai_routes
 from threads_celery.api.children import add_agent_tool_routes
+from threads_celery.api.console import console_enabled, create_console
 from threads_celery.api.errors import ERROR_RESPONSES, ApiError, install_error_handlers
 from threads_celery.api.events import (
     DEFAULT_KEEPALIVE_S,
@@ -121,6 +122,7 @@ def create_api(
     keepalive_s: float = DEFAULT_KEEPALIVE_S,
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
     close_threads_on_shutdown: bool = False,
+    console: bool | None = None,
     env: Mapping[str, str] | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``threads``.
@@ -130,6 +132,9 @@ def create_api(
     ``THREADS_API_TOKENS`` entries are, or given as a mapping of token to :class:`Caller`. With
     authentication on (the default) and no token, this raises ConfigError: an API that anyone
     can drive is never the result of a missing variable.
+
+    ``console`` (default: on unless ``THREADS_CONSOLE=0``) mounts the operations console at
+    ``/console`` (:mod:`threads_celery.api.console`), signed in with the same tokens.
     """
     env = os.environ if env is None else env
     auth = auth_from_env(env) if auth is None else auth
@@ -163,6 +168,8 @@ def create_api(
         _v1(threads, caller_of, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s),
         dependencies=[Depends(caller_of)],
     )
+    if console_enabled(env) if console is None else console:
+        app.mount("/console", create_console(threads, tokens=callers, auth=auth, env=env))
     return app
 
 

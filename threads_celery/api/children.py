@@ -180,4 +180,5 @@ def add_agent_tool_routes(
     def set_env(thread_id: ThreadId, body: SetEnv, caller: Caller = Depends(caller_of)) -> EnvSet:
         """Give the thread a variable's value (secrets are encrypted); waiting runs go on."""
         stored = owned_thread(threads, caller, thread_id)
-        return EnvSet(name=body.name, resumed_calls=threads.set_env(stored, body.name, body.value))
+        resumed = threads.set_env(stored, body.name, body.value, principal=caller.principal)
+        return EnvSet(name=body.name, resumed_calls=resumed)

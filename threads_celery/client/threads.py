@@ -289,8 +289,10 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
             sealed[name] = (kind, SecretBox().seal(value) if kind == "secret" else value)
         return sealed
 
-    def set_env(self, thread_id: str, name: str, value: str) -> int:
-        """Give the thread a variable's value; runs waiting for it go on. Returns how many."""
+    def set_env(self, thread_id: str, name: str, value: str, *, principal: str | None = None) -> int:
+        """Give the thread a variable's value; runs waiting for it go on. Returns how many.
+
+        ``principal``, when given, is recorded in the thread's ``env`` event as who set it."""
         now = runs.utcnow()
         entries: list[OutboxEntry] = []
         with self.store.transaction() as tx:
@@ -299,7 +301,10 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
                 raise ThreadNotFound(thread_id)
             sealed = self._seal_env(tx, thread.agent, {name: value})
             tx.set_variable(thread_id, name, *sealed[name], now)
-            tx.append_event(thread_id, None, "env", {"name": name, "type": sealed[name][0]}, now)
+            payload = {"name": name, "type": sealed[name][0]}
+            if principal is not None:
+                payload["principal"] = principal
+            tx.append_event(thread_id, None, "env", payload, now)
             for call in tx.calls_with_status("awaiting_variable", limit=1000):
                 if thread_id not in {t for t, _ in tx.thread_chain(call.thread_id)}:
                     continue
@@ -535,10 +540,17 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
         with self.store.read() as tx:
             return tx.list_grants(thread_id)
 
-    def revoke_permission(self, thread_id: str, tool: str) -> bool:
-        """Forget "always allow ``tool``" on the thread; whether there was such a decision."""
+    def revoke_permission(self, thread_id: str, tool: str, *, principal: str | None = None) -> bool:
+        """Forget "always allow ``tool``" on the thread; whether there was such a decision.
+
+        With ``principal``, a revocation is also recorded in the thread's event log
+        (``permission.revoked``: the tool and who revoked it)."""
         with self.store.transaction() as tx:
-            return tx.revoke_grant(thread_id, tool)
+            revoked = tx.revoke_grant(thread_id, tool)
+            if revoked and principal is not None:
+                payload = {"tool": tool, "principal": principal}
+                tx.append_event(thread_id, None, "permission.revoked", payload, runs.utcnow())
+            return revoked
 
     def deny(self, effect_key: str, reason: str, *, principal: str | None = None) -> None:
         """Deny a call that awaits approval; the model sees ``denied: <reason>``."""

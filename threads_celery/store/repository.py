@@ -26,6 +26,7 @@ from threads_celery.store import statements
 from threads_celery.store.agent_tool_queries import AgentToolQueries
 from threads_celery.store.availability import unreachable_as_store_unavailable
 from threads_celery.store.call_queries import CallQueries
+from threads_celery.store.console_queries import ConsoleQueries
 from threads_celery.store.direct import DirectStatements
 from threads_celery.store.grant_queries import GrantQueries
 from threads_celery.store.message_queries import MessageQueries
@@ -103,7 +104,16 @@ def args_digest(args: str) -> str:
     return hashlib.sha256(storable_text(args).encode()).hexdigest()
 
 
-class Tx(CallQueries, OutboxQueries, MessageQueries, AgentToolQueries, UsageQueries, GrantQueries, MetricsQueries):
+class Tx(
+    CallQueries,
+    OutboxQueries,
+    MessageQueries,
+    AgentToolQueries,
+    UsageQueries,
+    GrantQueries,
+    MetricsQueries,
+    ConsoleQueries,
+):
     """The named queries of one transaction."""
 
     def __init__(self, conn: Connection, store: Store) -> None:

@@ -150,6 +150,10 @@ runs = Table(
     Column("traceparent", String(64), nullable=True),
     Index(None, "thread_id", "created_at"),
     Index(None, "status", "lease_expires_at"),
+    # The console's run list: newest first, by agent or status (migration 0009).
+    Index(None, "created_at", "id"),
+    Index(None, "agent", "created_at"),
+    Index(None, "status", "created_at"),
 )
 
 tool_calls = Table(

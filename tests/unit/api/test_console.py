@@ -1,0 +1,323 @@
+"""The operations console through HTTP (FastAPI's TestClient) on an embedded runtime.
+
+One embedded runtime (SQLite, the in-process worker) and the scripted agents of
+``tests.support.console_agents`` serve the module; two tenants sign in with their own tokens.
+The browser test (tests/acceptance/test_console_browser.py) drives the same pages in Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from cryptography.fernet import Fernet
+from fastapi.testclient import TestClient
+
+from tests.support import console_agents
+from tests.support.console_agents import PAYLOAD
+from tests.support.waiting import eventually
+from threads_celery import Threads
+from threads_celery.api.app import create_api
+from threads_celery.api.console import runs as console_runs
+from threads_celery.api.console.session import COOKIE, issue
+from threads_celery.records import TERMINAL_STATUSES
+
+ALICE = "tok-alice-0123456789"
+BOB = "tok-bob-0123456789"
+TOKENS = [f"alice@acme={ALICE}", f"bob@globex={BOB}"]
+SECRET = "sk-live-console-secret-4242"
+WAIT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def threads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Threads]:
+    previous = os.environ.get("THREADS_SECRET_KEY")
+    os.environ["THREADS_SECRET_KEY"] = Fernet.generate_key().decode()
+    try:
+        with Threads.embedded(tmp_path_factory.mktemp("console") / "threads.db") as runtime:
+            for agent in console_agents.AGENTS:
+                runtime.register(agent)
+            yield runtime
+    finally:
+        if previous is None:
+            os.environ.pop("THREADS_SECRET_KEY", None)
+        else:
+            os.environ["THREADS_SECRET_KEY"] = previous
+
+
+@pytest.fixture(scope="module")
+def app_client(threads: Threads) -> Iterator[TestClient]:
+    with TestClient(create_api(threads, tokens=TOKENS), follow_redirects=False) as client:
+        yield client
+
+
+def signed_in(app_client: TestClient, token: str) -> TestClient:
+    client = TestClient(app_client.app, follow_redirects=False)
+    response = client.post("/console/sign-in", data={"token": token})
+    assert response.status_code == 303 and response.headers["location"] == "/console/"
+    return client
+
+
+@pytest.fixture(scope="module")
+def alice(app_client: TestClient) -> TestClient:
+    return signed_in(app_client, ALICE)
+
+
+@pytest.fixture(scope="module")
+def bob(app_client: TestClient) -> TestClient:
+    return signed_in(app_client, BOB)
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found is not None, "the page has no form with a CSRF token"
+    return found.group(1)
+
+
+def wait_status(threads: Threads, run_id: str, *statuses: str) -> None:
+    eventually(lambda: threads.get_run(run_id).status in statuses, timeout=WAIT_S, what=f"run in {statuses}")
+
+
+def start(threads: Threads, agent: str, message: str = "go", **env: str) -> str:
+    return threads.start(agent, message, tenant="acme", env=env or None).run_id
+
+
+# -- access ------------------------------------------------------------------------------------
+
+
+def test_without_a_session_every_page_goes_to_sign_in(app_client: TestClient) -> None:
+    for path in ("/console/", "/console/inbox", "/console/agents", "/console/runs/run_x", "/console/counts"):
+        response = app_client.get(path)
+        assert response.status_code == 303 and response.headers["location"] == "/console/sign-in", path
+
+
+def test_a_wrong_expired_or_forged_session_goes_back_to_sign_in_never_a_trace(app_client: TestClient) -> None:
+    wrong = app_client.post("/console/sign-in", data={"token": "not-a-token"})
+    assert wrong.status_code == 401 and "that token is not valid here" in wrong.text
+    assert "Traceback" not in wrong.text and COOKIE not in wrong.headers.get("set-cookie", "")
+    for cookie in (issue(ALICE, now=0), issue("not-a-token"), "garbage", "1.2.3", "9" * 13 + ".x"):
+        client = TestClient(app_client.app, follow_redirects=False, cookies={COOKIE: cookie})
+        response = client.get("/console/")
+        assert response.status_code == 303 and response.headers["location"] == "/console/sign-in", cookie
+
+
+def test_the_session_cookie_holds_no_token_and_is_http_only_and_strict(app_client: TestClient) -> None:
+    response = app_client.post("/console/sign-in", data={"token": ALICE})
+    cookie = response.headers["set-cookie"]
+    assert ALICE not in cookie
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/console/" in cookie
+
+
+def test_a_form_without_its_csrf_token_changes_nothing(threads: Threads, alice: TestClient) -> None:
+    run_id = start(threads, "console_parent")
+    wait_status(threads, run_id, "waiting", "awaiting_approval")
+    [call] = eventually(lambda: threads.pending(run_id), timeout=WAIT_S, what="the child's call")
+    for csrf in (None, "0" * 64):
+        data = {"args": call.args} | ({"csrf": csrf} if csrf else {})
+        response = alice.post(f"/console/calls/{call.effect_key}/approve", data=data)
+        assert response.status_code == 403
+    assert [p.status for p in threads.pending(run_id)] == ["awaiting_approval"]
+    threads.deny(call.effect_key, "cleanup", principal="test")
+
+
+def test_the_console_can_be_turned_off(threads: Threads) -> None:
+    with TestClient(create_api(threads, tokens=TOKENS, env={"THREADS_CONSOLE": "0"})) as client:
+        assert client.get("/console/sign-in").status_code == 404
+        assert client.get("/healthz").status_code == 200
+
+
+# -- runs --------------------------------------------------------------------------------------
+
+
+def test_another_tenants_run_reads_as_one_that_does_not_exist(
+    threads: Threads, alice: TestClient, bob: TestClient
+) -> None:
+    run_id = start(threads, "console_parent")
+    assert alice.get(f"/console/runs/{run_id}").status_code == 200
+    theirs = bob.get(f"/console/runs/{run_id}")
+    missing = bob.get("/console/runs/run_nobody_has_this")
+    assert theirs.status_code == missing.status_code == 404
+    assert theirs.text == missing.text
+    assert run_id not in bob.get("/console/").text
+    searched = bob.get(f"/console/?q={run_id}").text
+    assert 'id="no-match"' in searched and f'data-run-id="{run_id}"' not in searched
+
+
+def test_the_list_filters_searches_and_pages(
+    threads: Threads, alice: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = start(threads, "console_keyed"), start(threads, "console_keyed")
+    wait_status(threads, second, "awaiting_variable")
+    page = alice.get("/console/?agent=console_keyed&status=awaiting_variable").text
+    assert first in page and second in page and "console_parent" not in page.split("<tbody>")[1]
+    assert alice.get(f"/console/?q={first}").text.count(f'data-run-id="{first}"') == 1
+    thread_id = threads.get_run(first).thread_id
+    assert f'data-run-id="{first}"' in alice.get(f"/console/?q={thread_id}").text
+    monkeypatch.setattr(console_runs, "PAGE_SIZE", 1)
+    newest = alice.get("/console/?agent=console_keyed").text
+    assert f'data-run-id="{second}"' in newest and f'data-run-id="{first}"' not in newest
+    older = re.search(r'id="older" href="([^"]+)"', newest)
+    assert older is not None
+    following = alice.get("/console/" + older.group(1).replace("&amp;", "&")).text
+    assert f'data-run-id="{first}"' in following and f'data-run-id="{second}"' not in following
+    counts = alice.get("/console/counts").text
+    assert re.search(r'data-count-status="awaiting_variable">awaiting_variable <b>(\d+)</b>', counts)
+
+
+# -- a run's page ------------------------------------------------------------------------------
+
+
+def test_the_run_page_shows_the_tree_timeline_usage_and_every_payload_as_text(
+    threads: Threads, alice: TestClient
+) -> None:
+    run_id = start(threads, "console_parent", message=f"please {PAYLOAD}")
+    [call] = eventually(lambda: threads.pending(run_id), timeout=WAIT_S, what="the child's call")
+    threads.approve(call.effect_key, principal="alice")
+    wait_status(threads, run_id, *TERMINAL_STATUSES)
+    page = alice.get(f"/console/runs/{run_id}").text
+    assert "<script>window.__pwned" not in page and "<img src=x" not in page and "<b>bold</b>" not in page
+    assert page.count("&lt;script&gt;window.__pwned") >= 3  # input, model text, arguments (results are in the child)
+    assert 'data-status="completed"' in page and "console_child" in page
+    child_run = threads.get_run(call.run_id)
+    assert f'data-child-run="{child_run.id}"' in page
+    assert "Model turn 0" in page and "Model turn 1" in page and "effect unguarded" not in page
+    child_page = alice.get(f"/console/runs/{child_run.id}").text
+    assert f'id="parent-run" href="/console/runs/{run_id}"' in child_page
+    assert "effect unguarded" in child_page and "approved by alice" in child_page
+    assert "&lt;script&gt;" in child_page and "<script>window" not in child_page
+    assert "model requests" in page
+
+
+def test_a_50_mb_result_is_a_preview_on_the_page_and_read_in_pages(threads: Threads, alice: TestClient) -> None:
+    run_id = start(threads, "console_keyed", API_KEY="x" * 8)
+    wait_status(threads, run_id, "completed")
+    [key] = [c.effect_key for c in _timeline(threads, run_id)]
+    whole = "".join(f"{i:09d}\n" for i in range(5_000_000))  # 50,000,000 characters
+    with threads.store.transaction() as tx:
+        tx.keep_full_result(key, whole)
+    page = alice.get(f"/console/runs/{run_id}")
+    assert page.status_code == 200 and len(page.content) < 200_000
+    assert "50000000 characters" in page.text and f"/console/calls/{quote(key, safe='/')}/result" in page.text
+    first = alice.get(f"/console/calls/{key}/result")
+    assert first.status_code == 200 and len(first.content) < 400_000 and "page 1 of 191" in first.text
+    last = alice.get(f"/console/calls/{key}/result?page=190")
+    assert "004999999" in last.text and "page 191 of 191" in last.text
+
+
+def _timeline(threads: Threads, run_id: str) -> list[Any]:
+    with threads.store.read() as tx:
+        return tx.call_timeline(run_id, preview_chars=10)
+
+
+# -- the inbox ---------------------------------------------------------------------------------
+
+
+def test_edited_arguments_are_validated_and_bound_to_the_approval(threads: Threads, alice: TestClient) -> None:
+    run_id = start(threads, "console_parent")
+    [call] = eventually(lambda: threads.pending(run_id), timeout=WAIT_S, what="the child's call")
+    inbox = alice.get("/console/inbox").text
+    assert f'data-effect-key="{call.effect_key}"' in inbox and "a child of run" in inbox
+    assert "&lt;script&gt;" in inbox and "<script>window" not in inbox
+    csrf = csrf_of(inbox)
+    bad = alice.post(
+        f"/console/calls/{call.effect_key}/approve",
+        data={"csrf": csrf, "args": json.dumps({"text": 5}), "back": "inbox"},
+    )
+    assert bad.status_code == 409 and "text" in bad.text
+    assert [p.status for p in threads.pending(run_id)] == ["awaiting_approval"]
+    good = alice.post(
+        f"/console/calls/{call.effect_key}/approve",
+        data={"csrf": csrf, "args": json.dumps({"text": "edited in the console"}), "remember": "1", "back": run_id},
+    )
+    assert good.status_code == 303 and good.headers["location"] == f"/console/runs/{run_id}"
+    wait_status(threads, run_id, *TERMINAL_STATUSES)
+    assert "edited in the console" in console_agents.SENT
+    with threads.store.read() as tx:
+        found = tx.get_call_and_run(call.effect_key)
+    assert (
+        found is not None
+        and found[0].approved_by == "alice"
+        and json.loads(found[0].args)["text"] == "edited in the console"
+    )
+    grants = alice.get("/console/inbox").text
+    assert f'data-grant="{call.thread_id}/send_note"' in grants
+    revoked = alice.post(
+        "/console/grants/revoke", data={"csrf": csrf, "thread_id": call.thread_id, "tool": "send_note"}
+    )
+    assert revoked.status_code == 303 and threads.permission_grants(call.thread_id) == []
+    assert any(
+        e.type == "permission.revoked" and e.payload["principal"] == "alice" for e in threads.events(call.thread_id)
+    )
+
+
+def test_a_parked_call_is_resolved_with_a_reason(threads: Threads, alice: TestClient) -> None:
+    run_id = start(threads, "console_payments")
+    wait_status(threads, run_id, "parked")
+    [call] = threads.pending(run_id)
+    inbox = alice.get("/console/inbox").text
+    assert f'data-effect-key="{call.effect_key}" data-status="parked"' in inbox
+    csrf = csrf_of(inbox)
+    no_reason = alice.post(
+        f"/console/calls/{call.effect_key}/resolve", data={"csrf": csrf, "resolution": "assume_done"}
+    )
+    assert no_reason.status_code == 409 and threads.get_run(run_id).status == "parked"
+    done = alice.post(
+        f"/console/calls/{call.effect_key}/resolve",
+        data={"csrf": csrf, "resolution": "assume_done", "reason": "the bank shows the charge"},
+    )
+    assert done.status_code == 303
+    wait_status(threads, run_id, "completed")
+    [entry] = _timeline(threads, run_id)
+    assert entry.resolution == "assume_done" and entry.resolved_by == "alice"
+
+
+def test_a_secret_variable_is_set_in_place_and_never_shown(threads: Threads, alice: TestClient) -> None:
+    run_id = start(threads, "console_keyed")
+    wait_status(threads, run_id, "awaiting_variable")
+    inbox = alice.get("/console/inbox").text
+    assert 'data-variable="API_KEY"' in inbox and 'type="password" name="value"' in inbox
+    thread_id = threads.get_run(run_id).thread_id
+    response = alice.post(
+        f"/console/threads/{thread_id}/env",
+        data={"csrf": csrf_of(inbox), "name": "API_KEY", "value": SECRET, "back": run_id},
+    )
+    assert response.status_code == 303
+    wait_status(threads, run_id, "completed")
+    for path in (f"/console/runs/{run_id}", "/console/inbox", "/console/", "/console/agents"):
+        assert SECRET not in alice.get(path).text, path
+    [env] = [e for e in threads.events(thread_id) if e.type == "env"]
+    assert env.payload == {"name": "API_KEY", "type": "secret", "principal": "alice"}
+
+
+def test_agents_and_the_backbone(alice: TestClient) -> None:
+    page = alice.get("/console/agents").text
+    assert 'data-agent="console_payments"' in page and "charge_card <i>(idempotent)</i>" in page
+    assert "API_KEY (secret, required)" in page and "mode bypass" in page
+    assert 'id="outbox-depth"' in page and "in-process" in page
+
+
+def test_every_page_forbids_inline_script(alice: TestClient) -> None:
+    for path in ("/console/", "/console/inbox", "/console/agents", "/console/sign-in"):
+        policy = alice.get(path).headers["content-security-policy"]
+        assert "script-src 'self'" in policy and "unsafe-inline" not in policy
+
+
+def test_every_template_and_static_file_is_package_data() -> None:
+    """The wheel carries the console's assets (no build step, no Node.js at install time)."""
+    import fnmatch
+    import tomllib
+
+    from tests.support.processes import REPO_ROOT
+
+    patterns = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    package = REPO_ROOT / "threads_celery"
+    assets = [p for d in ("templates", "static") for p in (package / "api" / "console" / d).iterdir()]
+    assert len(assets) >= 10
+    for asset in assets:
+        relative = asset.relative_to(package).as_posix()
+        assert any(fnmatch.fnmatch(relative, pattern) for pattern in patterns["threads_celery"]), relative

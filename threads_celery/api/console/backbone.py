@@ -1,0 +1,74 @@
+"""The console's agents and backbone page: what is registered, what is scheduled, what is running.
+
+Agents are read from the ledger (what each worker recorded of its agents: tools, effects,
+variables, model) and, for the agents this process loaded, their permission rules. Schedules are
+the ``SCHEDULES`` of the ``THREADS_AGENTS`` modules, with their next firing. The backbone's
+health is the outbox's depth and the most overdue row's lag (the reconcile lag, as the
+Prometheus gauges read it) and the workers that answer a ping (as ``/readyz`` lists them).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import HTMLResponse
+
+from threads_celery.api.console.pages import Console
+from threads_celery.api.readiness import census_of
+from threads_celery.exceptions import ConfigError
+from threads_celery.runtime.schedules import Schedule, ScheduleRegistry
+
+log = logging.getLogger("threads_celery.api.console")
+
+
+def _permissions(threads: Any, name: str) -> dict[str, Any] | None:
+    """The permission rules of an agent this process loaded (mode, allow, ask, deny); None otherwise."""
+    if name not in threads.registry:
+        return None
+    permissions = getattr(threads.registry.get(name), "permissions", None)
+    if permissions is None:
+        return {"mode": "default", "allow": (), "ask": (), "deny": ()}
+    return {"mode": permissions.mode, "allow": permissions.allow, "ask": permissions.ask, "deny": permissions.deny}
+
+
+def add_routes(app: FastAPI, console: Console) -> None:
+    """``/agents``: agents, schedules and the backbone's health."""
+    threads = console.threads
+    census = functools.cache(lambda: census_of(threads))
+
+    @functools.cache
+    def schedules() -> list[Schedule]:
+        registry = ScheduleRegistry()
+        try:
+            registry.load(threads.settings.agents)
+        except ConfigError as exc:
+            log.warning("console: the schedules of THREADS_AGENTS could not be read: %s", exc)
+        return sorted(registry, key=lambda s: s.name)
+
+    @app.get("/agents", response_class=HTMLResponse, include_in_schema=False)
+    def agents_page(request: Request) -> Response:
+        session = console.session(request)
+        now = datetime.now(UTC)
+        with threads.store.read() as tx:
+            described = tx.agent_descriptions()
+            snapshot = tx.metrics_snapshot(now)
+        loaded = {a["name"]: _permissions(threads, a["name"]) for a in described}
+        return console.render(
+            request,
+            "agents.html",
+            session=session,
+            agents=described,
+            permissions=loaded,
+            schedules=[(s, s.next_after(now)) for s in schedules()],
+            outbox_depth=snapshot.outbox_depth,
+            reconcile_lag_s=snapshot.reconcile_lag_s,
+            workers=census().workers(),
+            now=now,
+        )
+
+
+__all__ = ["add_routes"]

@@ -1,0 +1,191 @@
+"""The console's inbox: every call of the tenant that waits for a person, and the answers to it.
+
+Calls awaiting approval are approved (for their arguments, or for edited ones, validated against
+the tool's schema and bound to the approval exactly as ``POST /v1/calls/{key}/approve`` does) or
+denied; parked calls are resolved ``assume_done`` or ``assume_not_done``; a variable a run waits
+for is set on the call's thread (a secret's field is a password field, never filled in). The
+remembered decisions ("always allow") are listed, each revocable. Every answer is recorded under
+the principal of the token the person signed in with.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import FastAPI, Path, Request, Response
+from fastapi.responses import HTMLResponse, RedirectResponse
+from pydantic import ValidationError
+
+from threads_celery.api.bodies import EFFECT_KEY_PATTERN, ID_PATTERN, Approve, Deny, Resolve
+from threads_celery.api.console.pages import Console, base_of
+from threads_celery.api.console.session import Session
+from threads_celery.api.tenancy import only_theirs, owned_call, owned_thread
+from threads_celery.definitions.variables import VariableError
+from threads_celery.exceptions import CallStateError, ConfigError, InvalidArguments
+
+log = logging.getLogger("threads_celery.api.console")
+
+EffectKey = Annotated[str, Path(pattern=EFFECT_KEY_PATTERN)]
+ThreadId = Annotated[str, Path(pattern=ID_PATTERN)]
+_REFUSALS = (CallStateError, ConfigError, InvalidArguments, VariableError, ValidationError, ValueError)
+
+
+def _pretty(args: str) -> str:
+    """Arguments as an editable, indented JSON text (as stored when they are not JSON)."""
+    try:
+        return json.dumps(json.loads(args), indent=2, ensure_ascii=False)
+    except ValueError:
+        return args
+
+
+def _message(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+    return str(exc)
+
+
+def add_routes(app: FastAPI, console: Console) -> None:
+    """The inbox page and the answers: approve, deny, resolve, set a variable, revoke a decision."""
+    threads = console.threads
+
+    def waiting(session: Session) -> list[dict[str, Any]]:
+        caller = session.caller
+        entries: list[dict[str, Any]] = []
+        with threads.store.read() as tx:
+            descriptions: dict[str, dict[str, Any]] = {}
+            for call in only_theirs(threads, caller, threads.parked()):
+                run = tx.get_run(call.run_id)
+                if run is None:
+                    continue
+                parent = None
+                if run.agent_tool_run_id is not None:
+                    row = tx.get_agent_tool_run(run.agent_tool_run_id)
+                    parent = row.parent_run_id if row is not None else None
+                if run.agent not in descriptions:
+                    descriptions[run.agent] = tx.agent_description(run.agent) or {}
+                declared = descriptions[run.agent].get("variables", {})
+                needed = [
+                    {"name": name, "secret": spec.get("type") == "secret"}
+                    for name, spec in declared.items()
+                    if call.status == "awaiting_variable" and name in call.reason.replace(",", " ").split()
+                ]
+                entries.append(
+                    {"call": call, "run": run, "parent_run_id": parent, "args": _pretty(call.args), "variables": needed}
+                )
+        return entries
+
+    def inbox_page(request: Request, session: Session, *, status_code: int = 200, error: str | None = None) -> Response:
+        with threads.store.read() as tx:
+            grants = tx.tenant_grants(session.caller.tenant)
+        return console.render(
+            request, "inbox.html", status_code, session=session, entries=waiting(session), grants=grants, error=error
+        )
+
+    def back_to(request: Request, fields: dict[str, str]) -> Response:
+        """Where a form goes back to: its run's page, when it names one of the caller's runs, else the inbox."""
+        back = fields.get("back", "")
+        target = f"{base_of(request)}/inbox"
+        if (
+            back
+            and len(back) <= 64
+            and back.replace("-", "").replace("_", "").replace(".", "").replace(":", "").isalnum()
+        ):
+            target = f"{base_of(request)}/runs/{quote(back, safe='')}"
+        return RedirectResponse(target, status_code=303)
+
+    @app.get("/inbox", response_class=HTMLResponse, include_in_schema=False)
+    def inbox(request: Request) -> Response:
+        return inbox_page(request, console.session(request))
+
+    @app.post("/calls/{effect_key}/approve", include_in_schema=False)
+    async def approve(request: Request, effect_key: EffectKey) -> Response:
+        session = console.session(request)
+        fields = await console.form(request, session)
+        try:
+            stored = owned_call(threads, session.caller, effect_key)
+            original = threads_args(stored)
+            edited = fields.get("args")
+            override: Any = None
+            if edited is not None and edited.strip() and _differs(edited, original):
+                try:
+                    override = json.loads(edited)
+                except ValueError as exc:
+                    raise InvalidArguments(f"the edited arguments are not JSON: {exc}") from None
+            body = Approve(override_args=override, remember=fields.get("remember") == "1")
+            threads.approve(
+                stored, principal=session.caller.principal, override_args=body.override_args, remember=body.remember
+            )
+        except _REFUSALS as exc:
+            return inbox_page(request, session, status_code=409, error=f"{effect_key}: {_message(exc)}")
+        return back_to(request, fields)
+
+    def threads_args(stored: str) -> str:
+        with threads.store.read() as tx:
+            found = tx.get_call_and_run(stored)
+        return found[0].args if found is not None else ""
+
+    @app.post("/calls/{effect_key}/deny", include_in_schema=False)
+    async def deny(request: Request, effect_key: EffectKey) -> Response:
+        session = console.session(request)
+        fields = await console.form(request, session)
+        try:
+            stored = owned_call(threads, session.caller, effect_key)
+            body = Deny(reason=fields.get("reason", "").strip() or "denied in the console")
+            threads.deny(stored, body.reason, principal=session.caller.principal)
+        except _REFUSALS as exc:
+            return inbox_page(request, session, status_code=409, error=f"{effect_key}: {_message(exc)}")
+        return back_to(request, fields)
+
+    @app.post("/calls/{effect_key}/resolve", include_in_schema=False)
+    async def resolve(request: Request, effect_key: EffectKey) -> Response:
+        session = console.session(request)
+        fields = await console.form(request, session)
+        try:
+            stored = owned_call(threads, session.caller, effect_key)
+            reason = fields.get("reason", "").strip()
+            if not reason:
+                raise ConfigError("say why: a resolution needs a reason")
+            body = Resolve.model_validate({"resolution": fields.get("resolution")})
+            principal = session.caller.principal
+            # assume_done: the reason is what the model is shown as the call's result.
+            result = f"assumed done by {principal}: {reason}" if body.resolution == "assume_done" else None
+            log.info("console: %s resolves %s as %s: %s", principal, stored, body.resolution, reason)
+            threads.resolve(stored, body.resolution, principal=principal, result=result)
+        except _REFUSALS as exc:
+            return inbox_page(request, session, status_code=409, error=f"{effect_key}: {_message(exc)}")
+        return back_to(request, fields)
+
+    @app.post("/threads/{thread_id}/env", include_in_schema=False)
+    async def set_variable(request: Request, thread_id: ThreadId) -> Response:
+        session = console.session(request)
+        fields = await console.form(request, session)
+        name = fields.get("name", "")
+        try:
+            stored = owned_thread(threads, session.caller, thread_id)
+            threads.set_env(stored, name, fields.get("value", ""), principal=session.caller.principal)
+        except _REFUSALS as exc:
+            # The message names the variable, never its value.
+            return inbox_page(request, session, status_code=409, error=f"{name}: {_message(exc)}")
+        return back_to(request, fields)
+
+    @app.post("/grants/revoke", include_in_schema=False)
+    async def revoke(request: Request) -> Response:
+        session = console.session(request)
+        fields = await console.form(request, session)
+        stored = owned_thread(threads, session.caller, fields.get("thread_id", ""))
+        threads.revoke_permission(stored, fields.get("tool", ""), principal=session.caller.principal)
+        return back_to(request, fields)
+
+
+def _differs(edited: str, original: str) -> bool:
+    """Whether edited arguments differ from the call's (as JSON values, not as texts)."""
+    try:
+        return bool(json.loads(edited) != json.loads(original))
+    except ValueError:
+        return edited.strip() != original.strip()
+
+
+__all__ = ["add_routes"]

@@ -1,0 +1,154 @@
+"""What every page of the console shares: the runtime, the callers, the templates, the session check.
+
+Pages are rendered here from Jinja2 templates with autoescaping on: nothing a model, a tool or a
+user wrote is ever markup.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse
+from jinja2 import Environment, FileSystemLoader
+
+from threads_celery.api.console.session import COOKIE, Session, csrf_ok, verify
+from threads_celery.api.tenancy import UNAUTHENTICATED, Caller, shown_to
+
+HERE = Path(__file__).resolve().parent
+#: A form body larger than this is refused (the console's forms hold arguments and a reason).
+MAX_FORM_BYTES = 1 << 20
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+
+def console_enabled(env: Mapping[str, str]) -> bool:
+    """``THREADS_CONSOLE``: on unless set to 0, off or false."""
+    return env.get("THREADS_CONSOLE", "").strip().lower() not in ("0", "off", "false", "no")
+
+
+class SignInRequired(Exception):
+    """The request has no valid session: the browser goes to the sign-in page."""
+
+
+class NotFound(Exception):
+    """What an unknown id, or another tenant's, answers: the same page for both."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+class Console:
+    """What every page of the console shares: the runtime, the callers, the templates."""
+
+    def __init__(
+        self,
+        threads: Any,
+        callers: Mapping[str, Caller],
+        *,
+        auth: bool,
+        session_s: float,
+    ) -> None:
+        self.threads = threads
+        self.callers = dict(callers)
+        self.auth = auth
+        self.session_s = session_s
+        # With authentication off there is no token to key CSRF tokens by: a per-process one.
+        self._open_csrf = secrets.token_hex(32)
+        self.templates = Environment(
+            loader=FileSystemLoader(HERE / "templates"),
+            autoescape=True,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.templates.filters["when"] = when
+        self.templates.filters["took"] = took
+
+    def session(self, request: Request) -> Session:
+        """The request's session; SignInRequired if it has none that is valid now."""
+        if not self.auth:
+            return Session(UNAUTHENTICATED, self._open_csrf)
+        found = verify(request.cookies.get(COOKIE), self.callers, lifetime_s=self.session_s)
+        if found is None:
+            raise SignInRequired
+        return found
+
+    def render(self, request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        session: Session | None = context.pop("session", None)
+        page = self.templates.get_template(template).render(
+            base=base_of(request),
+            session=session,
+            shown=shown_to(session.caller) if session is not None else (lambda v: v),
+            auth=self.auth,
+            **context,
+        )
+        return HTMLResponse(page, status_code=status_code)
+
+    async def form(self, request: Request, session: Session) -> dict[str, str]:
+        """The POSTed form's fields (the last of each name), after the CSRF check."""
+        body = await request.body()
+        if len(body) > MAX_FORM_BYTES:
+            raise FormRefused(413, f"the form is larger than {MAX_FORM_BYTES} bytes")
+        fields = {k: v[-1] for k, v in parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()}
+        if not csrf_ok(session, fields.get("csrf")):
+            raise FormRefused(403, "this form is stale or did not come from the console: reload the page")
+        return fields
+
+
+class FormRefused(Exception):
+    """A form the console will not act on (no CSRF token, too large)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def base_of(request: Request) -> str:
+    """The console's own path prefix (where it is mounted)."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def when(at: datetime | None) -> str:
+    """A UTC timestamp as the console shows it, to the millisecond."""
+    if at is None:
+        return "–"
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def took(pair: tuple[datetime | None, datetime | None]) -> str:
+    """The time between two moments, or a dash when either is missing."""
+    start, end = pair
+    if start is None or end is None:
+        return "–"
+    seconds = (end - start).total_seconds()
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+__all__ = [
+    "HERE",
+    "MAX_FORM_BYTES",
+    "SECURITY_HEADERS",
+    "Console",
+    "FormRefused",
+    "NotFound",
+    "SignInRequired",
+    "base_of",
+    "console_enabled",
+    "took",
+    "when",
+]
