@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from threads_celery import Agent, EffectUnknown, Variable, agent_tool, tool
 from threads_celery.decisions.permissions import Permissions
+from threads_celery.runtime.schedules import Schedule, crontab
 from threads_celery.testing import ScriptedModel, call, say
 
 #: Markup that would run (or set window.__pwned) if a page rendered it as HTML.
@@ -111,3 +112,7 @@ slow = Agent(
 )
 
 AGENTS = (parent, payments, keyed, slow)
+
+#: Shown on the console's agents page (the browser test loads this module as THREADS_AGENTS);
+#: at 02:00 UTC it never fires during a test.
+SCHEDULES = [Schedule("nightly-digest", "console_keyed", "Write the digest.", every=crontab(hour=2, minute=0))]
