@@ -13,12 +13,48 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select, tuple_
 from sqlalchemy.engine import Connection
 
 from threads_celery.records import CallTimelineEntry, Message, ModelTurn, PermissionGrant, Run
 from threads_celery.store.rows import run_from_row
 from threads_celery.store.schema import agents, messages, model_usage, permission_grants, runs, threads, tool_calls
+
+
+def console_runs_query(
+    *,
+    tenant: str,
+    agent: str | None = None,
+    statuses: Sequence[str] | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    thread_id: str | None = None,
+    before: tuple[datetime, str] | None = None,
+    limit: int = 50,
+) -> Select[Any]:
+    """The statement of :meth:`ConsoleQueries.console_runs` (its plan is checked against the indexes)."""
+    query = (
+        select(runs)
+        .join(threads, threads.c.id == runs.c.thread_id)
+        .where(threads.c.tenant == tenant)
+        .order_by(runs.c.created_at.desc(), runs.c.id.desc())
+        .limit(limit)
+    )
+    if agent is not None:
+        query = query.where(runs.c.agent == agent)
+    if statuses:
+        query = query.where(runs.c.status.in_(list(statuses)))
+    if since is not None:
+        query = query.where(runs.c.created_at >= since)
+    if until is not None:
+        query = query.where(runs.c.created_at < until)
+    if thread_id is not None:
+        query = query.where(runs.c.thread_id == thread_id)
+    if before is not None:
+        at, run_id = before
+        # A row comparison, which PostgreSQL answers from the (created_at, id) index directly.
+        query = query.where(tuple_(runs.c.created_at, runs.c.id) < tuple_(at, run_id))
+    return query
 
 
 class ConsoleQueries:
@@ -39,28 +75,16 @@ class ConsoleQueries:
         limit: int = 50,
     ) -> list[Run]:
         """The tenant's runs, newest first, filtered; ``before`` is the last (created_at, id) of the page before."""
-        query = (
-            select(runs)
-            .join(threads, threads.c.id == runs.c.thread_id)
-            .where(threads.c.tenant == tenant)
-            .order_by(runs.c.created_at.desc(), runs.c.id.desc())
-            .limit(limit)
+        query = console_runs_query(
+            tenant=tenant,
+            agent=agent,
+            statuses=statuses,
+            since=since,
+            until=until,
+            thread_id=thread_id,
+            before=before,
+            limit=limit,
         )
-        if agent is not None:
-            query = query.where(runs.c.agent == agent)
-        if statuses:
-            query = query.where(runs.c.status.in_(list(statuses)))
-        if since is not None:
-            query = query.where(runs.c.created_at >= since)
-        if until is not None:
-            query = query.where(runs.c.created_at < until)
-        if thread_id is not None:
-            query = query.where(runs.c.thread_id == thread_id)
-        if before is not None:
-            at, run_id = before
-            query = query.where(
-                (runs.c.created_at < at) | ((runs.c.created_at == at) & (runs.c.id < run_id)),
-            )
         return [run_from_row(row) for row in self.conn.execute(query)]
 
     def run_status_counts(self, tenant: str) -> dict[str, int]:
