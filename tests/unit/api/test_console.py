@@ -125,6 +125,14 @@ def test_a_form_without_its_csrf_token_changes_nothing(threads: Threads, alice: 
     threads.deny(call.effect_key, "cleanup", principal="test")
 
 
+def test_a_malformed_id_is_a_page_not_found_never_a_json_error(alice: TestClient, app_client: TestClient) -> None:
+    for path in ("/console/runs/%3Cscript%3E", "/console/calls/a%20b/result", "/console/calls/k/result?page=-1"):
+        response = alice.get(path)
+        assert response.status_code == 404 and "Not found" in response.text and "<script>" not in response.text
+    anonymous = TestClient(app_client.app, follow_redirects=False)
+    assert anonymous.get("/console/runs/%3Cscript%3E").headers["location"] == "/console/sign-in"
+
+
 def test_the_console_can_be_turned_off(threads: Threads) -> None:
     with TestClient(create_api(threads, tokens=TOKENS, env={"THREADS_CONSOLE": "0"})) as client:
         assert client.get("/console/sign-in").status_code == 404

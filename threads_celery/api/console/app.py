@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -83,6 +84,14 @@ def create_console(
     async def not_found(request: Request, exc: Exception) -> Response:
         what = exc.what if isinstance(exc, NotFound) else "that run, thread or call"
         return console.render(request, "not_found.html", 404, session=_session_or_none(console, request), what=what)
+
+    @app.exception_handler(RequestValidationError)
+    async def malformed(request: Request, _: Exception) -> Response:
+        # A path or query that is no id of anything (e.g. /runs/<script>): the page of a missing one.
+        session = _session_or_none(console, request)
+        if session is None and console.auth:
+            return await to_sign_in(request, SignInRequired())
+        return console.render(request, "not_found.html", 404, session=session, what="such page")
 
     @app.exception_handler(FormRefused)
     async def refused(request: Request, exc: Exception) -> Response:
