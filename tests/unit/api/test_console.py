@@ -26,6 +26,7 @@ from threads_celery.api.app import create_api
 from threads_celery.api.console import runs as console_runs
 from threads_celery.api.console.session import COOKIE, issue
 from threads_celery.records import TERMINAL_STATUSES
+from threads_celery.transitions.runs import utcnow
 
 ALICE = "tok-alice-0123456789"
 BOB = "tok-bob-0123456789"
@@ -269,6 +270,7 @@ def test_a_parked_call_is_resolved_with_a_reason(threads: Threads, alice: TestCl
     [call] = threads.pending(run_id)
     inbox = alice.get("/console/inbox").text
     assert f'data-effect-key="{call.effect_key}" data-status="parked"' in inbox
+    assert "Waits because: " in alice.get(f"/console/runs/{run_id}").text
     csrf = csrf_of(inbox)
     no_reason = alice.post(
         f"/console/calls/{call.effect_key}/resolve", data={"csrf": csrf, "resolution": "assume_done"}
@@ -307,6 +309,15 @@ def test_agents_and_the_backbone(alice: TestClient) -> None:
     assert 'data-agent="console_payments"' in page and "charge_card <i>(idempotent)</i>" in page
     assert "API_KEY (secret, required)" in page and "mode bypass" in page
     assert 'id="outbox-depth"' in page and "in-process" in page
+
+
+def test_an_agent_name_holding_markup_is_shown_as_text(threads: Threads, alice: TestClient) -> None:
+    # Agent() refuses such a name; a ledger written by something else may still hold one.
+    with threads.store.transaction() as tx:
+        tx.upsert_agent(PAYLOAD, "x", {"name": PAYLOAD, "tools": [{"name": PAYLOAD, "effect": PAYLOAD}]}, utcnow())
+    for path in ("/console/agents", "/console/"):
+        page = alice.get(path).text
+        assert "<script>window.__pwned" not in page and "&lt;script&gt;window.__pwned" in page, path
 
 
 def test_every_page_forbids_inline_script(alice: TestClient) -> None:

@@ -144,14 +144,15 @@ def add_routes(app: FastAPI, console: Console) -> None:
         if run.agent_tool_run_id is not None:
             row = threads.inspect_agent_tool_run(run.agent_tool_run_id)
             parent = row.parent_run_id if row is not None else None
+        pending = threads.pending(stored)
         return {
             "run": run,
             "parent_run_id": parent,
             "steps": timeline(run, turns, calls, messages),
             "tree": run_tree(lambda t: threads.agent_tool_runs(t), run),
             "usage": threads.usage(run_id=stored),
-            "reason": ended_because(run),
-            "pending": threads.pending(stored),
+            "reason": ended_because(run, [p.reason for p in pending]),
+            "pending": pending,
             "preview_chars": PREVIEW_CHARS,
         }
 

@@ -91,11 +91,13 @@ def timeline(
     return views
 
 
-def ended_because(run: Run) -> str | None:
-    """Why a run ended or waits, in the ledger's words (its error, or its status)."""
-    if run.status in ("completed",):
+def ended_because(run: Run, waiting_reasons: Sequence[str] = ()) -> str | None:
+    """Why a run ended or waits: its error, else the reason of the first call it waits on."""
+    if run.status == "completed":
         return None
-    return run.error or None
+    if run.error:
+        return run.error
+    return next((reason for reason in waiting_reasons if reason), None)
 
 
 def run_tree(rows_of: Callable[[str], Sequence[AgentToolRun]], run: Run, *, depth: int = 4) -> tuple[ChildView, ...]:
