@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import Select, func, select, tuple_
 from sqlalchemy.engine import Connection
 
-from threads_celery.records import CallTimelineEntry, Message, ModelTurn, PermissionGrant, Run
-from threads_celery.store.rows import run_from_row
+from threads_celery.records import CallRow, CallTimelineEntry, Message, ModelTurn, PermissionGrant, Run
+from threads_celery.store.rows import call_from_mapping, run_from_row
 from threads_celery.store.schema import agents, messages, model_usage, permission_grants, runs, threads, tool_calls
 
 
@@ -96,6 +96,19 @@ class ConsoleQueries:
             .group_by(runs.c.status)
         )
         return {str(status): int(count) for status, count in self.conn.execute(query)}
+
+    def tenant_waiting_calls(self, tenant: str, statuses: Sequence[str], *, limit: int = 500) -> list[CallRow]:
+        """The tenant's calls in any of ``statuses`` (those that wait for a person), oldest first.
+
+        Scoped in the query, so another tenant's waiting calls never crowd this one's out."""
+        query = (
+            select(tool_calls)
+            .join(threads, threads.c.id == tool_calls.c.thread_id)
+            .where(threads.c.tenant == tenant, tool_calls.c.status.in_(list(statuses)))
+            .order_by(tool_calls.c.created_at)
+            .limit(limit)
+        )
+        return [call_from_mapping(row._mapping) for row in self.conn.execute(query)]
 
     def call_timeline(self, run_id: str, *, preview_chars: int) -> list[CallTimelineEntry]:
         """The run's tool calls in order, each with at most ``preview_chars`` of its whole result."""

@@ -226,11 +226,14 @@ def _timeline(threads: Threads, run_id: str) -> list[Any]:
 # -- the inbox ---------------------------------------------------------------------------------
 
 
-def test_edited_arguments_are_validated_and_bound_to_the_approval(threads: Threads, alice: TestClient) -> None:
+def test_edited_arguments_are_validated_and_bound_to_the_approval(
+    threads: Threads, alice: TestClient, bob: TestClient
+) -> None:
     run_id = start(threads, "console_parent")
     [call] = eventually(lambda: threads.pending(run_id), timeout=WAIT_S, what="the child's call")
     inbox = alice.get("/console/inbox").text
     assert f'data-effect-key="{call.effect_key}"' in inbox and "a child of run" in inbox
+    assert call.effect_key not in bob.get("/console/inbox").text
     assert "&lt;script&gt;" in inbox and "<script>window" not in inbox
     csrf = csrf_of(inbox)
     bad = alice.post(

@@ -22,9 +22,10 @@ from pydantic import ValidationError
 from threads_celery.api.bodies import EFFECT_KEY_PATTERN, ID_PATTERN, Approve, Deny, Resolve
 from threads_celery.api.console.pages import Console, base_of
 from threads_celery.api.console.session import Session
-from threads_celery.api.tenancy import only_theirs, owned_call, owned_thread
+from threads_celery.api.tenancy import owned_call, owned_thread
 from threads_celery.definitions.variables import VariableError
 from threads_celery.exceptions import CallStateError, ConfigError, InvalidArguments
+from threads_celery.transitions.pending import WAITING, PendingCall
 
 log = logging.getLogger("threads_celery.api.console")
 
@@ -56,7 +57,7 @@ def add_routes(app: FastAPI, console: Console) -> None:
         entries: list[dict[str, Any]] = []
         with threads.store.read() as tx:
             descriptions: dict[str, dict[str, Any]] = {}
-            for call in only_theirs(threads, caller, threads.parked()):
+            for call in (PendingCall.of(c) for c in tx.tenant_waiting_calls(caller.tenant, WAITING)):
                 run = tx.get_run(call.run_id)
                 if run is None:
                     continue
