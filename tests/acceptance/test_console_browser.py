@@ -154,13 +154,31 @@ def start(console: Console, agent: str, message: str = "go") -> str:
     return console.threads.start(agent, message, tenant="acme").run_id
 
 
+def text_of(browser: Any, selector: str, attribute: str | None = None) -> str | None:
+    """An element's text (or attribute) now, or None while the page has none (it may be loading)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        found = browser.find_elements(By.CSS_SELECTOR, selector)
+        if not found:
+            return None
+        return str(found[0].get_attribute(attribute) if attribute else found[0].text)
+    except StaleElementReferenceException:
+        return None  # replaced while read: the next probe reads the new one
+
+
+def signed_in_as(browser: Any) -> str | None:
+    return text_of(browser, "#principal")
+
+
 def finished(console: Console, run_id: str) -> None:
     """The run completed (``Threads.wait`` would return at once: the run waits for a person)."""
     eventually(lambda: console.threads.get_run(run_id).status == "completed", timeout=WAIT_S, what="the run's end")
 
 
-def status_shown(browser: Any) -> str:
-    return str(by_css(browser, "#run-status").get_attribute("data-status"))
+def status_shown(browser: Any) -> str | None:
+    return text_of(browser, "#run-status", "data-status")
 
 
 # -- the scenario, in order: one browser, signed in once ----------------------------------------
@@ -175,7 +193,8 @@ def test_a_wrong_token_stays_at_sign_in_and_the_right_one_signs_in(console: Cons
     screenshot(browser, "sign-in")
     by_css(browser, "#token").send_keys(ALICE)
     by_css(browser, "#sign-in").click()
-    assert by_css(browser, "#principal").text == "alice" and by_css(browser, "#tenant").text == "acme"
+    eventually(lambda: signed_in_as(browser) == "alice", timeout=WAIT_S, what="alice signed in")
+    assert by_css(browser, "#tenant").text == "acme"
 
 
 def test_a_child_runs_call_is_found_in_the_inbox_edited_and_approved(console: Console, browser: Any) -> None:
@@ -198,7 +217,9 @@ def test_a_child_runs_call_is_found_in_the_inbox_edited_and_approved(console: Co
     nothing_ran(browser)
     assert PAYLOAD in by_css(browser, "#run-output").text  # the markup is there, as text
     child = by_css(browser, "li[data-child-run] a")
+    child_id = child.text
     child.click()
+    eventually(lambda: text_of(browser, "#run-id") == child_id, timeout=WAIT_S, what="the child run's page")
     assert "approved by alice" in by_css(browser, "#timeline").text
     assert "sent edited by alice" in by_css(browser, "#timeline").get_attribute("textContent")
     nothing_ran(browser)
@@ -267,6 +288,7 @@ def test_another_tenants_run_and_an_ended_session(console: Console, browser: Any
     browser.get(f"{console.url}/sign-in")
     by_css(browser, "#token").send_keys(BOB)
     by_css(browser, "#sign-in").click()
+    eventually(lambda: signed_in_as(browser) == "bob", timeout=WAIT_S, what="bob signed in")
     browser.get(f"{console.url}/runs/{run_id}")
     theirs = by_css(browser, "main").text
     browser.get(f"{console.url}/runs/run_that_nobody_has")

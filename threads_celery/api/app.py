@@ -37,6 +37,8 @@ below, of agent-tool runs (:mod:`~threads_celery.api.children`), of usage
 message stream (:mod:`~threads_celery.api.chat_vercel`) and AG-UI
 (:mod:`~threads_celery.api.chat_agui`), which share :mod:`~threads_celery.api.chat_parts` and
 :mod:`~threads_celery.api.chat_common`.
+The operations console (:mod:`~threads_celery.api.console`) is mounted at ``/console`` unless
+``THREADS_CONSOLE=0``.
 """
 
 from __future__ import annotations

@@ -134,6 +134,17 @@ def test_a_malformed_id_is_a_page_not_found_never_a_json_error(alice: TestClient
     assert anonymous.get("/console/runs/%3Cscript%3E").headers["location"] == "/console/sign-in"
 
 
+def test_a_post_from_another_origin_is_refused_even_with_the_csrf_token(threads: Threads, alice: TestClient) -> None:
+    csrf = csrf_of(alice.get("/console/inbox").text)
+    foreign = {"Origin": "https://evil.example"}
+    response = alice.post("/console/grants/revoke", data={"csrf": csrf, "thread_id": "t", "tool": "x"}, headers=foreign)
+    assert response.status_code == 403
+    signed = alice.post("/console/sign-in", data={"token": ALICE}, headers=foreign)
+    assert signed.status_code == 403 and "set-cookie" not in signed.headers
+    same = alice.post("/console/sign-in", data={"token": ALICE}, headers={"Origin": "http://testserver"})
+    assert same.status_code == 303
+
+
 def test_the_console_can_be_turned_off(threads: Threads) -> None:
     with TestClient(create_api(threads, tokens=TOKENS, env={"THREADS_CONSOLE": "0"})) as client:
         assert client.get("/console/sign-in").status_code == 404

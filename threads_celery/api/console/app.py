@@ -35,6 +35,7 @@ from threads_celery.api.console.pages import (
     NotFound,
     SignInRequired,
     base_of,
+    same_origin,
 )
 from threads_celery.api.console.session import COOKIE, DEFAULT_SESSION_S, Session, caller_of_token, issue
 from threads_celery.api.tenancy import Caller, callers_from_tokens
@@ -121,6 +122,8 @@ def create_console(
 
     @app.post("/sign-in", response_class=HTMLResponse, include_in_schema=False)
     async def sign_in(request: Request) -> Response:
+        if not same_origin(request):  # no signing a browser in to someone else's session
+            return console.render(request, "sign_in.html", 403, error="sign in from this page")
         body = await request.body()
         if len(body) > MAX_FORM_BYTES:
             return console.render(request, "sign_in.html", 413, error="that is not a token")

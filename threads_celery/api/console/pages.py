@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse
@@ -29,7 +29,8 @@ SECURITY_HEADERS = {
         "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
     ),
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: under it a browser sends "Origin: null" with its own forms (see same_origin).
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
@@ -100,6 +101,8 @@ class Console:
 
     async def form(self, request: Request, session: Session) -> dict[str, str]:
         """The POSTed form's fields (the last of each name), after the CSRF check."""
+        if not same_origin(request):
+            raise FormRefused(403, "this form did not come from the console")
         body = await request.body()
         if len(body) > MAX_FORM_BYTES:
             raise FormRefused(413, f"the form is larger than {MAX_FORM_BYTES} bytes")
@@ -116,6 +119,15 @@ class FormRefused(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def same_origin(request: Request) -> bool:
+    """Whether a POST came from a page of this host: its ``Origin`` (sent by browsers with every
+    POST) names this host, or it has none (a client that is no browser)."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    return urlsplit(origin).netloc == request.headers.get("host", request.url.netloc)
 
 
 def base_of(request: Request) -> str:
@@ -149,6 +161,7 @@ __all__ = [
     "SignInRequired",
     "base_of",
     "console_enabled",
+    "same_origin",
     "took",
     "when",
 ]
