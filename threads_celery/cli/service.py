@@ -244,7 +244,8 @@ def api(
     Routes under /v1 need `Authorization: Bearer <token>` with a token from THREADS_API_TOKENS
     (comma-separated); set THREADS_API_AUTH=off only behind something that authenticates.
     THREADS_AGENTS names the agents whose tool schemas approvals with edited arguments are checked
-    against. OpenAPI at /openapi.json; /healthz and /readyz are open.
+    against. OpenAPI at /openapi.json; /healthz and /readyz are open. The operations console is
+    at /console (sign in with one of the tokens; THREADS_CONSOLE=0 turns it off).
 
     \b
     Needs THREADS_DATABASE_URL and THREADS_BROKER_URL, a database at the latest migration, or
