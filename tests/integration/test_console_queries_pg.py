@@ -19,7 +19,7 @@ from sqlalchemy.dialects import postgresql
 from threads_celery.store import Store, create_store_engine, parse_database_url
 from threads_celery.store.console_queries import console_runs_query
 from threads_celery.store.migrate import upgrade
-from threads_celery.store.schema import runs, threads
+from threads_celery.store.schema import messages, runs, threads, tool_calls
 
 pytestmark = pytest.mark.integration
 
@@ -112,3 +112,40 @@ def test_pages_are_the_tenants_newest_runs_each_once(store: Store) -> None:
     assert seen == [f"run_{n:05d}" for n in range(10_999, 9_999, -1)]
     assert len(billing) == 50 and all(r.agent == "billing" and r.status == "error" for r in billing)
     assert counts == dict.fromkeys(STATUSES, 2_000)
+
+
+def test_a_runs_calls_results_replies_and_grants_read_on_postgresql(store: Store) -> None:
+    whole = "0123456789" * 100_000  # a million characters, kept whole beside a shortened one
+    common = {"run_id": "run_00003", "thread_id": "thread_0003", "step": 0, "calls_in_step": 2, "args_hash": "h"}
+    calls = [
+        {**common, "effect_key": "run_00003:0:0", "idx": 0, "call_id": "c0", "tool": "fetch", "args": "{}",
+         "effect": "read_only", "status": "completed", "attempt": 0, "is_error": False, "created_at": T0,
+         "result": whole[:100], "full_result": whole},
+        {**common, "effect_key": "run_00003:0:1", "idx": 1, "call_id": "c1", "tool": "pay", "args": '{"n": 1}',
+         "effect": "unguarded", "status": "awaiting_approval", "attempt": 0, "is_error": False, "created_at": T0,
+         "park_reason": "asks first"},
+    ]  # fmt: skip
+    with store.transaction() as tx:
+        for call in calls:  # one by one: the two rows set different columns
+            tx.conn.execute(insert(tool_calls).values(**call))
+        tx.conn.execute(
+            insert(messages),
+            [{"thread_id": "thread_0003", "seq": 1, "run_id": "run_00003", "role": "assistant", "text": "thinking",
+              "created_at": T0}],
+        )  # fmt: skip
+        tx.grant_tool("thread_0003", "pay", granted_by="alice", now=T0)
+    with store.read() as tx:
+        timeline = tx.call_timeline("run_00003", preview_chars=2000)
+        page = tx.result_page("run_00003:0:0", offset=999_990, size=100)
+        waiting = tx.tenant_waiting_calls("acme", ["awaiting_approval", "parked"])
+        elsewhere = tx.tenant_waiting_calls("globex", ["awaiting_approval", "parked"])
+        replies = tx.run_replies("thread_0003", "run_00003")
+        grants = tx.tenant_grants("acme"), tx.tenant_grants("globex")
+    assert [(c.tool, c.result_chars, len(c.result_preview or "")) for c in timeline] == [
+        ("fetch", 1_000_000, 2000),
+        ("pay", 0, 0),
+    ]
+    assert page == ("0123456789", 1_000_000)
+    assert [c.effect_key for c in waiting] == ["run_00003:0:1"] and elsewhere == []
+    assert [m.text for m in replies] == ["thinking"]
+    assert [(g.thread_id, g.tool) for g in grants[0]] == [("thread_0003", "pay")] and grants[1] == []
