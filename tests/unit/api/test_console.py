@@ -321,6 +321,7 @@ def test_a_secret_variable_is_set_in_place_and_never_shown(threads: Threads, ali
 def test_agents_and_the_backbone(alice: TestClient) -> None:
     page = alice.get("/console/agents").text
     assert 'data-agent="console_payments"' in page and "charge_card <i>(idempotent)</i>" in page
+    assert 'data-agent="console_child"' in page  # loaded with its parent, never recorded on its own
     assert "API_KEY (secret, required)" in page and "mode bypass" in page
     assert 'id="outbox-depth"' in page and "in-process" in page
 

@@ -56,6 +56,10 @@ def add_routes(app: FastAPI, console: Console) -> None:
         with threads.store.read() as tx:
             described = tx.agent_descriptions()
             snapshot = tx.metrics_snapshot(now)
+        # Agents this process loaded and no worker recorded (an agent tool's child agent, say).
+        recorded = {a["name"] for a in described}
+        described += [{**a.describe(), "updated_at": None} for a in threads.registry if a.name not in recorded]
+        described.sort(key=lambda a: str(a["name"]))
         loaded = {a["name"]: _permissions(threads, a["name"]) for a in described}
         return console.render(
             request,
