@@ -145,6 +145,19 @@ def test_a_post_from_another_origin_is_refused_even_with_the_csrf_token(threads:
     assert same.status_code == 303
 
 
+def test_with_authentication_off_there_is_no_sign_in_and_forms_still_need_their_csrf_token(threads: Threads) -> None:
+    app = create_api(threads, env={"THREADS_API_AUTH": "off"})
+    run_id = threads.start("console_keyed", "go").run_id  # the default tenant's: a form in its inbox
+    wait_status(threads, run_id, "awaiting_variable")
+    with TestClient(app, follow_redirects=False) as client:
+        assert client.get("/console/sign-in").headers["location"] == "/console/"
+        page = client.get("/console/inbox")
+        assert page.status_code == 200 and 'id="principal">unauthenticated' in page.text
+        data = {"thread_id": "t", "tool": "x"}
+        assert client.post("/console/grants/revoke", data=data).status_code == 403
+        assert client.post("/console/grants/revoke", data={**data, "csrf": csrf_of(page.text)}).status_code == 404
+
+
 def test_the_console_can_be_turned_off(threads: Threads) -> None:
     with TestClient(create_api(threads, tokens=TOKENS, env={"THREADS_CONSOLE": "0"})) as client:
         assert client.get("/console/sign-in").status_code == 404
