@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from collections.abc import Callable
 from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import FastAPI, Path, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from threads_celery.api.bodies import EFFECT_KEY_PATTERN, ID_PATTERN, Approve, Deny, Resolve
 from threads_celery.api.console.pages import Console, base_of
@@ -86,65 +89,68 @@ def add_routes(app: FastAPI, console: Console) -> None:
         )
 
     def back_to(request: Request, fields: dict[str, str]) -> Response:
-        """Where a form goes back to: its run's page, when it names one of the caller's runs, else the inbox."""
+        """Where a form goes back to: the run page it names (an id, nothing else), else the inbox."""
         back = fields.get("back", "")
-        target = f"{base_of(request)}/inbox"
-        if (
-            back
-            and len(back) <= 64
-            and back.replace("-", "").replace("_", "").replace(".", "").replace(":", "").isalnum()
-        ):
-            target = f"{base_of(request)}/runs/{quote(back, safe='')}"
-        return RedirectResponse(target, status_code=303)
+        if re.fullmatch(ID_PATTERN, back):
+            return RedirectResponse(f"{base_of(request)}/runs/{quote(back, safe='')}", status_code=303)
+        return RedirectResponse(f"{base_of(request)}/inbox", status_code=303)
 
     @app.get("/inbox", response_class=HTMLResponse, include_in_schema=False)
     def inbox(request: Request) -> Response:
         return inbox_page(request, console.session(request))
 
-    @app.post("/calls/{effect_key}/approve", include_in_schema=False)
-    async def approve(request: Request, effect_key: EffectKey) -> Response:
+    async def answer(
+        request: Request, act: Callable[[Session, dict[str, str]], object], naming: Callable[[dict[str, str]], str]
+    ) -> Response:
+        """Read and check the form, then ``act`` on it in a worker thread (the store is blocking I/O):
+        back to where the form came from, or the inbox saying why not (naming what was refused)."""
         session = console.session(request)
         fields = await console.form(request, session)
-        try:
-            stored = owned_call(threads, session.caller, effect_key)
-            original = threads_args(stored)
-            edited = fields.get("args")
-            override: Any = None
-            if edited is not None and edited.strip() and _differs(edited, original):
-                try:
-                    override = json.loads(edited)
-                except ValueError as exc:
-                    raise InvalidArguments(f"the edited arguments are not JSON: {exc}") from None
-            body = Approve(override_args=override, remember=fields.get("remember") == "1")
-            threads.approve(
-                stored, principal=session.caller.principal, override_args=body.override_args, remember=body.remember
-            )
-        except _REFUSALS as exc:
-            return inbox_page(request, session, status_code=409, error=f"{effect_key}: {_message(exc)}")
-        return back_to(request, fields)
 
-    def threads_args(stored: str) -> str:
+        def apply() -> Response:
+            try:
+                act(session, fields)
+            except _REFUSALS as exc:
+                return inbox_page(request, session, status_code=409, error=f"{naming(fields)}: {_message(exc)}")
+            return back_to(request, fields)
+
+        return await run_in_threadpool(apply)
+
+    def call_args(stored: str) -> str:
         with threads.store.read() as tx:
             found = tx.get_call_and_run(stored)
         return found[0].args if found is not None else ""
 
+    @app.post("/calls/{effect_key}/approve", include_in_schema=False)
+    async def approve(request: Request, effect_key: EffectKey) -> Response:
+        def act(session: Session, fields: dict[str, str]) -> None:
+            stored = owned_call(threads, session.caller, effect_key)
+            edited = fields.get("args")
+            override: Any = None
+            if edited is not None and edited.strip() and _differs(edited, call_args(stored)):
+                try:
+                    override = json.loads(edited)
+                except ValueError as exc:
+                    raise InvalidArguments(f"the edited arguments are not JSON: {exc}") from None
+            # Validated as the API's body is, then bound to the approval by the same call.
+            body = Approve(override_args=override, remember=fields.get("remember") == "1")
+            principal = session.caller.principal
+            threads.approve(stored, principal=principal, override_args=body.override_args, remember=body.remember)
+
+        return await answer(request, act, lambda _: effect_key)
+
     @app.post("/calls/{effect_key}/deny", include_in_schema=False)
     async def deny(request: Request, effect_key: EffectKey) -> Response:
-        session = console.session(request)
-        fields = await console.form(request, session)
-        try:
+        def act(session: Session, fields: dict[str, str]) -> None:
             stored = owned_call(threads, session.caller, effect_key)
             body = Deny(reason=fields.get("reason", "").strip() or "denied in the console")
             threads.deny(stored, body.reason, principal=session.caller.principal)
-        except _REFUSALS as exc:
-            return inbox_page(request, session, status_code=409, error=f"{effect_key}: {_message(exc)}")
-        return back_to(request, fields)
+
+        return await answer(request, act, lambda _: effect_key)
 
     @app.post("/calls/{effect_key}/resolve", include_in_schema=False)
     async def resolve(request: Request, effect_key: EffectKey) -> Response:
-        session = console.session(request)
-        fields = await console.form(request, session)
-        try:
+        def act(session: Session, fields: dict[str, str]) -> None:
             stored = owned_call(threads, session.caller, effect_key)
             reason = fields.get("reason", "").strip()
             if not reason:
@@ -155,30 +161,25 @@ def add_routes(app: FastAPI, console: Console) -> None:
             result = f"assumed done by {principal}: {reason}" if body.resolution == "assume_done" else None
             log.info("console: %s resolves %s as %s: %s", principal, stored, body.resolution, reason)
             threads.resolve(stored, body.resolution, principal=principal, result=result)
-        except _REFUSALS as exc:
-            return inbox_page(request, session, status_code=409, error=f"{effect_key}: {_message(exc)}")
-        return back_to(request, fields)
+
+        return await answer(request, act, lambda _: effect_key)
 
     @app.post("/threads/{thread_id}/env", include_in_schema=False)
     async def set_variable(request: Request, thread_id: ThreadId) -> Response:
-        session = console.session(request)
-        fields = await console.form(request, session)
-        name = fields.get("name", "")
-        try:
+        def act(session: Session, fields: dict[str, str]) -> None:
             stored = owned_thread(threads, session.caller, thread_id)
-            threads.set_env(stored, name, fields.get("value", ""), principal=session.caller.principal)
-        except _REFUSALS as exc:
-            # The message names the variable, never its value.
-            return inbox_page(request, session, status_code=409, error=f"{name}: {_message(exc)}")
-        return back_to(request, fields)
+            threads.set_env(stored, fields.get("name", ""), fields.get("value", ""), principal=session.caller.principal)
+
+        # A refusal names the variable, never its value.
+        return await answer(request, act, lambda fields: fields.get("name", ""))
 
     @app.post("/grants/revoke", include_in_schema=False)
     async def revoke(request: Request) -> Response:
-        session = console.session(request)
-        fields = await console.form(request, session)
-        stored = owned_thread(threads, session.caller, fields.get("thread_id", ""))
-        threads.revoke_permission(stored, fields.get("tool", ""), principal=session.caller.principal)
-        return back_to(request, fields)
+        def act(session: Session, fields: dict[str, str]) -> None:
+            stored = owned_thread(threads, session.caller, fields.get("thread_id", ""))
+            threads.revoke_permission(stored, fields.get("tool", ""), principal=session.caller.principal)
+
+        return await answer(request, act, lambda fields: fields.get("tool", ""))
 
 
 def _differs(edited: str, original: str) -> bool:
