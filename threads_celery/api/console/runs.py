@@ -140,6 +140,7 @@ def add_routes(app: FastAPI, console: Console) -> None:
             turns = tx.model_turns(stored)
             calls = tx.call_timeline(stored, preview_chars=PREVIEW_CHARS)
             messages = tx.run_replies(run.thread_id, stored)
+            thread = tx.get_thread(run.thread_id)
         parent = None
         if run.agent_tool_run_id is not None:
             row = threads.inspect_agent_tool_run(run.agent_tool_run_id)
@@ -154,6 +155,8 @@ def add_routes(app: FastAPI, console: Console) -> None:
             "reason": ended_because(run, [p.reason for p in pending]),
             "pending": pending,
             "preview_chars": PREVIEW_CHARS,
+            # The page shows the ledger as of this event: its stream starts after it.
+            "after": thread.event_seq if thread is not None else 0,
         }
 
     @app.get("/runs/{run_id}", response_class=HTMLResponse, include_in_schema=False)

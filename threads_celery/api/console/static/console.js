@@ -41,6 +41,10 @@
   var live = document.getElementById("live");
   if (!live || !window.EventSource) return;
 
+  // A run that has ended changes no more: its page opens no stream.
+  var ended = live.querySelector("[data-terminal]");
+  if (ended && ended.dataset.terminal === "1") return;
+
   var runId = live.dataset.run;
   var textSection = document.getElementById("live-text-section");
   var textBox = document.getElementById("live-text");
