@@ -386,8 +386,9 @@ class AgentToolRun:
 class CallTimelineEntry:
     """A tool call as an operator's timeline shows it: its times, state and a preview of its result.
 
-    ``result_preview`` holds at most the first characters of the whole result (the kept
-    ``full_result`` when the model was shown it shortened); ``result_chars`` is the whole one's length.
+    ``args`` and ``result_preview`` hold at most the first characters of the arguments and of the
+    whole result (the kept ``full_result`` when the model was shown it shortened); ``args_chars``
+    and ``result_chars`` are their whole lengths.
     """
 
     effect_key: str
@@ -409,6 +410,7 @@ class CallTimelineEntry:
     approved_by: str | None = None
     result_preview: str | None = None
     result_chars: int = 0
+    args_chars: int = 0
 
 
 @dataclass(frozen=True, slots=True)

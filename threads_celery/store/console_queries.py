@@ -111,7 +111,8 @@ class ConsoleQueries:
         return [call_from_mapping(row._mapping) for row in self.conn.execute(query)]
 
     def call_timeline(self, run_id: str, *, preview_chars: int) -> list[CallTimelineEntry]:
-        """The run's tool calls in order, each with at most ``preview_chars`` of its whole result."""
+        """The run's tool calls in order, each with at most ``preview_chars`` of its arguments and of
+        its whole result (and the length of each)."""
         whole = func.coalesce(tool_calls.c.full_result, tool_calls.c.result)
         query = (
             select(
@@ -120,7 +121,8 @@ class ConsoleQueries:
                 tool_calls.c.step,
                 tool_calls.c.idx,
                 tool_calls.c.tool,
-                tool_calls.c.args,
+                func.substr(tool_calls.c.args, 1, preview_chars).label("args_preview"),
+                func.length(tool_calls.c.args).label("args_chars"),
                 tool_calls.c.effect,
                 tool_calls.c.status,
                 tool_calls.c.attempt,
@@ -145,7 +147,8 @@ class ConsoleQueries:
                 step=m["step"],
                 index=m["idx"],
                 tool=m["tool"],
-                args=m["args"],
+                args=m["args_preview"],
+                args_chars=int(m["args_chars"] or 0),
                 effect=m["effect"],
                 status=m["status"],
                 attempt=m["attempt"],
