@@ -4,9 +4,9 @@ The API (with the console at ``/console``) is served by uvicorn in a thread of t
 an embedded runtime (SQLite, the in-process worker) with the scripted agents of
 ``tests.support.console_agents``; Selenium drives Debian's ``chromium`` and ``chromedriver``.
 A person signs in with a token, finds a child run's call in the inbox, edits its arguments and
-approves them, resolves a parked call, sets a secret variable, and watches a run finish without
-reloading the page. Every text a model or tool wrote carries markup that would set
-``window.__pwned`` if it ran; it never does.
+approves them, resolves a parked call, watches the model's text appear while it is written, sets
+a secret variable, and watches a run finish without reloading the page. Every text a model or
+tool wrote carries markup that would set ``window.__pwned`` if it ran; it never does.
 
 ``THREADS_CONSOLE_SCREENSHOTS=1`` writes the screenshots of docs/console.md into docs/images/.
 Without Chromium the module skips locally and fails under ``CI=true``.
@@ -239,6 +239,24 @@ def test_a_parked_call_is_resolved(console: Console, browser: Any) -> None:
     finished(console, run_id)
     browser.get(f"{console.url}/runs/{run_id}")
     assert "assume_done by alice" in by_css(browser, "#timeline").text
+
+
+def test_the_models_text_shows_while_it_is_written(console: Console, browser: Any) -> None:
+    # Before the secret variable's test: a worker that has decrypted a secret holds back what
+    # it streams (redaction), and this wants the text to arrive in pieces.
+    run_id = start(console, "console_writer")
+    browser.get(f"{console.url}/runs/{run_id}")
+    whole = console_agents.LONG_REPLY.strip()
+    partial = eventually(
+        lambda: (text := text_of(browser, "#live-text")) and 60 <= len(text) < len(whole) and text,
+        timeout=WAIT_S,
+        what="part of the reply under Being written",
+    )
+    assert whole.startswith(partial) and status_shown(browser) == "running"
+    screenshot(browser, "live-text")
+    eventually(lambda: status_shown(browser) == "completed", timeout=WAIT_S, what="the run's end")
+    assert not by_css(browser, "#live-text-section").is_displayed()
+    assert whole in by_css(browser, "#run-output").text
 
 
 def test_a_secret_variable_is_set_in_place_and_never_shown(console: Console, browser: Any) -> None:

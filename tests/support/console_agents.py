@@ -8,6 +8,7 @@ must show as text.
   went through (EffectUnknown), so the call is parked for a person.
 - ``console_keyed``: ``use_key`` needs the secret variable ``API_KEY``; the run waits for it.
 - ``console_slow``: ``wait_for_go`` holds until :data:`GO` is set, so a page can watch the run finish.
+- ``console_writer`` streams its reply slowly (live deltas), so a page can show it being written.
 """
 
 from __future__ import annotations
@@ -111,7 +112,15 @@ slow = Agent(
     tools=[wait_for_go],
 )
 
-AGENTS = (parent, payments, keyed, slow)
+#: Writes its reply slowly, as a provider streams it: a page can show the text while it is written.
+LONG_REPLY = "The model writes this sentence slowly, a few characters at a time, so that it can be watched. " * 2
+writer = Agent(
+    name="console_writer",
+    instructions="Write.",
+    model=ScriptedModel([say(LONG_REPLY)], chunk_size=6, chunk_delay_s=0.1),
+)
+
+AGENTS = (parent, payments, keyed, slow, writer)
 
 #: Shown on the console's agents page (the browser test loads this module as THREADS_AGENTS);
 #: at 02:00 UTC it never fires during a test.
