@@ -94,7 +94,6 @@ from threads_celery.api.readiness import install_health
 from threads_celery.api.tenancy import (
     Caller,
     callers_from_tokens,
-    only_theirs,
     owned_call,
     owned_run,
     owned_thread,
@@ -301,7 +300,7 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
     @router.get("/parked", response_model=list[PendingCallOut], tags=["calls"])
     def parked(caller: Caller = Depends(caller_of)) -> list[PendingCallOut]:
         """The caller's calls that wait for a person: parked after an interruption, or awaiting approval."""
-        return [PendingCallOut.of(c, shown_to(caller)) for c in only_theirs(threads, caller, threads.parked())]
+        return [PendingCallOut.of(c, shown_to(caller)) for c in threads.parked(tenant=caller.tenant)]
 
     @router.get("/runs/{run_id}/pending", response_model=list[PendingCallOut], tags=["calls"], responses=not_found)
     def run_pending(run_id: RunId, caller: Caller = Depends(caller_of)) -> list[PendingCallOut]:

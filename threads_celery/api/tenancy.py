@@ -40,7 +40,6 @@ from threads_celery.records import DEFAULT_TENANT
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
-    from threads_celery.transitions.pending import PendingCall
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
 _QUALIFIED = re.compile(rf"^(?P<principal>{_NAME})@(?P<tenant>{_NAME})=(?P<token>.*)$")
@@ -173,12 +172,3 @@ def run_to_start(threads: Threads, caller: Caller, run_id: str) -> str:
     """The stored id of ``run_id`` for a new run: the caller's run (returned as it is), or a new one."""
     owner = lambda r: threads.tenant_of(run_id=r)  # noqa: E731 - a lookup, used twice
     return _theirs(caller, run_id, owner) or _fresh(caller, run_id, owner)
-
-
-def only_theirs(threads: Threads, caller: Caller, calls: list[PendingCall]) -> list[PendingCall]:
-    """The calls whose thread belongs to the caller's tenant."""
-    tenants: dict[str, str | None] = {}
-    for call in calls:
-        if call.thread_id not in tenants:
-            tenants[call.thread_id] = threads.tenant_of(thread_id=call.thread_id)
-    return [c for c in calls if tenants[c.thread_id] == caller.tenant]

@@ -482,10 +482,17 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
 
     # -- people ----------------------------------------------------------------------------
 
-    def parked(self) -> list[PendingCall]:
-        """Calls that wait for a person: parked after an interruption, awaiting approval or a variable."""
+    def parked(self, *, tenant: str | None = None) -> list[PendingCall]:
+        """Calls that wait for a person: parked after an interruption, awaiting approval or a variable.
+
+        With ``tenant``, only those in its threads, chosen in the query, so that another tenant's
+        calls never crowd its own out of the list (what the HTTP API passes for its caller)."""
         with self.store.read() as tx:
-            calls = [c for status in NEEDS_A_PERSON for c in tx.calls_with_status(status)]
+            if tenant is None:
+                calls = [c for status in NEEDS_A_PERSON for c in tx.calls_with_status(status)]
+            else:
+                found = tx.tenant_waiting_calls(tenant, NEEDS_A_PERSON, limit=200 * len(NEEDS_A_PERSON))
+                calls = sorted(found, key=lambda c: NEEDS_A_PERSON.index(c.status))  # stable: oldest first
         return [PendingCall.of(c) for c in calls]
 
     def resolve(
