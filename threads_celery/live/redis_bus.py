@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -171,8 +171,9 @@ class RedisListener:
         while not self._stop.is_set():
             try:
                 if pubsub is None:
-                    # redis-py leaves Redis.pubsub unannotated:
-                    pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                    # Typed here: redis-py before 8 leaves Redis.pubsub unannotated.
+                    make_pubsub: Callable[..., Any] = self._client.pubsub
+                    pubsub = make_pubsub(ignore_subscribe_messages=True)
                     if channels:
                         pubsub.subscribe(*channels)
                 self._apply_requests(pubsub, channels)
