@@ -3,13 +3,16 @@ of its own (a network namespace, :mod:`tests.fleet.network`).
 
 - ``db``: PostgreSQL (``initdb`` of our own, listening on the host's address and on a Unix
   socket) and PgBouncer in front of it (transaction pooling, port 6432);
-- ``broker``: ``redis-server --protected-mode no`` on the host's address and a Unix socket;
+- ``broker``: ``redis-server --protected-mode no`` on the host's address and a Unix socket, or
+  (``broker="rabbitmq"``) RabbitMQ with quorum queues and publisher confirms
+  (:mod:`tests.fleet.rabbitmq_host`);
 - ``w1``, ``w2``, ``w3``: ``celery -A tasks worker --pool prefork`` (their ledger is PgBouncer);
 - ``beat``: ``celery -A tasks beat``;
 - ``api``: ``threads-celery api`` on a Unix socket (the test reaches it there).
 
 The test process stays in the machine's namespace: it starts runs and reads the ledger through
-the Unix sockets of PostgreSQL and Redis, which no fault touches. Every process is started through
+the Unix sockets of PostgreSQL and Redis (RabbitMQ through a proxy into the broker's namespace),
+which no fault touches. Every process is started through
 :mod:`tests.support.processes` (its own process group, SIGKILLed at teardown). :class:`Fleet` is a
 :class:`~tests.chaos.conftest.ChaosCluster`: the soak's agents, ledger and checks are the chaos
 suite's.
@@ -29,6 +32,7 @@ from typing import Any
 
 from tests.chaos.conftest import DEFAULT_CHAOS_ENV, ChaosCluster
 from tests.fleet.network import Network
+from tests.fleet.rabbitmq_host import HostRabbitMQ
 from tests.support.processes import PG_BIN, REPO_ROOT, BeatProcess, ManagedProcess, WorkerProcess
 from tests.support.waiting import Deadline
 
@@ -47,13 +51,17 @@ FLEET_ENV: dict[str, str] = {
     "THREADS_RECONCILE_INTERVAL_S": str(TICK_S),
     "THREADS_DATABASE_STARTUP_WAIT_S": "60",
 }
+#: On RabbitMQ: AMQP heartbeats every 5 s (Celery's default is 120 s), so a link cut for the
+#: faults' 15 s is noticed by both ends, as production should configure it.
+RABBITMQ_ENV: dict[str, str] = {"THREADS_CELERY_BROKER_HEARTBEAT": "5"}
+BROKERS = ("redis", "rabbitmq")
 # A worker's connection to the ledger notices a dead link within seconds, as production should
 # configure it: TCP keepalives, a user timeout on unacknowledged data, a short connect timeout.
 PG_LINK_OPTIONS = (
     "connect_timeout=3&keepalives=1&keepalives_idle=2&keepalives_interval=1&keepalives_count=3&tcp_user_timeout=5000"
 )
 
-__all__ = ["BOUNCER_PORT", "HOSTS", "LEASE_S", "TICK_S", "WORKER_HOSTS", "Fleet"]
+__all__ = ["BOUNCER_PORT", "BROKERS", "HOSTS", "LEASE_S", "TICK_S", "WORKER_HOSTS", "Fleet"]
 
 
 def _owned_dir(prefix: str) -> Path:
@@ -64,20 +72,31 @@ def _owned_dir(prefix: str) -> Path:
 
 
 class Fleet(ChaosCluster):
-    """A fleet on ``network``; :meth:`start_services`, then workers and Beat."""
+    """A fleet on ``network``; :meth:`start_services`, then workers and Beat. ``broker``: ``redis``
+    or ``rabbitmq``."""
 
-    def __init__(self, network: Network, directory: Path, *, settings_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, network: Network, directory: Path, *, broker: str = "redis", settings_env: dict[str, str] | None = None
+    ) -> None:
+        assert broker in BROKERS, broker
         self.network = network
+        self.broker = broker
         self.pg_dir = _owned_dir("threads-fleet-pg-")
         self.redis_dir = Path(tempfile.mkdtemp(prefix="threads-fleet-redis-"))
         self.database = "fleet"
+        self.rabbitmq: HostRabbitMQ | None = None
         observer_db = f"postgresql+psycopg://postgres@/{self.database}?host={self.pg_dir}&port={PG_PORT}"
         observer_broker = f"redis+socket://{self.redis_dir}/redis.sock?virtual_host=0"
+        broker_env: dict[str, str] = {}
+        if broker == "rabbitmq":
+            self.rabbitmq = HostRabbitMQ(network.ns("broker"), network.address_of("broker"))
+            observer_broker = self.rabbitmq.url
+            broker_env = RABBITMQ_ENV
         super().__init__(
             database_url=observer_db,
             broker_url=observer_broker,
             directory=directory,
-            settings_env={**FLEET_ENV, **(settings_env or {})},
+            settings_env={**FLEET_ENV, **broker_env, **(settings_env or {})},
         )
         self.postgres: ManagedProcess | None = None
         self.bouncer: ManagedProcess | None = None
@@ -98,6 +117,8 @@ class Fleet(ChaosCluster):
 
     @property
     def worker_broker_url(self) -> str:
+        if self.rabbitmq is not None:
+            return self.rabbitmq.fleet_url
         return f"redis://{self.network.addresses['broker']}:{REDIS_PORT}/0"
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -129,7 +150,7 @@ class Fleet(ChaosCluster):
         self._psql(f"create role {WORKER_USER} superuser login", database="postgres")
         self._psql("create extension if not exists pg_stat_statements")
         self.start_bouncer()
-        self.start_redis()
+        self.start_broker()
         from threads_celery.store import create_store_engine, parse_database_url
         from threads_celery.store.migrate import upgrade
 
@@ -177,6 +198,20 @@ class Fleet(ChaosCluster):
         assert self.bouncer is not None
         self.bouncer.kill()
         self.start_bouncer()
+
+    def start_broker(self) -> None:
+        if self.rabbitmq is not None:
+            self.rabbitmq.start()
+        else:
+            self.start_redis()
+
+    def stop_broker(self) -> None:
+        """The broker goes away: RabbitMQ's orderly shutdown (its quorum queues are kept on disk),
+        or Redis killed (it keeps nothing: ``--save ''``, no append-only file)."""
+        if self.rabbitmq is not None:
+            self.rabbitmq.stop()
+        elif self.redis is not None:
+            self.redis.kill()
 
     def start_redis(self) -> None:
         argv = [str(shutil.which("redis-server")), "--bind", self.network.addresses["broker"], "--port", str(REDIS_PORT),
@@ -229,6 +264,8 @@ class Fleet(ChaosCluster):
 
     def queued(self, queue: str = "threads") -> int | None:
         """Messages waiting in the broker's work queue (every priority list), None while it is away."""
+        if self.rabbitmq is not None:
+            return self.rabbitmq.queue_depth(queue)
         import redis
 
         client = redis.Redis(unix_socket_path=str(self.redis_dir / "redis.sock"), socket_timeout=2)
@@ -314,6 +351,8 @@ class Fleet(ChaosCluster):
 
     def close(self) -> None:
         super().close()
+        if self.rabbitmq is not None:
+            self.rabbitmq.destroy()
         for directory in (self.pg_dir, self.redis_dir):
             shutil.rmtree(directory, ignore_errors=True)
 

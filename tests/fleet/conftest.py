@@ -17,8 +17,9 @@ import pytest
 
 from tests.fleet.cluster import HOSTS, Fleet, postgres_user_exists
 from tests.fleet.network import Network, namespaces_problem, remove_stale
+from tests.support.private_rabbitmq import PrivateRabbitMQ
 from tests.support.processes import PG_BIN, exit_cleanly_on_sigterm
-from tests.support.services import in_ci
+from tests.support.services import in_ci, require_service
 
 
 def _should_work() -> bool:
@@ -53,11 +54,17 @@ def fleet_ready() -> None:
 
 
 @pytest.fixture
-def fleet(fleet_ready: None, tmp_path: Path) -> Iterator[Fleet]:
-    """A started fleet (PostgreSQL, PgBouncer, Redis; no workers yet) on namespaces of its own;
-    w3 reaches the ledger through a delay proxy (no delay until a test sets one)."""
+def fleet(fleet_ready: None, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """A started fleet (PostgreSQL, PgBouncer, the broker; no workers yet) on namespaces of its own;
+    w3 reaches the ledger through a delay proxy (no delay until a test sets one). The broker is
+    Redis, or the ``request.param`` of an indirect parametrization (``rabbitmq``)."""
+    broker = getattr(request, "param", "redis")
+    if broker == "rabbitmq":
+        problem = PrivateRabbitMQ.available() or (None if shutil.which("epmd") else "epmd is not installed")
+        if problem:
+            require_service("rabbitmq-server", False, problem)
     network = Network(HOSTS)
-    fleet = Fleet(network, tmp_path)
+    fleet = Fleet(network, tmp_path, broker=broker)
     try:
         network.create()
         fleet.start_services()

@@ -7,6 +7,11 @@ the service at ``--to``: each chunk read from either side is written to the othe
 later, in order. The delay can be changed while it runs by writing a number of milliseconds to
 the file named by ``--delay-file`` (read every 0.2 s): that is how a test makes a database
 answer slower than a lease, then fast again.
+
+With ``--to-netns NAME`` the proxy listens in the namespace it was started in and connects to
+``--to`` from inside the network namespace ``NAME`` (``/run/netns/NAME``): the test process,
+which stays in the machine's namespace, reaches a service on a fleet host that way (RabbitMQ
+speaks TCP only; PostgreSQL and Redis are reached through their Unix sockets).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
+import os
 import time
 from pathlib import Path
 
@@ -55,7 +62,22 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay
         await sender
 
 
-async def serve(listen: str, target: str, delay: Delay) -> None:
+CLONE_NEWNET = 0x40000000
+
+
+def enter_netns(name: str) -> None:
+    """Make every socket this process opens from now on belong to network namespace ``name``
+    (setns(2); sockets opened before, such as the listener, stay where they are)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {name} failed")
+    finally:
+        os.close(fd)
+
+
+async def serve(listen: str, target: str, delay: Delay, *, to_netns: str | None = None) -> None:
     to_host, to_port = target.rsplit(":", 1)
 
     async def handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
@@ -68,6 +90,8 @@ async def serve(listen: str, target: str, delay: Delay) -> None:
 
     host, port = listen.rsplit(":", 1)
     server = await asyncio.start_server(handle, host, int(port))
+    if to_netns:
+        enter_netns(to_netns)  # one thread: asyncio connects from this one
     asyncio.get_running_loop().create_task(delay.follow())
     print(f"delay proxy {listen} -> {target} ready", flush=True)
     async with server:
@@ -80,8 +104,9 @@ def main() -> None:
     parser.add_argument("--to", required=True)
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--delay-file", type=Path)
+    parser.add_argument("--to-netns", help="connect to --to from inside this network namespace")
     args = parser.parse_args()
-    asyncio.run(serve(args.listen, args.to, Delay(args.delay_ms, args.delay_file)))
+    asyncio.run(serve(args.listen, args.to, Delay(args.delay_ms, args.delay_file), to_netns=args.to_netns))
 
 
 if __name__ == "__main__":

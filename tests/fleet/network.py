@@ -94,6 +94,10 @@ class Network:
     def ns(self, host: str) -> str:
         return f"{self.prefix}-{host}"
 
+    def address_of(self, host: str) -> str:
+        """``host``'s address (known before :meth:`create`)."""
+        return f"{SUBNET}.{list(self.hosts).index(host) + 2}"
+
     def exec_argv(self, host: str, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside ``host``'s namespace."""
         return ["ip", "netns", "exec", self.ns(host), *argv]
@@ -114,7 +118,7 @@ class Network:
             # the pair ever exists in the machine's namespace.
             _run(["ip", "-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns])
             _run(["ip", "-n", self.switch, "link", "set", port, "master", "br0", "up"])
-            address = f"{SUBNET}.{index + 2}"
+            address = self.address_of(host)
             self.addresses[host] = address
             _run(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0"])
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])

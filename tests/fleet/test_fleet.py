@@ -1,9 +1,10 @@
 """The fleet under partitions and bad links: a backlog soak per fault, one table per fault.
 
-CI runs the lean slice: one fault (a worker cut from PostgreSQL while its workers hold runs),
-on ``THREADS_FLEET_RUNS`` runs (default 100) over three workers of two processes. ``THREADS_FLEET=full``
-runs every fault of :data:`tests.fleet.faults.FAULTS`, each on a fleet of its own with at least 200
-runs (300 by default) and 16 worker processes (6, 5 and 5 on w1, w2 and w3). See tests/fleet/README.md.
+CI runs the lean slice: two faults, each on ``THREADS_FLEET_RUNS`` runs (default 100) over three
+workers of two processes: a worker cut from PostgreSQL while its workers hold runs (on Redis), and a
+worker cut from the broker (on RabbitMQ). ``THREADS_FLEET=full`` runs every fault of
+:data:`tests.fleet.faults.FAULTS` on both brokers, each on a fleet of its own with at least 200 runs
+(300 by default) and 16 worker processes (6, 5 and 5 on w1, w2 and w3). See tests/fleet/README.md.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 
 import pytest
 
-from tests.fleet.cluster import WORKER_HOSTS, Fleet
+from tests.fleet.cluster import BROKERS, WORKER_HOSTS, Fleet
 from tests.fleet.faults import FAULTS, report_table, run_scenario
 
 FULL = os.environ.get("THREADS_FLEET", "") == "full"
@@ -38,11 +39,23 @@ def _soak(fleet: Fleet, fault_name: str) -> None:
     assert not outcome.problems, "\n".join(outcome.problems[:40])
 
 
+LEAN = {"redis": "worker cut from PostgreSQL", "rabbitmq": "worker cut from the broker"}
+
+
 def test_a_worker_cut_from_postgresql_while_it_holds_runs(fleet: Fleet) -> None:
-    _soak(fleet, "worker cut from PostgreSQL")
+    _soak(fleet, LEAN["redis"])
+
+
+@pytest.mark.parametrize("fleet", ["rabbitmq"], indirect=True)
+def test_a_worker_cut_from_rabbitmq_while_it_holds_runs(fleet: Fleet) -> None:
+    _soak(fleet, LEAN["rabbitmq"])
 
 
 @pytest.mark.skipif(not FULL, reason="every fault runs with THREADS_FLEET=full (tests/fleet/README.md)")
-@pytest.mark.parametrize("fault_name", [name for name in FAULTS if name != "worker cut from PostgreSQL"])
+@pytest.mark.parametrize(
+    ("fleet", "fault_name"),
+    [(broker, name) for broker in BROKERS for name in FAULTS if name != LEAN[broker]],
+    indirect=["fleet"],
+)
 def test_every_fault(fleet: Fleet, fault_name: str) -> None:
     _soak(fleet, fault_name)
