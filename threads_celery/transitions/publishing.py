@@ -230,6 +230,11 @@ def celery_app(
 #: :meth:`Publisher.ensure_reachable` opens no connection of its own.
 REACHABLE_FOR_S = 1.0
 
+#: How long a check that could not reach the broker answers for it: within it,
+#: :meth:`Publisher.ensure_reachable` raises that check's error at once instead of waiting for
+#: another connection to time out (seconds each), so callers hear of an outage without queueing.
+UNREACHABLE_FOR_S = 1.0
+
 
 class Publisher:
     """Publishes outbox entries after their transaction committed.
@@ -254,6 +259,9 @@ class Publisher:
         # Until when (time.monotonic) the last publish or check that reached the broker vouches
         # for it; a failed one ends it at once.
         self._reachable_until = 0.0
+        # Until when the last failed check answers for the broker, and what it said.
+        self._unreachable_until = 0.0
+        self._unreachable: BrokerUnavailable | None = None
 
     def __call__(self, entries: Sequence[OutboxEntry]) -> None:
         """Publish ``entries``; one that fails is logged and left in the outbox for the backbone."""
@@ -338,9 +346,12 @@ class Publisher:
                 # kombu takes float seconds here; celery-types annotates the timeout as int.
                 conn.ensure_connection(max_retries=1, timeout=timeout)  # type: ignore[arg-type]
         except (KombuOperationalError, OSError, TimeoutError) as exc:
-            raise BrokerUnavailable(
+            unavailable = BrokerUnavailable(
                 f"cannot reach the broker at {safe_broker_url(self.app.conf.broker_url)}: {exc}"
-            ) from exc
+            )
+            self._unreachable, self._unreachable_until = unavailable, time.monotonic() + UNREACHABLE_FOR_S
+            raise unavailable from exc
+        self._unreachable_until = 0.0
         self._reachable_until = time.monotonic() + REACHABLE_FOR_S
 
     def ensure_reachable(self) -> None:
@@ -352,9 +363,16 @@ class Publisher:
         is not heard of there: the run's first step stays in the outbox, and the backbone
         publishes it once the broker is back. Opening a connection to ask (about a millisecond
         and a half of a start's five) is paid once a second at most, not on every start.
+
+        A check that failed answers for :data:`UNREACHABLE_FOR_S`: within it the same error is
+        raised at once, so that during an outage every start is refused quickly instead of each
+        waiting seconds for a connection of its own to time out.
         """
-        if time.monotonic() < self._reachable_until:
+        now = time.monotonic()
+        if now < self._reachable_until:
             return
+        if self._unreachable is not None and now < self._unreachable_until:
+            raise BrokerUnavailable(str(self._unreachable))
         self.check()
 
 

@@ -84,3 +84,22 @@ def test_a_failed_publish_makes_the_next_start_ask_the_broker(setup: Any) -> Non
     with pytest.raises(BrokerUnavailable):
         publisher.ensure_reachable()
     assert checks == ["check"]
+
+
+def test_a_failed_check_answers_for_the_broker_for_a_second(setup: Any) -> None:
+    # During an outage each start would otherwise wait for a connection of its own to time out.
+    publisher, checks, clock, state = setup
+    state["broker_up"] = False
+    with pytest.raises(BrokerUnavailable, match="cannot reach the broker"):
+        publisher.ensure_reachable()
+    assert checks == ["check"]
+    clock.now += publishing.UNREACHABLE_FOR_S / 2
+    with pytest.raises(BrokerUnavailable, match="connection refused"):
+        publisher.ensure_reachable()  # refused at once, with what the check said
+    assert checks == ["check"]
+    state["broker_up"] = True
+    clock.now += publishing.UNREACHABLE_FOR_S
+    publisher.ensure_reachable()  # the second is gone: asked again, and the broker is back
+    assert checks == ["check", "check"]
+    publisher.ensure_reachable()
+    assert checks == ["check", "check"]  # and now vouched for
