@@ -23,7 +23,7 @@ from sqlalchemy.exc import DataError
 from threads_celery import Agent, Permissions, tool
 from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.exceptions import StoreUnavailable
-from threads_celery.records import OutboxEntry, Run
+from threads_celery.records import OutboxEntry, Run, ToolCall, ToolResult
 from threads_celery.runtime.machine import Runtime
 from threads_celery.store import Store, create_store_engine, parse_database_url
 from threads_celery.store import direct as direct_module
@@ -453,7 +453,8 @@ def test_a_due_step_is_read_and_claimed_in_one_statement_as_apart(store: Store) 
     assert store.read_and_claim_step(run_id, 1, "step:x:1", owner="w1", lease_until=lease, now=now) is None
     assert store.run(run_id) == before
     read = store.read_and_claim_step(run_id, 0, step_key, owner="w1", lease_until=lease, now=now)
-    assert read == before  # the run as it was before the claim
+    assert read is not None and read.run == before  # the run as it was before the claim
+    assert [(m.seq, m.role, m.text) for m in read.messages] == [(0, "user", "go")]  # and its history
     claimed = store.run(run_id)
     assert claimed is not None
     assert (claimed.status, claimed.fence, claimed.lease_owner) == ("running", before.fence + 1, "w1")
@@ -468,7 +469,7 @@ def test_a_due_step_is_read_and_claimed_in_one_statement_as_apart(store: Store) 
     taken = store.read_and_claim_step(
         run_id, 0, step_key, owner="w2", lease_until=later + timedelta(seconds=30), now=later
     )
-    assert taken == claimed
+    assert taken is not None and taken.run == claimed
     assert _outbox_and_run_events(store, run_id)[1].count({"run_id": run_id, "status": "running"}) == 1
     with store.transaction() as tx:
         tx.advance_run(run_id, fence=claimed.fence + 1, now=later, status="completed", lease_owner=None)
@@ -485,6 +486,41 @@ def test_a_due_step_is_read_and_claimed_in_one_statement_as_apart(store: Store) 
         is None
     )
     assert store.run(run_id) == ended
+
+
+def test_a_step_claim_reads_the_history_its_cache_asks_for_as_a_read_apart_would(store: Store) -> None:
+    # The messages that come with a claim are those list_messages (the whole thread) or
+    # list_message_ends (a cached copy's ends and what follows) read apart, field for field:
+    # tool calls and results, meta, keys and timestamps as aware UTC datetimes.
+    run_id, step_key = _queued_run(store)
+    run = store.run(run_id)
+    assert run is not None
+    now = run_ledger.utcnow()
+    call = ToolCall(id="c1", name="lookup", effect_key=f"{run_id}:0:0", args={"q": "naïve \u2603", "n": [1, 2.5, None]})
+    with store.transaction() as tx:
+        tx.insert_message(
+            thread_id=run.thread_id, run_id=run_id, role="assistant", text="", now=now, tool_calls=(call,)
+        )
+        result = ToolResult(call_id="c1", name="lookup", content='{"rows": [{"a": 1}]}', kind="json")
+        tx.insert_message(thread_id=run.thread_id, run_id=run_id, role="tool", text="", now=now, tool_result=result)
+        tx.insert_message(thread_id=run.thread_id, run_id=run_id, role="user", text="more\nlines", now=now,
+                          meta={"source": "note"}, key="k-1")  # fmt: skip
+    whole = store.list_messages(run.thread_id)
+    assert len(whole) == 4
+    later = now + timedelta(seconds=1)
+    lease = later + timedelta(seconds=30)
+    claimed = store.read_and_claim_step(run_id, 0, step_key, owner="w1", lease_until=lease, now=later)
+    assert claimed is not None and claimed.history_ends == (-1, 0)
+    assert claimed.messages == whole
+    assert all(m.created_at.tzinfo is not None and m.created_at.utcoffset() == timedelta(0) for m in claimed.messages)
+    # A later step whose cache holds seqs 0..1 asks for their ends and what follows.
+    with store.transaction() as tx:
+        tx.advance_run(run_id, fence=run.fence + 1, now=later, step=1, lease_owner=None, lease_expires_at=None)
+    again = store.read_and_claim_step(run_id, 1, run_ledger.step_key(run_id, 1), owner="w1", lease_until=lease, now=later,
+                                      history_ends=(0, 1))  # fmt: skip
+    assert again is not None and again.history_ends == (0, 1)
+    assert again.messages == store.list_message_ends(run.thread_id, first_seq=0, last_seq=1)
+    assert [m.seq for m in again.messages] == [0, 1, 2, 3]
 
 
 def test_two_deliveries_of_a_step_at_once_claim_it_once(store: Store) -> None:

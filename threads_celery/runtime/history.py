@@ -13,7 +13,10 @@ message on, plus its first one:
   full, as without the cache.
 
 So a step sees exactly the rows a full read at that moment would see, and another worker
-appending to the thread in between is picked up by the same statement. The cache is bounded by
+appending to the thread in between is picked up by the same statement. On PostgreSQL that read
+is made by the step's claim itself (:class:`Prefetched`): the claim statement takes the ends
+this cache holds for the run's thread (:meth:`HistoryCache.ends_for_run`) and returns the rows
+with the run, so a step's claim and its history are one round trip. The cache is bounded by
 an estimate of its size in bytes and by a number of threads (least recently used threads go
 first) and lives in one process; pool processes do not share it.
 """
@@ -28,6 +31,7 @@ from typing import Protocol
 
 from threads_celery.records import Message
 from threads_celery.runtime.models import ModelHistory
+from threads_celery.store.operations import WHOLE_HISTORY
 
 
 class MessageSource(Protocol):
@@ -73,6 +77,28 @@ class ThreadHistory:
         return self.converted
 
 
+class Prefetched:
+    """A :class:`MessageSource` that answers, from what was read with a step's claim, the read
+    that asks for those messages (``ends``: the ends of the cached copy, or the whole thread),
+    and passes any other read to ``source``."""
+
+    def __init__(self, source: MessageSource, thread_id: str, ends: tuple[int, int], messages: list[Message]) -> None:
+        self.source = source
+        self.thread_id = thread_id
+        self.ends = ends
+        self.messages = messages
+
+    def list_messages(self, thread_id: str) -> list[Message]:
+        if thread_id == self.thread_id and self.ends == WHOLE_HISTORY:
+            return list(self.messages)
+        return self.source.list_messages(thread_id)
+
+    def list_message_ends(self, thread_id: str, *, first_seq: int, last_seq: int) -> list[Message]:
+        if thread_id == self.thread_id and (first_seq, last_seq) == self.ends:
+            return list(self.messages)
+        return self.source.list_message_ends(thread_id, first_seq=first_seq, last_seq=last_seq)
+
+
 class HistoryCache:
     """Thread histories of one worker process, checked against the store on every read."""
 
@@ -80,6 +106,9 @@ class HistoryCache:
         self.max_bytes = max_bytes
         self.max_threads = max_threads
         self._entries: OrderedDict[str, ThreadHistory] = OrderedDict()
+        # Which thread a run's steps read, for the runs whose history was read here: a step asks
+        # for its history with its claim, before it has read the run (see :meth:`ends_for_run`).
+        self._threads_of_runs: OrderedDict[str, str] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -93,12 +122,29 @@ class HistoryCache:
         """The estimated bytes held now."""
         return self._bytes
 
-    def load(self, tx: MessageSource, thread_id: str) -> ThreadHistory:
+    def ends_for_run(self, run_id: str) -> tuple[int, int]:
+        """What :meth:`load` will ask of the store for ``run_id``'s thread, as far as this cache can
+        tell before the run is read: the first and last seq of its cached history, or
+        :data:`WHOLE_HISTORY` (a run not seen here, or a thread no longer cached)."""
+        with self._lock:
+            thread_id = self._threads_of_runs.get(run_id)
+            entry = self._entries.get(thread_id) if thread_id is not None else None
+            if entry is None or not entry.messages:
+                return WHOLE_HISTORY
+            return entry.messages[0].seq, entry.messages[-1].seq
+
+    def load(self, tx: MessageSource, thread_id: str, *, run_id: str | None = None) -> ThreadHistory:
         """The thread's whole history as ``tx`` sees it, reading only what the cache lacks.
 
-        The returned history is the caller's to read; its message list is a copy.
+        The returned history is the caller's to read; its message list is a copy. ``run_id``:
+        the run the history is read for, remembered for :meth:`ends_for_run`.
         """
         with self._lock:
+            if run_id is not None:
+                self._threads_of_runs[run_id] = thread_id
+                self._threads_of_runs.move_to_end(run_id)
+                while len(self._threads_of_runs) > 4 * self.max_threads:
+                    self._threads_of_runs.popitem(last=False)
             entry = self._entries.pop(thread_id, None)
             if entry is not None:
                 self._bytes -= entry.size
@@ -150,6 +196,7 @@ class HistoryCache:
         """Forget every cached history."""
         with self._lock:
             self._entries.clear()
+            self._threads_of_runs.clear()
             self._bytes = 0
 
 
@@ -158,4 +205,13 @@ def as_messages(history: ThreadHistory | Sequence[Message]) -> Sequence[Message]
     return history.messages if isinstance(history, ThreadHistory) else history
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_THREADS", "HistoryCache", "MessageSource", "ThreadHistory", "message_size"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_THREADS",
+    "WHOLE_HISTORY",
+    "HistoryCache",
+    "MessageSource",
+    "Prefetched",
+    "ThreadHistory",
+    "message_size",
+]

@@ -74,7 +74,7 @@ from threads_celery.runtime import (
     subagents,
     tool_faults,
 )
-from threads_celery.runtime.history import HistoryCache
+from threads_celery.runtime.history import HistoryCache, MessageSource, Prefetched
 from threads_celery.runtime.leases import LeaseKeeper
 from threads_celery.runtime.outcomes import commit_call, finish_run
 from threads_celery.runtime.permission_checks import check_call
@@ -147,32 +147,38 @@ class Runtime:
         now = self.clock()
         lease = timedelta(seconds=self.settings.step_lease_s)
         step_key = runs.step_key(run_id, step)
-        # A step that is due is read and claimed at once (PostgreSQL: one statement) ...
-        run = self.store.read_and_claim_step(
-            run_id, step, step_key, owner=self.worker_id, lease_until=now + lease, now=now
-        )
-        if run is not None:
+        # A step that is due is read and claimed at once, its history with it (PostgreSQL: one
+        # statement) ...
+        claimed = self.store.read_and_claim_step(
+            run_id, step, step_key, owner=self.worker_id, lease_until=now + lease, now=now,
+            history_ends=self.history.ends_for_run(run_id),
+        )  # fmt: skip
+        source: MessageSource = self.store
+        if claimed is not None:
+            run = claimed.run
             fence = run.fence + 1
+            source = Prefetched(self.store, run.thread_id, claimed.history_ends, claimed.messages)
         else:
             # ... else read unlocked, decided, then claimed on the fence as read (the claim also
             # checks that no other worker's lease is live): whatever moved in between makes the
             # claim write nothing, and the step is tried again.
-            run = self.store.run(run_id)
-            decision = decide_step(run, step, now)
+            read = self.store.run(run_id)
+            decision = decide_step(read, step, now)
             if isinstance(decision, Skip):
                 self.store.delete_outbox(step_key)
                 return f"skipped: {decision.reason}"
             if isinstance(decision, Busy):
                 raise RetryLater((decision.until - now).total_seconds(), "run is held by another worker")
-            assert run is not None
-            claimed = self.store.claim_step(run, step_key, owner=self.worker_id, lease_until=now + lease, now=now)
-            if claimed is None:
+            assert read is not None
+            run = read
+            new_fence = self.store.claim_step(run, step_key, owner=self.worker_id, lease_until=now + lease, now=now)
+            if new_fence is None:
                 raise RetryLater(0.1, "run was claimed concurrently")
-            fence = claimed
+            fence = new_fence
         self._touched.thread_id = run.thread_id
         if run.status == "queued":  # the claim committed the run's "running" event: read it now
             live_stream.nudge(self, run.thread_id)
-        history = self.history.load(self.store, run.thread_id)  # each read a statement of its own
+        history = self.history.load(source, run.thread_id, run_id=run.id)
         if (run.input_meta or {}).get("narrate"):
             # A narrated status line: its message is in the thread already; no model turn.
             finish_run(self, run, fence, "completed", output=run.input)

@@ -18,7 +18,7 @@ from threads_celery.store import statements
 from threads_celery.store.call_queries import call_and_run_from_mapping
 from threads_celery.store.direct import DirectStatements
 from threads_celery.store.outbox_queries import TOOL_TASK_NAME
-from threads_celery.store.rows import message_from_mapping, run_from_mapping
+from threads_celery.store.rows import message_from_mapping, messages_from_json, run_from_mapping
 from threads_celery.store.storable import dumps
 
 if TYPE_CHECKING:
@@ -27,6 +27,20 @@ if TYPE_CHECKING:
 #: What fills the one-statement result commit's next-task parameters when there is no next task
 #: (its ``has_next`` is false, so none of it is written).
 _NO_NEXT_ENTRY = OutboxEntry(key="", task="")
+
+
+#: ``history_ends`` that read a thread's whole history: every message from seq 0 on.
+WHOLE_HISTORY = (-1, 0)
+
+
+@dataclass(frozen=True)
+class ClaimedStep:
+    """A step read and claimed in one statement: the run as it was before the claim, and its
+    thread's messages read with it (those ``history_ends`` asked for)."""
+
+    run: Run
+    history_ends: tuple[int, int]
+    messages: list[Message]
 
 
 def _lease_live(run: Run, now: datetime) -> bool:
@@ -182,14 +196,26 @@ class OwnOperations:
             return tx.get_run(run_id)
 
     def read_and_claim_step(
-        self, run_id: str, step: int, step_key: str, *, owner: str, lease_until: datetime, now: datetime
-    ) -> Run | None:
+        self,
+        run_id: str,
+        step: int,
+        step_key: str,
+        *,
+        owner: str,
+        lease_until: datetime,
+        now: datetime,
+        history_ends: tuple[int, int] = WHOLE_HISTORY,
+    ) -> ClaimedStep | None:
         """On PostgreSQL, a due step's read and claim in one statement (READ_AND_CLAIM_STEP_PG):
-        the run as it was before the claim (the claim's fence is one more), or None, with
-        nothing written, when the step is not due, another worker's lease is live, or this is
-        not PostgreSQL: then :meth:`run` and :meth:`claim_step`, apart, say why."""
+        the run as it was before the claim (the claim's fence is one more) and its thread's
+        messages, or None, with nothing written, when the step is not due, another worker's
+        lease is live, or this is not PostgreSQL: then :meth:`run` and :meth:`claim_step`,
+        apart, say why. ``history_ends``: the first and last seq of the history a step has
+        cached (the messages read are those two and every one after the last), or
+        :data:`WHOLE_HISTORY`."""
         if self._direct is None:
             return None
+        first_seq, last_seq = history_ends
         params = {
             "run_id": run_id,
             "step": step,
@@ -198,9 +224,13 @@ class OwnOperations:
             "until": lease_until,
             "now": now,
             "payload": {"run_id": run_id, "status": "running"},
+            "first_seq": first_seq,
+            "last_seq": last_seq,
         }
         row = self._direct.first(statements.READ_AND_CLAIM_STEP_PG, params)
-        return None if row is None else run_from_mapping(row)
+        if row is None:
+            return None
+        return ClaimedStep(run_from_mapping(row), history_ends, messages_from_json(row["history"]))
 
     def list_messages(self, thread_id: str) -> list[Message]:
         """The thread's whole history, in order, read on its own: a model step's cache miss."""

@@ -7,6 +7,7 @@ of :mod:`threads_celery.records`), so no SQLAlchemy ``Row`` leaves the store pac
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.engine import Row, RowMapping
@@ -106,6 +107,15 @@ def message_from_mapping(m: RowMapping | Mapping[str, Any]) -> Message:
         meta=m["meta"],
         key=m["key"],
     )
+
+
+def messages_from_json(items: list[dict[str, Any]] | None) -> list[Message]:
+    """Message rows read as a JSON array (``json_build_object`` of their columns, in order): the
+    timestamps come as ISO 8601 text and are read back as aware UTC datetimes."""
+    return [
+        message_from_mapping({**item, "created_at": datetime.fromisoformat(item["created_at"]).astimezone(UTC)})
+        for item in items or ()
+    ]
 
 
 def agent_tool_run_from_row(row: Row[Any], milestones: tuple[Milestone, ...]) -> AgentToolRun:

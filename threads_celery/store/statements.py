@@ -7,7 +7,7 @@ once per dialect. These are the statements every tool call and model step runs.
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, bindparam, delete, func, insert, select, text, update
+from sqlalchemy import Boolean, bindparam, column, delete, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.dml import Insert, Update
@@ -437,6 +437,12 @@ _RUN_COLUMNS = tuple(c.name for c in runs.c)
 #: and next fence, the step's outbox row consumed and, for a run that was queued, its ``running``
 #: event. The run as it was before the claim comes back (its new fence is one more), or no row,
 #: with nothing written: then the run is read and decided apart, to say why.
+#:
+#: With the run comes its thread's history, as the step's history cache asks for it (the column
+#: ``history``, a JSON array of message rows in order): the messages ``:first_seq`` and from
+#: ``:last_seq`` on, the ends of the cached copy and what was appended after it (MESSAGE_ENDS),
+#: or, with ``-1`` and ``0``, the whole thread (THREAD_MESSAGES). The claim writes no message,
+#: so the history is the thread as the statement found it.
 READ_AND_CLAIM_STEP_PG = (
     text(
         """
@@ -462,7 +468,13 @@ WITH old AS (
     INSERT INTO events (thread_id, seq, run_id, type, payload, created_at)
     SELECT s.id, s.event_seq, CAST(:run_id AS varchar), 'run', :payload, :now FROM s
 )
-SELECT * FROM r
+SELECT r.*, (
+    SELECT json_agg(json_build_object('thread_id', m.thread_id, 'seq', m.seq, 'run_id', m.run_id, 'role', m.role,
+        'text', m.text, 'parts', m.parts, 'meta', m.meta, 'key', m.key, 'created_at', m.created_at) ORDER BY m.seq)
+    FROM messages m
+    WHERE m.thread_id = r.thread_id AND (m.seq = CAST(:first_seq AS integer) OR m.seq >= CAST(:last_seq AS integer))
+) AS history
+FROM r
 """
     )
     .bindparams(
@@ -470,5 +482,5 @@ SELECT * FROM r
         bindparam("until", type_=UTCDateTime()),
         bindparam("payload", type_=events.c.payload.type),
     )
-    .columns(*runs.c)
+    .columns(*runs.c, column("history", messages.c.parts.type))
 )
