@@ -51,7 +51,7 @@ from ag_ui.core import (
     UserMessage,
 )
 from ag_ui.encoder import EventEncoder
-from fastapi import APIRouter, Body, Depends, Path
+from fastapi import APIRouter, Body, Depends
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 from pydantic.alias_generators import to_camel
@@ -59,15 +59,12 @@ from starlette.concurrency import run_in_threadpool
 
 from threads_celery.api import chat_common as chat
 from threads_celery.api import chat_parts as reply
-from threads_celery.api.bodies import ID_PATTERN, ErrorOut
+from threads_celery.api.chat_common import AgentName
 from threads_celery.api.errors import ApiError
-from threads_celery.api.tenancy import Caller, run_to_start, shown_to, thread_to_start
+from threads_celery.api.tenancy import Caller, shown_to, thread_to_start
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
-
-AgentName = Annotated[str, Path(pattern=ID_PATTERN, description="The agent's name.")]
-STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class ApprovalAnswer(BaseModel):
@@ -223,11 +220,12 @@ async def agui_stream(
         return
     yield encoder.encode(CustomEvent(name="threads.run", value={"runId": shown(run_id), "threadId": shown(thread_id)}))
     parts = chat.reply_parts(threads, run_id, shown)
-    async for batch in chat.reply_stream(threads, thread_id, parts, cursor, keepalive_s=keepalive_s):
-        if batch is None:
-            yield ": keepalive\n\n"
-            continue
-        yield "".join(encoder.encode(event) for part in batch for event in mapper.events(part))
+
+    def frames_of(part: reply.Part) -> str:
+        return "".join(encoder.encode(event) for event in mapper.events(part))
+
+    async for frames in chat.reply_frames(threads, thread_id, parts, cursor, frames_of, keepalive_s=keepalive_s):
+        yield frames
 
 
 def _text_of(message: UserMessage) -> str:
@@ -263,11 +261,7 @@ def add_ag_ui_routes(
     keepalive_s: float,
 ) -> None:
     """``POST /chat/ag-ui/{agent}`` on ``router`` (``/v1``)."""
-    errors: dict[int | str, dict[str, object]] = {
-        404: {"model": ErrorOut, "description": "No such agent, or an interrupt that is not the caller's."},
-        409: {"model": ErrorOut, "description": "The thread belongs to another agent."},
-        413: {"model": ErrorOut, "description": "The body is over the size limit."},
-    }
+    errors = chat.error_responses("No such agent, or an interrupt that is not the caller's.")
 
     def plan(agent: str, run_input: RunAgentInput, caller: Caller) -> tuple[str, str | None, int]:
         if not chat.is_id(run_input.thread_id):
@@ -282,27 +276,14 @@ def add_ag_ui_routes(
             return thread_id, answered, cursor
         last = run_input.messages[-1] if run_input.messages else None
         if isinstance(last, UserMessage):
-            text = _text_of(last)
-            if not text.strip():
-                raise ApiError(422, "validation_error", "messages: the last user message has no text")
-            run_id = run_to_start(threads, caller, last.id) if chat.is_id(last.id) else None
-            handle = threads.start(agent, text, thread_id=thread_id, run_id=run_id, tenant=caller.tenant)
-            return handle.thread_id, handle.run_id, chat.first_event_seq(threads, handle.thread_id, handle.run_id)
-        if latest is not None and latest.status not in reply.ENDED:
-            return thread_id, latest.id, chat.first_event_seq(threads, thread_id, latest.id)
-        return thread_id, None, 0
+            return chat.start_run(threads, caller, agent, thread_id, _text_of(last), last.id)
+        return chat.run_in_progress(threads, thread_id, latest)
 
     @router.post(
         "/chat/ag-ui/{agent}",
         tags=["chat"],
         response_class=StreamingResponse,
-        responses={
-            200: {
-                "description": "AG-UI events (text/event-stream) of the run.",
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
-            },
-            **errors,
-        },
+        responses={**chat.event_stream_response("AG-UI events (text/event-stream) of the run."), **errors},
     )
     async def ag_ui_run(
         agent: AgentName,
@@ -321,7 +302,7 @@ def add_ag_ui_routes(
             accept="text/event-stream",
             keepalive_s=keepalive_s,
         )
-        return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
+        return StreamingResponse(body, media_type="text/event-stream", headers=chat.SSE_HEADERS)
 
 
 __all__ = ["APPROVAL_SCHEMA", "AguiEvents", "add_ag_ui_routes", "agui_stream", "answers_of"]

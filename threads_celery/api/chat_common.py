@@ -2,27 +2,30 @@
 
 The Vercel AI SDK's UI message stream (:mod:`~threads_celery.api.chat_vercel`) and AG-UI
 (:mod:`~threads_celery.api.chat_agui`) both show one agent run as an assistant reply. Here: which
-run a chat request streams (:func:`latest_run`, :func:`check_agent`), where its events begin
-(:func:`first_event_seq`, :func:`last_status_seq`), the approvals a request answers
-(:func:`answer_approvals`), and the feed of a reply from the thread's live events
-(:func:`reply_stream`).
+run a chat request streams (:func:`latest_run`, :func:`check_agent`, :func:`start_run`,
+:func:`run_in_progress`), where its events begin (:func:`first_event_seq`,
+:func:`last_status_seq`), the approvals a request answers (:func:`answer_approvals`), the feed of
+a reply from the thread's live events (:func:`reply_stream`, :func:`reply_frames`), and what
+their routes document alike (:data:`AgentName`, :func:`error_responses`,
+:func:`event_stream_response`).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+from fastapi import Path
 from starlette.concurrency import run_in_threadpool
 
-from threads_celery.api.bodies import ID_PATTERN, Shown
-from threads_celery.api.chat_parts import Part, ReplyParts
+from threads_celery.api.bodies import ID_PATTERN, ErrorOut, Shown
+from threads_celery.api.chat_parts import ENDED, Part, ReplyParts
 from threads_celery.api.errors import ApiError
-from threads_celery.api.tenancy import Caller, owned_call
+from threads_celery.api.tenancy import Caller, owned_call, run_to_start
 from threads_celery.exceptions import CallNotFound, CallStateError
 from threads_celery.live import events as live
 from threads_celery.records import Event, Run
@@ -34,6 +37,25 @@ log = logging.getLogger("threads_celery.api.chat")
 
 EVENT_BATCH = 500
 _ID = re.compile(ID_PATTERN)
+
+AgentName = Annotated[str, Path(pattern=ID_PATTERN, description="The agent's name.")]
+#: Headers of a reply stream: no cache, and no proxy holding the frames back.
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+KEEPALIVE_FRAME = ": keepalive\n\n"
+
+
+def error_responses(not_found: str) -> dict[int | str, dict[str, object]]:
+    """The error answers a chat route documents; ``not_found`` says what its 404 covers."""
+    return {
+        404: {"model": ErrorOut, "description": not_found},
+        409: {"model": ErrorOut, "description": "The thread belongs to another agent."},
+        413: {"model": ErrorOut, "description": "The body is over the size limit."},
+    }
+
+
+def event_stream_response(description: str) -> dict[int | str, dict[str, object]]:
+    """The ``200`` answer a chat route documents: ``text/event-stream`` described by ``description``."""
+    return {200: {"description": description, "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 
 
 def is_id(value: str) -> bool:
@@ -113,6 +135,28 @@ def check_agent(threads: Threads, agent: str, run: Run | None) -> None:
         raise ApiError(409, "conflict", f"thread {run.thread_id} belongs to agent {run.agent!r}, not {agent!r}")
 
 
+def start_run(
+    threads: Threads, caller: Caller, agent: str, thread_id: str, text: str, message_id: str
+) -> tuple[str, str, int]:
+    """Start a run on the thread with the user's message: its thread, its run and the cursor to stream after.
+
+    The message's id, when it can name a run, is the run's id: the same message sent again attaches
+    to the run it started. 422 for a message with no text.
+    """
+    if not text.strip():
+        raise ApiError(422, "validation_error", "messages: the last user message has no text")
+    run_id = run_to_start(threads, caller, message_id) if is_id(message_id) else None
+    handle = threads.start(agent, text, thread_id=thread_id, run_id=run_id, tenant=caller.tenant)
+    return handle.thread_id, handle.run_id, first_event_seq(threads, handle.thread_id, handle.run_id)
+
+
+def run_in_progress(threads: Threads, thread_id: str, latest: Run | None) -> tuple[str, str | None, int]:
+    """The thread's run in progress and the cursor before its first event; no run (None, 0) if it has ended."""
+    if latest is None or latest.status in ENDED:
+        return thread_id, None, 0
+    return thread_id, latest.id, first_event_seq(threads, thread_id, latest.id)
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """One person's answer to an approval, as a protocol's request carries it."""
@@ -184,6 +228,23 @@ async def reply_stream(
                 yield out
             if parts.done:
                 return
+
+
+async def reply_frames(
+    threads: Threads,
+    thread_id: str,
+    parts: ReplyParts,
+    cursor: int,
+    frames_of: Callable[[Part], str],
+    *,
+    keepalive_s: float,
+) -> AsyncIterator[str]:
+    """The SSE text of :func:`reply_stream`: each batch of parts as ``frames_of`` encodes them, and keepalives."""
+    async for batch in reply_stream(threads, thread_id, parts, cursor, keepalive_s=keepalive_s):
+        if batch is None:
+            yield KEEPALIVE_FRAME
+            continue
+        yield "".join(frames_of(part) for part in batch)
 
 
 def _step_of(effect_key: object) -> int | None:
@@ -271,13 +332,21 @@ class _Feed:
 
 
 __all__ = [
+    "KEEPALIVE_FRAME",
+    "SSE_HEADERS",
+    "AgentName",
     "Answer",
     "answer_approvals",
     "check_agent",
+    "error_responses",
+    "event_stream_response",
     "first_event_seq",
     "is_id",
     "last_status_seq",
     "latest_run",
+    "reply_frames",
     "reply_parts",
     "reply_stream",
+    "run_in_progress",
+    "start_run",
 ]

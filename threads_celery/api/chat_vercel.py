@@ -64,10 +64,11 @@ from starlette.concurrency import run_in_threadpool
 
 from threads_celery.api import chat_common as chat
 from threads_celery.api import chat_parts as reply
-from threads_celery.api.bodies import ID_PATTERN, ErrorOut
+from threads_celery.api.bodies import ID_PATTERN
+from threads_celery.api.chat_common import AgentName
 from threads_celery.api.chat_history import ui_messages
 from threads_celery.api.errors import ApiError
-from threads_celery.api.tenancy import Caller, owned_thread, run_to_start, shown_to, thread_to_start
+from threads_celery.api.tenancy import Caller, owned_thread, shown_to, thread_to_start
 from threads_celery.exceptions import ThreadNotFound
 
 if TYPE_CHECKING:
@@ -75,8 +76,7 @@ if TYPE_CHECKING:
 
 #: The AI SDK major version the stream is encoded for (tool approvals need 6).
 SDK_VERSION: Final = 6
-STREAM_HEADERS = {"x-vercel-ai-ui-message-stream": "v1", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-AgentName = Annotated[str, Path(pattern=ID_PATTERN, description="The agent's name.")]
+STREAM_HEADERS = {"x-vercel-ai-ui-message-stream": "v1", **chat.SSE_HEADERS}
 ChatId = Annotated[str, Path(pattern=ID_PATTERN, description="The chat id: the thread.")]
 
 
@@ -152,11 +152,12 @@ async def ui_message_stream(
     yield encoder.encode_event(start)
     parts = chat.reply_parts(threads, run_id, shown)
     step_open = [False]
-    async for batch in chat.reply_stream(threads, thread_id, parts, cursor, keepalive_s=keepalive_s):
-        if batch is None:
-            yield ": keepalive\n\n"
-            continue
-        yield "".join(encoder.encode_event(chunk) for part in batch for chunk in chunks_of(part, step_open))
+
+    def frames_of(part: reply.Part) -> str:
+        return "".join(encoder.encode_event(chunk) for chunk in chunks_of(part, step_open))
+
+    async for frames in chat.reply_frames(threads, thread_id, parts, cursor, frames_of, keepalive_s=keepalive_s):
+        yield frames
     yield encoder.encode_event(DoneChunk())
 
 
@@ -181,17 +182,8 @@ def add_vercel_ai_routes(
     keepalive_s: float,
 ) -> None:
     """``POST /chat/vercel-ai/{agent}`` and its resume ``GET``, on ``router`` (``/v1``)."""
-    errors: dict[int | str, dict[str, object]] = {
-        404: {"model": ErrorOut, "description": "No such agent, or an approval that is not the caller's."},
-        409: {"model": ErrorOut, "description": "The thread belongs to another agent."},
-        413: {"model": ErrorOut, "description": "The body is over the size limit."},
-    }
-    stream_doc: dict[int | str, dict[str, object]] = {
-        200: {
-            "description": "The AI SDK UI message stream (text/event-stream) of the run.",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
-        }
-    }
+    errors = chat.error_responses("No such agent, or an approval that is not the caller's.")
+    stream_doc = chat.event_stream_response("The AI SDK UI message stream (text/event-stream) of the run.")
 
     def stream(thread_id: str, run_id: str, cursor: int, caller: Caller) -> StreamingResponse:
         body = ui_message_stream(
@@ -213,20 +205,13 @@ def add_vercel_ai_routes(
         chat.check_agent(threads, agent, latest)
         last = body.messages[-1]
         if last.role == "user":
-            text = _text_of(last)
-            if not text.strip():
-                raise ApiError(422, "validation_error", "messages: the last user message has no text")
-            run_id = run_to_start(threads, caller, last.id) if chat.is_id(last.id) else None
-            handle = threads.start(agent, text, thread_id=thread_id, run_id=run_id, tenant=caller.tenant)
-            return handle.thread_id, handle.run_id, chat.first_event_seq(threads, handle.thread_id, handle.run_id)
+            return chat.start_run(threads, caller, agent, thread_id, _text_of(last), last.id)
         answers = _answers_of(last) if last.role == "assistant" else []
         if answers:
             # Every answer is checked (another tenant's or thread's approval is 404), even on a new thread.
             answered, cursor = chat.answer_approvals(threads, caller, thread_id, answers)
             return thread_id, answered, cursor
-        if latest is not None and latest.status not in reply.ENDED:
-            return thread_id, latest.id, chat.first_event_seq(threads, thread_id, latest.id)
-        return thread_id, None, 0
+        return chat.run_in_progress(threads, thread_id, latest)
 
     @router.post(
         "/chat/vercel-ai/{agent}",
@@ -281,9 +266,7 @@ def add_vercel_ai_routes(
             thread_id = owned_thread(threads, caller, chat_id)
             latest = chat.latest_run(threads, thread_id)
             chat.check_agent(threads, agent, latest)
-            if latest is None or latest.status in reply.ENDED:
-                return thread_id, None, 0
-            return thread_id, latest.id, chat.first_event_seq(threads, thread_id, latest.id)
+            return chat.run_in_progress(threads, thread_id, latest)
 
         try:
             thread_id, run_id, cursor = await run_in_threadpool(find)
