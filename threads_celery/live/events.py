@@ -20,7 +20,7 @@ run's end): a client drops what it built from the run's deltas when that arrives
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
 from threads_celery.records import Event
@@ -31,72 +31,58 @@ CONTROL_TYPES = ("step_void", "resync")
 
 
 @dataclass(frozen=True, slots=True)
-class TextDelta:
-    """A piece of the reply's text as the model writes it."""
+class _OfStepAttempt:
+    """What names a model step's attempt; its JSON is its ``type`` and every field, in order."""
 
-    type: ClassVar[Literal["text_delta"]] = "text_delta"
+    type: ClassVar[str]
     run_id: str
     step: int
     attempt: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamedPiece(_OfStepAttempt):
     #: The model part (text, thinking and tool-call parts of one reply share one numbering).
     part: int
     #: This delta's place among the step attempt's deltas, from 1, without gaps.
     seq: int
-    text: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"type": self.type, "run_id": self.run_id, "step": self.step, "attempt": self.attempt, "part": self.part,
-                "seq": self.seq, "text": self.text}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
-class ThinkingDelta:
+class TextDelta(_StreamedPiece):
+    """A piece of the reply's text as the model writes it."""
+
+    type: ClassVar[Literal["text_delta"]] = "text_delta"
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingDelta(_StreamedPiece):
     """A piece of the model's thinking, where the model sends it."""
 
     type: ClassVar[Literal["thinking_delta"]] = "thinking_delta"
-    run_id: str
-    step: int
-    attempt: int
-    part: int
-    seq: int
     text: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"type": self.type, "run_id": self.run_id, "step": self.step, "attempt": self.attempt, "part": self.part,
-                "seq": self.seq, "text": self.text}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCallDelta:
+class ToolCallDelta(_StreamedPiece):
     """A fragment of a tool call's arguments (JSON text) as the model writes them. The first
     delta of a part may have empty ``args``: the call's name and id are known before them."""
 
     type: ClassVar[Literal["tool_call_delta"]] = "tool_call_delta"
-    run_id: str
-    step: int
-    attempt: int
-    part: int
-    seq: int
     call_id: str
     name: str
     args: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {"type": self.type, "run_id": self.run_id, "step": self.step, "attempt": self.attempt, "part": self.part,
-                "seq": self.seq, "call_id": self.call_id, "name": self.name, "args": self.args}  # fmt: skip
-
 
 @dataclass(frozen=True, slots=True)
-class StepVoid:
+class StepVoid(_OfStepAttempt):
     """Everything streamed by ``attempt`` of the run's ``step`` (and by its earlier attempts) is void."""
 
     type: ClassVar[Literal["step_void"]] = "step_void"
-    run_id: str
-    step: int
-    attempt: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"type": self.type, "run_id": self.run_id, "step": self.step, "attempt": self.attempt}
 
 
 @dataclass(frozen=True, slots=True)
