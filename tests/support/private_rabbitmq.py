@@ -15,14 +15,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Self
 
 from tests.support.processes import ManagedProcess, free_port
 from tests.support.services import require_service
-from tests.support.waiting import Deadline
 
 SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 
@@ -85,12 +83,8 @@ class PrivateRabbitMQ:
             f"rabbitmq:{self.port}", argv, env=self._env(), log_path=self.directory / "server.log", cwd=self.directory
         )
         self.process.start()
-        deadline = Deadline(timeout)
-        while not self.answers():
-            if not self.process.alive():
-                raise RuntimeError(f"rabbitmq-server on port {self.port} exited:\n{self.process.log_tail()}")
-            deadline.check(f"rabbitmq-server on port {self.port} accepting connections")
-            time.sleep(0.25)
+        label = f"rabbitmq-server on port {self.port}"
+        self.process.wait_until(self.answers, label, "accepting connections", timeout=timeout, interval=0.25)
         return self
 
     def answers(self) -> bool:

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -216,6 +216,17 @@ class ManagedProcess:
                     f"--- last lines of {self.log_path} ---\n{self.log_tail()}"
                 )
             time.sleep(0.05)
+
+    def wait_until(self, ready: Callable[[], bool], label: str, state: str, *, timeout: float, interval: float) -> None:
+        """Poll ``ready`` every ``interval`` s until it holds: a service's start. RuntimeError with
+        the log's tail when the process exits first; the deadline's error, waiting for
+        ``"<label> <state>"``, after ``timeout``."""
+        deadline = Deadline(timeout)
+        while not ready():
+            if not self.alive():
+                raise RuntimeError(f"{label} exited:\n{self.log_tail()}")
+            deadline.check(f"{label} {state}")
+            time.sleep(interval)
 
     def signal_group(self, sig: int) -> None:
         """Send ``sig`` to the whole process group (a no-op once it is gone)."""
@@ -454,12 +465,8 @@ class PrivatePostgres:
         self.process = ManagedProcess(f"postgres:{self.port}", argv, env=dict(os.environ), log_path=self.log_path,
                                       cwd=self.directory, user=self.user)  # fmt: skip
         self.process.start()
-        deadline = Deadline(timeout)
-        while not self.accepts_connections():
-            if not self.process.alive():
-                raise RuntimeError(f"postgres on port {self.port} exited:\n{self.process.log_tail()}")
-            deadline.check(f"postgres on port {self.port} accepting connections")
-            time.sleep(0.1)
+        label = f"postgres on port {self.port}"
+        self.process.wait_until(self.accepts_connections, label, "accepting connections", timeout=timeout, interval=0.1)
         return self
 
     def accepts_connections(self) -> bool:
@@ -553,12 +560,8 @@ class PrivateRedis:
         self.process = ManagedProcess(f"redis:{self.port}", argv, env=dict(os.environ), log_path=self.log_path,
                                       cwd=self.directory)  # fmt: skip
         self.process.start()
-        deadline = Deadline(timeout)
-        while not self.answers():
-            if not self.process.alive():
-                raise RuntimeError(f"redis-server on port {self.port} exited:\n{self.process.log_tail()}")
-            deadline.check(f"redis-server on port {self.port} answering PING")
-            time.sleep(0.05)
+        label = f"redis-server on port {self.port}"
+        self.process.wait_until(self.answers, label, "answering PING", timeout=timeout, interval=0.05)
         return self
 
     def answers(self) -> bool:
