@@ -38,7 +38,17 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.tool_call_overhead import AGENTS_MODULE, fresh_database, read_traces, wait_done, worker  # noqa: E402
+from bench.harness import (  # noqa: E402
+    add_service_options,
+    flushed_redis,
+    fresh_database,
+    load_average,
+    read_traces,
+    wait_done,
+    when_registered,
+    worker,
+    worker_env,
+)
 
 TARGET_RATIO = 1.3
 
@@ -49,51 +59,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=20, help="turns per window (default 20)")
     parser.add_argument("--early", type=int, default=10, help="turns before the early window (default 10)")
     parser.add_argument("--concurrency", type=int, default=2, help="worker prefork processes (default 2)")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/11", help="broker; this DB is flushed")
-    parser.add_argument("--pg-host", default="127.0.0.1")
-    parser.add_argument("--pg-port", type=int, default=5432)
-    parser.add_argument("--pg-user", default="postgres")
+    add_service_options(parser, redis_db=11)
     parser.add_argument("--timeout", type=float, default=1800.0)
     args = parser.parse_args(argv)
     if args.turns < args.early + 2 * args.window:
         parser.error("--turns must be at least --early + 2 x --window")
 
-    import redis
-
-    redis_client = redis.Redis.from_url(args.redis_url)
-    redis_client.flushdb()
+    redis_client = flushed_redis(args.redis_url)
     print(
         f"history length: turns={args.turns} window={args.window} concurrency={args.concurrency} "
-        f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={load_average()}"
     )
     with (
         fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url,
         tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir,
     ):
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-            "THREADS_DATABASE_URL": database_url,
-            "THREADS_BROKER_URL": args.redis_url,
-            "THREADS_AGENTS": AGENTS_MODULE,
-            "BENCH_TRACE_DIR": trace_dir,
-        }
+        env = worker_env(database_url, args.redis_url, trace_dir)
         from threads_celery import Threads
-        from threads_celery.exceptions import UnknownAgent
 
         threads = Threads(database_url=database_url, broker_url=args.redis_url)
         log_path = Path(trace_dir) / "worker.log"
         try:
             with worker(env, args.concurrency, log_path):
-                deadline = time.monotonic() + 120
-                while True:  # the worker registers its agents when it comes up
-                    try:
-                        handle = threads.start("bench_turns", f"turns {args.turns}")
-                        break
-                    except UnknownAgent:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.5)
+                handle = when_registered(lambda: threads.start("bench_turns", f"turns {args.turns}"))
                 wait_done(redis_client, handle.run_id, args.timeout)
                 run = threads.get_run(handle.run_id)
                 if run.status != "completed":
@@ -151,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{label}: statements {statistics.median(r['statements'] for r in rows):.0f}, "
             f"commits {statistics.median(r['commits'] for r in rows):.0f}, round trips {statistics.median(trips):.0f} (median)"
         )
-    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at the end: {load_average()}")
     return 0
 
 

@@ -45,7 +45,7 @@ def drive(kind: str, units: int, broker_url: str | None = None) -> None:
     """Run ``units`` of work in this process (what callgrind counts); with ``broker_url`` (a
     Redis URL whose DB is flushed), each task is also published there, as a worker would."""
     from bench.bench_agents import bench_noop, bench_turns
-    from bench.tool_call_overhead import fresh_database
+    from bench.harness import fresh_database
     from threads_celery.definitions.agents import AgentRegistry
     from threads_celery.records import OutboxEntry
     from threads_celery.runtime.machine import Runtime

@@ -27,8 +27,16 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.harness import (  # noqa: E402
+    add_service_options,
+    flushed_redis,
+    fresh_database,
+    load_average,
+    when_registered,
+    worker,
+    worker_env,
+)
 from bench.throughput import run_bare, run_durable  # noqa: E402
-from bench.tool_call_overhead import AGENTS_MODULE, fresh_database, worker  # noqa: E402
 
 TARGET = 1.10
 
@@ -64,51 +72,29 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="bare Celery chains of the same shape instead of durable runs (the baseline)",
     )
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13", help="broker; this DB is flushed")
-    parser.add_argument("--pg-host", default="127.0.0.1")
-    parser.add_argument("--pg-port", type=int, default=5432)
-    parser.add_argument("--pg-user", default="postgres")
+    add_service_options(parser, redis_db=13)
     args = parser.parse_args(argv)
     checkpoints = sorted(c for c in args.checkpoints if c <= args.runs)
 
-    import redis
-
-    redis_client = redis.Redis.from_url(args.redis_url)
-    redis_client.flushdb()
+    redis_client = flushed_redis(args.redis_url)
     print(
         f"memory: {'bare chains' if args.bare else 'durable runs'}: runs={args.runs} batch={args.batch} turns={args.turns} concurrency={args.concurrency} "
-        f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={load_average()}"
     )
     rows: list[tuple[int, dict[int, int]]] = []
     with (
         fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url,
         tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir,
     ):
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-            "THREADS_DATABASE_URL": database_url,
-            "THREADS_BROKER_URL": args.redis_url,
-            "THREADS_AGENTS": AGENTS_MODULE,
-            "BENCH_TRACE_DIR": trace_dir,
-        }
+        env = worker_env(database_url, args.redis_url, trace_dir)
         from threads_celery import Threads
-        from threads_celery.exceptions import UnknownAgent
 
         threads = Threads(database_url=database_url, broker_url=args.redis_url)
         log_path = Path(trace_dir) / "worker.log"
         try:
             with worker(env, args.concurrency, log_path) as process:
                 pgid = process.pid
-                deadline = time.monotonic() + 120
-                while True:  # the worker registers its agents when it comes up
-                    try:
-                        run_durable(threads, redis_client, pgid, 1, args.turns, 120.0)
-                        break
-                    except UnknownAgent:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.5)
+                when_registered(lambda: run_durable(threads, redis_client, pgid, 1, args.turns, 120.0))
                 done, started = 0, time.monotonic()
                 for checkpoint in checkpoints:
                     while done < checkpoint:
@@ -145,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         f"RSS after {last_n} runs / after {first_n}: worker total {ratio:.3f}, pool processes {pool_ratio:.3f}; "
         f"target <= {TARGET}: {'ok' if ratio <= TARGET else 'MISSED'}"
     )
-    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at the end: {load_average()}")
     return 0
 
 

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.tool_call_overhead import fresh_database, worker  # noqa: E402
+from bench.harness import fresh_database, worker  # noqa: E402
 
 AGENTS_MODULE = "bench.bench_parallel_agents"
 TARGET_FACTOR = 1.3

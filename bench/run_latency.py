@@ -37,7 +37,16 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.tool_call_overhead import AGENTS_MODULE, fresh_database, read_traces, wait_done, worker  # noqa: E402
+from bench.harness import (  # noqa: E402
+    add_service_options,
+    flushed_redis,
+    fresh_database,
+    load_average,
+    read_traces,
+    wait_done,
+    worker,
+    worker_env,
+)
 
 TARGET_START_RATIO = 2.0
 
@@ -96,34 +105,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=10, help="turns of the whole runs (default 10)")
     parser.add_argument("--runs", type=int, default=30, help="whole runs of each kind (default 30)")
     parser.add_argument("--concurrency", type=int, default=2, help="worker prefork processes (default 2)")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13", help="broker; this DB is flushed")
-    parser.add_argument("--pg-host", default="127.0.0.1")
-    parser.add_argument("--pg-port", type=int, default=5432)
-    parser.add_argument("--pg-user", default="postgres")
+    add_service_options(parser, redis_db=13)
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
 
-    import redis
-
-    redis_client = redis.Redis.from_url(args.redis_url)
-    redis_client.flushdb()
+    redis_client = flushed_redis(args.redis_url)
     print(
         f"run latency: n={args.n} turns={args.turns} runs={args.runs} concurrency={args.concurrency} "
         f"cpus={os.cpu_count()} python={platform.python_version()} date={time.strftime('%Y-%m-%d %H:%M:%S %z')} "
-        f"load={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        f"load={load_average()}"
     )
     with (
         fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as database_url,
         tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir,
     ):
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-            "THREADS_DATABASE_URL": database_url,
-            "THREADS_BROKER_URL": args.redis_url,
-            "THREADS_AGENTS": AGENTS_MODULE,
-            "BENCH_TRACE_DIR": trace_dir,
-        }
+        env = worker_env(database_url, args.redis_url, trace_dir)
         from threads_celery import Threads
 
         threads = Threads(database_url=database_url, broker_url=args.redis_url)
@@ -168,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  start() to the last task's end:        {ms(whole)}")
     print(f"  start() to threads.wait() returning:   {ms(waited)}")
     print("  read against two DBOS steps of a 2K-step workflow: bench/dbos_steps.py --steps 20")
-    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at the end: {load_average()}")
     return 0
 
 

@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.tool_call_overhead import fresh_database  # noqa: E402
+from bench.harness import fresh_database  # noqa: E402
 from tests.support.fake_openai import FakeOpenAI  # noqa: E402
 from tests.support.processes import ManagedProcess, free_port  # noqa: E402
 

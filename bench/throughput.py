@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.tool_call_overhead import AGENTS_MODULE, fresh_database, worker  # noqa: E402
+from bench.harness import fresh_database, load_average, worker, worker_env  # noqa: E402
 from tests.support.processes import ManagedProcess, subprocess_env  # noqa: E402
 
 #: Issue 25's targets, durable over the plain Celery app's chains, by broker.
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"throughput: runs={args.runs} turns={args.turns} repeat={args.repeat} concurrency={args.concurrency} "
         f"broker={args.broker_url.split('@')[-1]} cpus={os.cpu_count()} python={platform.python_version()} "
-        f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={load_average()}"
     )
     results: dict[str, list[Sample]] = {"plain": [], "bare": [], "durable": []}
     connections = 0
@@ -272,12 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.pg_options:
             database_url = f"{database_url}?{args.pg_options}"
         env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-            "THREADS_DATABASE_URL": database_url,
-            "THREADS_BROKER_URL": args.broker_url,
-            "THREADS_AGENTS": AGENTS_MODULE,
-            "BENCH_TRACE_DIR": trace_dir,
+            **worker_env(database_url, args.broker_url, trace_dir),
             "BENCH_DONE_URL": done_url,
             **({"BENCH_PROFILE": "cpu"} if args.profile else {}),
         }
@@ -380,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"PostgreSQL sessions open on the database at the end (worker of {args.concurrency} and driver): {connections}"
     )
-    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at the end: {load_average()}")
     if args.json:
         Path(args.json).write_text(json.dumps({k: [vars(s) for s in v] for k, v in results.items()}, indent=1))
     return 0

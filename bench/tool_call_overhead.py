@@ -24,7 +24,6 @@ It creates a fresh database (dropped at the end) and uses Redis DB 13, which it 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import platform
@@ -34,8 +33,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,98 +41,20 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.support.processes import ManagedProcess  # noqa: E402
+from bench.harness import (  # noqa: E402
+    add_service_options,
+    flushed_redis,
+    fresh_database,
+    load_average,
+    read_traces,
+    wait_done,
+    worker,
+    worker_env,
+)
 
-AGENTS_MODULE = "bench.bench_agents"
 TARGET_RATIO = 2.0
 TARGET_COMMITS = 2
 TARGET_STATEMENTS = 10
-
-
-# -- services -----------------------------------------------------------------------------------
-
-
-@contextmanager
-def fresh_database(host: str, port: int, user: str, keep: bool) -> Iterator[str]:
-    """A new, migrated PostgreSQL database; dropped afterwards unless ``keep``."""
-    import psycopg
-    from psycopg import sql
-    from sqlalchemy import create_engine
-
-    from threads_celery.store.migrate import upgrade
-
-    name = f"tc_bench_{uuid.uuid4().hex[:12]}"
-    admin = {"host": host, "port": port, "user": user, "dbname": "postgres", "autocommit": True}
-    with psycopg.connect(**admin) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name)))
-    url = f"postgresql+psycopg://{user}@{host}:{port}/{name}"
-    try:
-        engine = create_engine(url)
-        try:
-            upgrade(engine)
-        finally:
-            engine.dispose()
-        yield url
-    finally:
-        if keep:
-            print(f"kept database {name}")
-        else:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            deadline = time.monotonic() + 60
-            while True:  # the server may be restarting (other tests on the machine): try again
-                try:
-                    with psycopg.connect(**admin, connect_timeout=5) as conn:
-                        conn.execute(drop)
-                    break
-                except psycopg.OperationalError:
-                    if time.monotonic() > deadline:
-                        print(f"could not drop database {name}", file=sys.stderr)
-                        raise
-                    time.sleep(1)
-
-
-@contextmanager
-def worker(
-    env: dict[str, str], concurrency: int, log_path: Path, loglevel: str = "warning"
-) -> Iterator[ManagedProcess]:
-    """A real ``celery -A tasks worker`` in its own process group, stopped (warm) at the end."""
-    command = [
-        str(Path(sys.executable).with_name("celery")), "-A", "tasks", "worker", "-P", "prefork",
-        "-c", str(concurrency), "-I", AGENTS_MODULE, "-l", loglevel,
-        "--without-heartbeat", "--without-gossip", "--without-mingle", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h",
-    ]  # fmt: skip
-    process = ManagedProcess("bench-worker", command, env=env, log_path=log_path, cwd=REPO)
-    process.start()
-    try:
-        yield process
-    finally:
-        process.terminate(timeout=20)
-
-
-# -- traces -------------------------------------------------------------------------------------
-
-
-def read_traces(directory: str, key: str) -> list[dict[str, Any]]:
-    records = []
-    for path in glob.glob(os.path.join(directory, "*.jsonl")):
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    record = json.loads(line)
-                    if record["key"] == key:
-                        records.append(record)
-    return sorted(records, key=lambda r: r["t1"])
-
-
-def wait_done(redis_client: Any, key: str, timeout: float) -> dict[str, Any]:
-    from bench.bench_agents import DONE_PREFIX
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        popped = redis_client.blpop([DONE_PREFIX + key], timeout=1)
-        if popped is not None:
-            return json.loads(popped[1])
-    raise TimeoutError(f"{key} did not finish within {timeout}s")
 
 
 @dataclass
@@ -328,10 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="measured runs of each kind (default 3)")
     parser.add_argument("--warmup", type=int, default=20, help="calls per warm-up run (default 20)")
     parser.add_argument("--concurrency", type=int, default=2, help="worker prefork processes (default 2)")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13", help="broker; this DB is flushed")
-    parser.add_argument("--pg-host", default="127.0.0.1")
-    parser.add_argument("--pg-port", type=int, default=5432)
-    parser.add_argument("--pg-user", default="postgres")
+    add_service_options(parser, redis_db=13)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one run")
     parser.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
     parser.add_argument("--no-explain", action="store_true", help="skip the statement-by-statement trace")
@@ -348,15 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    import redis
-
-    redis_client = redis.Redis.from_url(args.redis_url)
-    redis_client.flushdb()
+    redis_client = flushed_redis(args.redis_url)
     print(
         f"tool-call overhead: n={args.n} repeat={args.repeat} concurrency={args.concurrency} "
         f"cpus={os.cpu_count()} python={platform.python_version()} "
         f"date={time.strftime('%Y-%m-%d %H:%M:%S %z')} "
-        f"load={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        f"load={load_average()}"
     )
 
     results: dict[str, list[Sample]] = {"bare": [], "bare_stored": [], "noop_ro": [], "noop_ug": []}
@@ -365,14 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         fresh_database(args.pg_host, args.pg_port, args.pg_user, args.keep_db) as database_url,
         tempfile.TemporaryDirectory(prefix="tc-bench-") as trace_dir,
     ):
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-            "THREADS_DATABASE_URL": database_url,
-            "THREADS_BROKER_URL": args.redis_url,
-            "THREADS_AGENTS": AGENTS_MODULE,
-            "BENCH_TRACE_DIR": trace_dir,
-        }
+        env = worker_env(database_url, args.redis_url, trace_dir)
         if args.profile:
             from bench.bench_agents import CHAIN_TASK
             from threads_celery.transitions.runs import TOOL_TASK
@@ -433,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     redis_client.flushdb()
 
     report(results, explained, args.n, args.repeat)
-    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at the end: {load_average()}")
     if args.json:
         Path(args.json).write_text(
             json.dumps({k: [vars(s) for s in v] for k, v in results.items()} | {"explain": explained}, indent=1)
