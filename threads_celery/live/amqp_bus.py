@@ -6,6 +6,13 @@ one exclusive, auto-deleted queue (bounded: the oldest are dropped past
 :data:`QUEUE_MAX_LENGTH`, and a message older than a minute is dropped) and reads it on a thread
 of its own (:class:`AmqpListener`).
 
+On ``amqp://`` (plain TCP) a worker publishes from the caller's own thread, at once, on a
+connection opened on a thread of its own and then made non-blocking (:meth:`AmqpBus.send_now`):
+a publish the socket cannot take whole is dropped with its connection, never waited for, so a
+slow or cut broker never holds a model turn up. Handing each message to the sender's thread
+instead cost a pool process more than the publish itself (the two threads trading the GIL).
+``amqps://`` goes through the sender's thread (:meth:`AmqpBus.send`).
+
 The replay buffer lives in that process (:class:`~threads_celery.live.buffers.ReplayBuffers`,
 bounded and expiring), fed by the fanout with the messages of every thread, not only of those
 it streams: so a client reconnecting to any API process gets the step in progress from its start
@@ -17,12 +24,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from kombu import Connection, Consumer, Exchange, Producer, Queue
+import amqp
+from kombu import Connection, Consumer, Exchange, Queue
 
 from threads_celery.live.buffers import ReplayBuffers
 from threads_celery.live.bus import Deliver, Outgoing
@@ -32,7 +42,38 @@ log = logging.getLogger("threads_celery.live.amqp_bus")
 EXCHANGE = Exchange("threads.live", type="fanout", durable=False, auto_delete=False, delivery_mode=1)
 QUEUE_MAX_LENGTH = 100_000
 CONNECT_TIMEOUT_S = 0.5
+#: The longest pause between two attempts to connect the direct publisher.
+MAX_RETRY_S = 5.0
 LISTEN_TICK_S = 0.02
+
+
+def _publish(channel: Any, batch: Sequence[Outgoing]) -> None:
+    """Publish ``batch`` on ``channel`` (py-amqp's, under kombu's) to the fanout exchange: a
+    transient message each, the channel as its routing key, its replay-buffer op in a header."""
+    for out in batch:
+        message = amqp.Message(
+            out.payload,
+            content_type="application/data",
+            content_encoding="binary",
+            application_headers={"op": out.buffer},
+            delivery_mode=1,
+        )
+        channel.basic_publish(message, exchange=EXCHANGE.name, routing_key=out.channel)
+
+
+def _connect(url: str) -> tuple[Any, Any]:
+    """A connection and a channel with the fanout exchange declared (once, here: a publish on the
+    direct connection must never wait for a reply)."""
+    connection = Connection(url, connect_timeout=CONNECT_TIMEOUT_S)
+    channel = connection.channel()
+    EXCHANGE(channel).declare()
+    return connection, channel
+
+
+def _release(connection: Any) -> None:
+    if connection is not None:
+        with contextlib.suppress(Exception):  # releasing a broken connection
+            connection.release()
 
 
 class AmqpBus:
@@ -42,33 +83,91 @@ class AmqpBus:
         self.url = url
         self.namespace = namespace
         self._connection: Any = None
-        self._producer: Any = None
+        self._channel: Any = None
+        #: Whether messages are published at once from the caller's thread (plain ``amqp://``).
+        self.direct = url.startswith(("amqp://", "pyamqp://"))
+        self._direct: tuple[Any, Any] | None = None  # (connection, channel), non-blocking
+        self._lock = threading.Lock()
+        self._connecting = False
+        self._retry_at = 0.0
+        self._retry_s = 0.1
+        # A forked child must not publish on its parent's connection: it makes its own.
+        os.register_at_fork(after_in_child=self._forget)
 
     def send(self, batch: Sequence[Outgoing]) -> None:
         try:
-            if self._producer is None:
-                self._connection = Connection(self.url, connect_timeout=CONNECT_TIMEOUT_S)
-                self._producer = Producer(self._connection.channel(), exchange=EXCHANGE)
-                EXCHANGE(self._producer.channel).declare()
-            for out in batch:
-                self._producer.publish(
-                    out.payload,
-                    routing_key=out.channel,
-                    headers={"op": out.buffer},
-                    content_type="application/data",
-                    content_encoding="binary",
-                    delivery_mode=1,
-                    retry=False,
-                )
+            if self._channel is None:
+                self._connection, self._channel = _connect(self.url)
+            _publish(self._channel, batch)
         except Exception:
             self._reset()
             raise
 
     def _reset(self) -> None:
-        connection, self._connection, self._producer = self._connection, None, None
-        if connection is not None:
-            with contextlib.suppress(Exception):  # releasing a broken connection
-                connection.release()
+        connection, self._connection, self._channel = self._connection, None, None
+        _release(connection)
+
+    # -- at once, from the caller's thread (plain amqp://) ------------------------------------
+
+    def prepare(self) -> None:
+        """Open the direct connection now, on a thread of its own (a worker's sender calls this
+        when it starts: the connection is up before its first message)."""
+        if self.direct:
+            with self._lock:
+                self._connect_later()
+
+    def send_now(self, batch: Sequence[Outgoing]) -> bool:
+        """Publish ``batch`` at once on the non-blocking connection; False: dropped (no
+        connection yet, or the socket could not take it whole: that connection is then done)."""
+        with self._lock:
+            direct = self._direct
+            if direct is None:
+                self._connect_later()
+                return False
+            try:
+                _publish(direct[1], batch)
+            except Exception as exc:  # noqa: BLE001 - best effort: dropped, and connected again later
+                self._drop(exc)
+                return False
+            return True
+
+    def _forget(self) -> None:
+        self._direct, self._connecting, self._lock = None, False, threading.Lock()
+        self._connection = self._channel = None
+
+    def _drop(self, exc: BaseException) -> None:
+        log.warning("live deltas: RabbitMQ connection dropped (%s: %s)", type(exc).__name__, exc)
+        direct, self._direct = self._direct, None
+        if direct is not None:
+            with contextlib.suppress(Exception):  # a socket that took half a frame
+                direct[0].connection.transport.sock.setblocking(True)
+            _release(direct[0])
+        self._retry_at = time.monotonic() + self._retry_s
+        self._retry_s = min(self._retry_s * 2, MAX_RETRY_S)
+
+    def _connect_later(self) -> None:
+        if self._connecting or time.monotonic() < self._retry_at:
+            return
+        self._connecting = True
+        threading.Thread(target=self._connect_direct, name="threads-live-amqp-connect", daemon=True).start()
+
+    def _connect_direct(self) -> None:
+        connection: Any = None
+        try:
+            connection, channel = _connect(self.url)
+            connection.connection.transport.sock.setblocking(False)
+        except Exception as exc:  # noqa: BLE001 - tried again on a later send
+            _release(connection)
+            with self._lock:
+                self._connecting = False
+                self._retry_at = time.monotonic() + self._retry_s
+                self._retry_s = min(self._retry_s * 2, MAX_RETRY_S)
+            log.warning("live deltas: cannot connect to RabbitMQ (%s: %s)", type(exc).__name__, exc)
+            return
+        with self._lock:
+            self._connecting = False
+            self._retry_s = 0.1
+            self._direct = (connection, channel)
 
     def listen(self, deliver: Deliver) -> AmqpListener:
         return AmqpListener(self, deliver)

@@ -7,10 +7,12 @@ window with the others (the sender's thread flushes what is still waiting when t
 A flush merges the adjacent fragments of each part into one delta, numbers them (the attempt's
 ``seq``) and hands one message to the bus.
 
-How the message leaves depends on the bus. On Redis it is written on the spot, from the model
-turn's thread, to a socket that never blocks (:meth:`~threads_celery.live.redis_bus.RedisBus.send_now`):
-one syscall, no reply to wait for. Other buses (RabbitMQ, the in-process one) get it from the
-sender's thread, which sends what has queued up in one batch.
+How the message leaves depends on the bus. On Redis (``redis://``) and RabbitMQ (``amqp://``)
+it is written on the spot, from the model turn's thread, to a socket that never blocks
+(:meth:`~threads_celery.live.redis_bus.RedisBus.send_now`,
+:meth:`~threads_celery.live.amqp_bus.AmqpBus.send_now`): no reply to wait for. Other buses (TLS
+connections, the in-process one) get it from the sender's thread, which sends what has queued up
+in one batch.
 
 Best effort, bounded, never blocking the worker:
 - a full queue (:data:`MAX_PENDING` messages) or a socket that cannot take the bytes drops the
