@@ -26,7 +26,6 @@ import contextlib
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -36,14 +35,13 @@ from kombu import Connection, Consumer, Exchange, Queue
 
 from threads_celery.live.buffers import ReplayBuffers
 from threads_celery.live.bus import Deliver, Outgoing
+from threads_celery.live.reconnect import Reconnects
 
 log = logging.getLogger("threads_celery.live.amqp_bus")
 
 EXCHANGE = Exchange("threads.live", type="fanout", durable=False, auto_delete=False, delivery_mode=1)
 QUEUE_MAX_LENGTH = 100_000
 CONNECT_TIMEOUT_S = 0.5
-#: The longest pause between two attempts to connect the direct publisher.
-MAX_RETRY_S = 5.0
 LISTEN_TICK_S = 0.02
 
 
@@ -88,9 +86,7 @@ class AmqpBus:
         self.direct = url.startswith(("amqp://", "pyamqp://"))
         self._direct: tuple[Any, Any] | None = None  # (connection, channel), non-blocking
         self._lock = threading.Lock()
-        self._connecting = False
-        self._retry_at = 0.0
-        self._retry_s = 0.1
+        self._reconnects = Reconnects(self._connect_direct, "threads-live-amqp-connect")
         # A forked child must not publish on its parent's connection: it makes its own.
         os.register_at_fork(after_in_child=self._forget)
 
@@ -114,7 +110,7 @@ class AmqpBus:
         when it starts: the connection is up before its first message)."""
         if self.direct:
             with self._lock:
-                self._connect_later()
+                self._reconnects.soon()
 
     def send_now(self, batch: Sequence[Outgoing]) -> bool:
         """Publish ``batch`` at once on the non-blocking connection; False: dropped (no
@@ -122,7 +118,7 @@ class AmqpBus:
         with self._lock:
             direct = self._direct
             if direct is None:
-                self._connect_later()
+                self._reconnects.soon()
                 return False
             try:
                 _publish(direct[1], batch)
@@ -132,7 +128,8 @@ class AmqpBus:
             return True
 
     def _forget(self) -> None:
-        self._direct, self._connecting, self._lock = None, False, threading.Lock()
+        self._direct, self._lock = None, threading.Lock()
+        self._reconnects = Reconnects(self._connect_direct, "threads-live-amqp-connect")
         self._connection = self._channel = None
 
     def _drop(self, exc: BaseException) -> None:
@@ -142,14 +139,7 @@ class AmqpBus:
             with contextlib.suppress(Exception):  # a socket that took half a frame
                 direct[0].connection.transport.sock.setblocking(True)
             _release(direct[0])
-        self._retry_at = time.monotonic() + self._retry_s
-        self._retry_s = min(self._retry_s * 2, MAX_RETRY_S)
-
-    def _connect_later(self) -> None:
-        if self._connecting or time.monotonic() < self._retry_at:
-            return
-        self._connecting = True
-        threading.Thread(target=self._connect_direct, name="threads-live-amqp-connect", daemon=True).start()
+        self._reconnects.lost()
 
     def _connect_direct(self) -> None:
         connection: Any = None
@@ -159,14 +149,11 @@ class AmqpBus:
         except Exception as exc:  # noqa: BLE001 - tried again on a later send
             _release(connection)
             with self._lock:
-                self._connecting = False
-                self._retry_at = time.monotonic() + self._retry_s
-                self._retry_s = min(self._retry_s * 2, MAX_RETRY_S)
+                self._reconnects.lost()
             log.warning("live deltas: cannot connect to RabbitMQ (%s: %s)", type(exc).__name__, exc)
             return
         with self._lock:
-            self._connecting = False
-            self._retry_s = 0.1
+            self._reconnects.made()
             self._direct = (connection, channel)
 
     def listen(self, deliver: Deliver) -> AmqpListener:

@@ -16,14 +16,14 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Sequence
 from urllib.parse import unquote, urlsplit
+
+from threads_celery.live.reconnect import Reconnects
 
 log = logging.getLogger("threads_celery.live.redis_direct")
 
 CONNECT_TIMEOUT_S = 0.5
-MAX_RETRY_S = 5.0
 
 
 def resp(*args: bytes) -> bytes:
@@ -48,9 +48,7 @@ class DirectRedis:
         # A forked child must not write on its parent's socket: it makes its own.
         os.register_at_fork(after_in_child=self._forget)
         self._lock = threading.Lock()
-        self._connecting = False
-        self._retry_at = 0.0
-        self._retry_s = 0.1
+        self._reconnects = Reconnects(self._connect, "threads-live-redis-connect")
 
     def write(self, commands: Sequence[bytes]) -> bool:
         """Send ``commands`` (RESP-encoded) now; False when they were dropped."""
@@ -58,7 +56,7 @@ class DirectRedis:
         with self._lock:
             sock = self._sock
             if sock is None:
-                self._connect_later()
+                self._reconnects.soon()
                 return False
             try:
                 sent = sock.send(data)
@@ -71,25 +69,19 @@ class DirectRedis:
             return True
 
     def _forget(self) -> None:
-        self._sock, self._connecting, self._lock = None, False, threading.Lock()
+        self._sock, self._lock = None, threading.Lock()
+        self._reconnects = Reconnects(self._connect, "threads-live-redis-connect")
 
     def connect_soon(self) -> None:
         """Start connecting (on a thread of its own)."""
         with self._lock:
-            self._connect_later()
+            self._reconnects.soon()
 
     def _drop(self, sock: socket.socket, exc: BaseException) -> None:
         log.warning("live deltas: Redis connection dropped (%s: %s)", type(exc).__name__, exc)
         sock.close()
         self._sock = None
-        self._retry_at = time.monotonic() + self._retry_s
-        self._retry_s = min(self._retry_s * 2, MAX_RETRY_S)
-
-    def _connect_later(self) -> None:
-        if self._connecting or time.monotonic() < self._retry_at:
-            return
-        self._connecting = True
-        threading.Thread(target=self._connect, name="threads-live-redis-connect", daemon=True).start()
+        self._reconnects.lost()
 
     def _connect(self) -> None:
         sock: socket.socket | None = None
@@ -116,15 +108,14 @@ class DirectRedis:
             if sock is not None:
                 sock.close()
             with self._lock:
-                self._connecting = False
-                self._retry_at = time.monotonic() + self._retry_s
-                self._retry_s = min(self._retry_s * 2, MAX_RETRY_S)
+                self._reconnects.lost()
             log.warning(
                 "live deltas: cannot reach Redis at %s:%s (%s: %s)", self.host, self.port, type(exc).__name__, exc
             )
             return
         with self._lock:
-            self._sock, self._connecting, self._retry_s = sock, False, 0.1
+            self._sock = sock
+            self._reconnects.made()
 
 
 __all__ = ["DirectRedis", "resp"]
