@@ -41,10 +41,9 @@ from sqlalchemy import select
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.support.private_services import PrivatePostgres, PrivateRedis  # noqa: E402
 from tests.support.processes import (  # noqa: E402
     BeatProcess,
-    PrivatePostgres,
-    PrivateRedis,
     WorkerProcess,
     exit_cleanly_on_sigterm,
     queued_messages,

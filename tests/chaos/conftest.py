@@ -3,7 +3,7 @@ PostgreSQL and a Redis of the session's own.
 
 The chaos suite never touches the machine's services: the session starts a private PostgreSQL
 cluster (``initdb``) and a private ``redis-server`` on free loopback ports
-(:class:`tests.support.processes.PrivatePostgres`, :class:`~tests.support.processes.PrivateRedis`),
+(:class:`tests.support.private_services.PrivatePostgres`, :class:`~tests.support.private_services.PrivateRedis`),
 which tests may stop, crash and start again. Every module gets its own database on that server
 (migrated), the Redis database flushed, its own side-effect ledger file and its own log directory.
 A module sets the runtime settings its processes run with in a module-level ``CHAOS_ENV`` dict
@@ -35,11 +35,10 @@ from typing import Any
 import pytest
 
 from tests.chaos.effect_ledger import Ledger
+from tests.support.private_services import PrivatePostgres, PrivateRedis
 from tests.support.processes import (
     BeatProcess,
     ManagedProcess,
-    PrivatePostgres,
-    PrivateRedis,
     WorkerProcess,
     exit_cleanly_on_sigterm,
     started_processes,
