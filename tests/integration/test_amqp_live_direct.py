@@ -66,3 +66,20 @@ def test_a_publish_the_socket_cannot_take_is_dropped_and_the_bus_connects_again(
     # A later publish finds a new connection (opened on its own thread, after a short pause).
     eventually(lambda: bus.send_now([Outgoing("ch-2", b"again", "none")]), timeout=30, what="a new connection")
     assert bus._direct is not None and bus._direct[0].connection.transport is not transport
+
+
+def test_a_direct_publish_never_reads_from_the_socket(amqp_url: str) -> None:
+    # On a non-blocking socket a frame half received would make py-amqp's reader spin: a
+    # publish sends and returns, whatever the broker said meanwhile.
+    bus = _connected(AmqpBus(amqp_url, ""))
+    assert bus._direct is not None
+    transport: Any = bus._direct[0].connection.transport
+    reads: list[int] = []
+
+    def read(n: int, initial: bool = False) -> bytes:
+        reads.append(n)
+        raise AssertionError("a direct publish read from the socket")
+
+    transport._read = read
+    assert all(bus.send_now([Outgoing("ch-3", b"m%d" % i, "none")]) for i in range(20))
+    assert reads == []

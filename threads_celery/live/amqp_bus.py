@@ -145,6 +145,13 @@ class AmqpBus:
         connection: Any = None
         try:
             connection, channel = _connect(self.url)
+            # A publish must never read: py-amqp drains incoming frames before each publish when
+            # the connection negotiated broker "blocked" notices, and on a non-blocking socket a
+            # frame half received would make its reader spin. Left unread, a notice costs nothing:
+            # a broker that blocks publishers stops reading, the socket stops taking messages,
+            # and the connection is dropped and made again later.
+            capabilities = connection.connection.client_properties.get("capabilities") or {}
+            capabilities["connection.blocked"] = False
             connection.connection.transport.sock.setblocking(False)
         except Exception as exc:  # noqa: BLE001 - tried again on a later send
             _release(connection)
