@@ -49,6 +49,9 @@ CallStatus = Literal[
     "skipped",
 ]
 
+#: A call in one of these has not settled: it waits to run, or it runs.
+UNSETTLED_STATUSES: tuple[CallStatus, ...] = ("pending", "started")
+
 Effect: TypeAlias = Literal["read_only", "idempotent", "reconcilable", "unguarded"]
 """What a tool's call does to the outside world; decides what happens after an interruption
 (see :mod:`threads_celery.decisions.effects`)."""
@@ -219,6 +222,8 @@ class CallRow:
     original_args: str | None = None
     #: The index of the first call of this call's concurrent group, or None (runs in order).
     batch: int | None = None
+    #: The call before this one in its reply waits to run or is running (read with it).
+    previous_unsettled: bool = False
 
     @property
     def is_last_in_step(self) -> bool:

@@ -101,6 +101,11 @@ class Settings:
     # THREADS_LIVE_COALESCE_MS: a step's fragments that come within this many ms of its last
     # message go out together (fewer messages, less worker CPU; that much more latency at most).
     live_coalesce_ms: float = 5.0
+    # THREADS_FLUSH_EVERY_COMMIT: whether every commit on PostgreSQL waits for its WAL to reach
+    # disk. Off: a model step's claim, a read_only call's result and a tool_call_started event
+    # return before (a crash of PostgreSQL that takes one back costs a repetition, no more;
+    # docs/production.md, "What waits for the disk").
+    flush_every_commit: bool = False
     # Concurrent read_only calls of one model reply running at once (as parallel tasks).
     max_parallel_tool_calls: int = 8
     # Each thread's attachments live in <files_root>/<thread_id>/ (relative: to the worker's cwd).
@@ -190,6 +195,7 @@ class Settings:
             "capture_output": _bool(env, "THREADS_CAPTURE_OUTPUT", True),
             "live_deltas": _bool(env, "THREADS_LIVE_DELTAS", True),
             "live_coalesce_ms": _float(env, "THREADS_LIVE_COALESCE_MS", 5.0),
+            "flush_every_commit": _bool(env, "THREADS_FLUSH_EVERY_COMMIT", False),
             "max_parallel_tool_calls": _int(env, "THREADS_MAX_PARALLEL_TOOL_CALLS", 8),
             "files_root": env.get("THREADS_FILES_ROOT") or DEFAULT_FILES_ROOT,
             "files_max_bytes": _int(env, "THREADS_FILES_MAX_BYTES", 100 * 2**20),

@@ -198,6 +198,15 @@ def _parallel_turn(messages: list[Any]) -> Reply:
 AGENTS: dict[str, Agent] = {cls: _agent(f"chaos_{cls}", t) for cls, t in TOOLS.items()}
 #: one model reply with two calls: a read_only one then an idempotent one
 mixed_agent = _agent("chaos_mixed", read_only_tool, idempotent_tool)
+#: one model reply with four read_only calls (whose results do not wait for the disk) in order,
+#: then an unguarded one
+reads_agent = Agent(
+    name="chaos_reads",
+    instructions="Call the tools with the arguments you are given, then say done.",
+    model=_script(*[read_only_tool.name] * 4, unguarded_tool.name),
+    tools=[read_only_tool, unguarded_tool],
+    permissions=Permissions.allow_all(),
+)
 
 chaos_read_only = AGENTS["read_only"]
 chaos_idempotent = AGENTS["idempotent"]
@@ -227,7 +236,7 @@ streaming_agent = Agent(
 
 
 def all_agents() -> list[Agent]:
-    return [*AGENTS.values(), mixed_agent, parallel_agent, streaming_agent]
+    return [*AGENTS.values(), mixed_agent, reads_agent, parallel_agent, streaming_agent]
 
 
 # -- crash between commit and publish -----------------------------------------------------------

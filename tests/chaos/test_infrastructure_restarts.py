@@ -7,6 +7,10 @@
   commit: every pooled connection is cut; workers reconnect (``pool_pre_ping``, tasks retry on
   ``StoreUnavailable``), the executed call's result is committed when the store is back instead
   of being dropped, and every run completes, each effect exactly once.
+* PostgreSQL crashed (an immediate shutdown: no checkpoint, the WAL not yet written is lost)
+  under a stream of read_only results, whose commits do not wait for the disk: a crash takes the
+  last of them back. What they had published finds the call before it unsettled and does
+  nothing, the calls run again, and every run completes, its unguarded call exactly once.
 * Two real ``celery beat`` processes at once, a whole worker SIGKILLed mid-call: the runs it held
   are recovered, and overlapping reconcile ticks park an unguarded call once, never run it twice
   and never record two results for one call.
@@ -193,6 +197,38 @@ def test_postgres_restart_mid_run_loses_nothing(cluster: ChaosCluster, workers: 
         lambda: cluster.backbone_totals()["ticks"] > ticks_before,
         timeout=SETTLE_S,
         what="a tick after the restart",
+    )
+
+
+def test_postgres_crash_under_read_only_results_loses_nothing(
+    cluster: ChaosCluster, workers: Any, beat: BeatProcess
+) -> None:
+    running = workers(2, THREADS_TOOL_LEASE_S="8", THREADS_STEP_LEASE_S="8")
+    postgres = services(cluster).postgres
+    started = []
+    for _ in range(150):
+        ref = uuid.uuid4().hex[:12]
+        started.append((cluster.threads.start(chaos_agents.reads_agent, chaos_agents.message(ref)), ref))
+    refs = {ref for _, ref in started}
+
+    def reads_done() -> int:
+        return sum(1 for e in cluster.ledger.effects() if e.ref in refs and e.tool == "fetch_quote")
+
+    eventually(lambda: reads_done() >= 100, timeout=SETTLE_S, what="read_only results streaming in")
+    try:
+        postgres.stop("immediate")
+    finally:
+        postgres.start()
+    assert reads_done() < 4 * len(started), "every run had finished before the crash"
+
+    assert_completed_exactly_once(cluster, started)
+    logs = "".join(w.log_text() for w in running)
+    print(
+        "deliveries published by a taken-back result, skipped:",
+        logs.count("the call before it in its reply has not settled"),
+        "calls,",
+        logs.count("a call of the step before has not settled"),
+        "steps",
     )
 
 

@@ -112,6 +112,12 @@ def decide_call(
         return Skip(f"run is {run.status}")
     if run.step != call.step + 1:
         return Skip("call belongs to a step that is not current")
+    if call.previous_unsettled and (call.batch is None or call.batch == call.index):
+        # A call reached in order runs once the one before it settled, whose commit publishes
+        # it: this delivery was published by a result that a crash of PostgreSQL took back
+        # (a read_only result's commit does not wait for the disk). The call before runs again
+        # from its outbox row, and its result publishes this one again.
+        return Skip("the call before it in its reply has not settled")
     if lease_held(run, now):
         assert run.lease_expires_at is not None
         return Busy(run.lease_expires_at)

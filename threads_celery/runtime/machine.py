@@ -164,6 +164,10 @@ class Runtime:
             # claim write nothing, and the step is tried again.
             read = self.store.run(run_id)
             decision = decide_step(read, step, now)
+            if isinstance(decision, Proceed) and step > 0 and self.store.unsettled_call(run_id, step - 1):
+                # Published by a call's result that a crash of PostgreSQL took back: the call
+                # runs again from its outbox row, and its result publishes the step again.
+                return "skipped: a call of the step before has not settled"
             if isinstance(decision, Skip):
                 self.store.delete_outbox(step_key)
                 return f"skipped: {decision.reason}"

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection, RowMapping
 
-from threads_celery.records import CallRow, Run
+from threads_celery.records import UNSETTLED_STATUSES, CallRow, Run
 from threads_celery.store import statements
 from threads_celery.store.rows import call_from_mapping, run_from_mapping
 from threads_celery.store.schema import runs, tool_calls
@@ -23,11 +23,14 @@ from threads_celery.store.schema import runs, tool_calls
 
 def call_and_run_from_mapping(mapping: RowMapping | Mapping[str, Any]) -> tuple[CallRow, Run]:
     """The call and its run from a row of ``select(tool_calls, r__<run column>...)``, with the
-    call after it in the same reply when the row carries ``n__`` columns (CALL_RUN_AND_NEXT)."""
+    call after it in the same reply and the status of the one before when the row carries ``n__``
+    and ``p__`` columns (CALL_RUN_AND_NEXT)."""
     run_values = {name: mapping[label] for name, label in _RUN_LABELS}
     following = mapping.get("n__effect_key")
     next_call = None if following is None else (following, mapping["n__tool"], mapping["n__queue"])
-    return call_from_mapping(mapping, next_call=next_call), run_from_mapping(run_values)
+    previous_unsettled = mapping.get("p__status") in UNSETTLED_STATUSES
+    call = call_from_mapping(mapping, next_call=next_call, previous_unsettled=previous_unsettled)
+    return call, run_from_mapping(run_values)
 
 
 #: Each run column and its label in a call's row (``r__<name>``).

@@ -108,6 +108,9 @@ class OwnOperations:
     _direct: DirectStatements | None
     step_grace: timedelta
     tool_grace: timedelta
+    #: Every commit waits for its WAL to reach disk, even those that need not (see _NO_FLUSH_WAIT
+    #: in :mod:`.statements`): THREADS_FLUSH_EVERY_COMMIT.
+    flush_every_commit: bool
 
     def transaction(self) -> AbstractContextManager[Tx]:
         raise NotImplementedError
@@ -128,11 +131,14 @@ class OwnOperations:
         next_entry: OutboxEntry,
         now: datetime,
         kind: str | None = None,
+        wait_for_flush: bool = True,
     ) -> int | None:
         """:meth:`Tx.commit_call_result` in a transaction of its own: a worker's hot path.
 
         On PostgreSQL the commit is one statement, run in autocommit on the driver's cursor
-        (:mod:`.direct`): one round trip, with no BEGIN or COMMIT. Elsewhere, one transaction.
+        (:mod:`.direct`): one round trip, with no BEGIN or COMMIT; with ``wait_for_flush`` false
+        (a read_only call's result) it returns before its WAL reaches disk, unless
+        :attr:`flush_every_commit`. Elsewhere, one transaction.
         """
         if self._direct is not None:
             params = commit_result_params(
@@ -148,7 +154,12 @@ class OwnOperations:
                 next_due=now + (self.tool_grace if next_entry.task == TOOL_TASK_NAME else self.step_grace),
                 kind=kind,
             )
-            fenced: int | None = self._direct.scalar(statements.COMMIT_CALL_RESULT_PG, params)
+            statement = (
+                statements.COMMIT_CALL_RESULT_PG
+                if wait_for_flush or self.flush_every_commit
+                else statements.COMMIT_CALL_RESULT_NO_FLUSH_WAIT_PG
+            )
+            fenced: int | None = self._direct.scalar(statement, params)
             return fenced
         with self.transaction() as tx:
             return tx.commit_call_result(
@@ -180,10 +191,14 @@ class OwnOperations:
         self, thread_id: str, run_id: str | None, type: str, payload: dict[str, Any], now: datetime
     ) -> int:
         """:meth:`Tx.append_event` on its own (one statement in autocommit on PostgreSQL, on the
-        driver's cursor): an event no other write depends on, such as ``tool_call_started``."""
+        driver's cursor): an event no other write depends on, such as ``tool_call_started``, so
+        its commit does not wait for the disk (unless :attr:`flush_every_commit`)."""
         if self._direct is not None:
             params = {"b_thread": thread_id, "b_run": run_id, "b_type": type, "b_payload": payload, "b_now": now}
-            return int(self._direct.scalar(statements.APPEND_EVENT_PG, params))
+            statement = (
+                statements.APPEND_EVENT_PG if self.flush_every_commit else statements.APPEND_EVENT_NO_FLUSH_WAIT_PG
+            )
+            return int(self._direct.scalar(statement, params))
         with self.transaction() as tx:
             return tx.append_event(thread_id, run_id, type, payload, now)
 
@@ -209,10 +224,14 @@ class OwnOperations:
         """On PostgreSQL, a due step's read and claim in one statement (READ_AND_CLAIM_STEP_PG):
         the run as it was before the claim (the claim's fence is one more) and its thread's
         messages, or None, with nothing written, when the step is not due, another worker's
-        lease is live, or this is not PostgreSQL: then :meth:`run` and :meth:`claim_step`,
-        apart, say why. ``history_ends``: the first and last seq of the history a step has
-        cached (the messages read are those two and every one after the last), or
-        :data:`WHOLE_HISTORY`."""
+        lease is live, a call of the step before has not settled, or this is not PostgreSQL:
+        then :meth:`run`, :meth:`unsettled_call` and :meth:`claim_step`, apart, say why.
+        ``history_ends``: the first and last seq of the history a step has cached (the messages
+        read are those two and every one after the last), or :data:`WHOLE_HISTORY`.
+
+        The claim does not wait for the disk (unless :attr:`flush_every_commit`): a crash of
+        PostgreSQL that takes it back lets the step run again, as a worker's death does, and
+        the reply's commit, which waits, makes it durable with everything before it."""
         if self._direct is None:
             return None
         first_seq, last_seq = history_ends
@@ -227,10 +246,28 @@ class OwnOperations:
             "first_seq": first_seq,
             "last_seq": last_seq,
         }
-        row = self._direct.first(statements.READ_AND_CLAIM_STEP_PG, params)
+        statement = (
+            statements.READ_AND_CLAIM_STEP_PG
+            if self.flush_every_commit
+            else statements.READ_AND_CLAIM_STEP_NO_FLUSH_WAIT_PG
+        )
+        row = self._direct.first(statement, params)
         if row is None:
             return None
         return ClaimedStep(run_from_mapping(row), history_ends, messages_from_json(row["history"]))
+
+    def unsettled_call(self, run_id: str, step: int) -> str | None:
+        """The effect key of a call of ``run_id``'s ``step`` that waits to run or runs, if any
+        (read on its own): a step's delivery that finds one was published by a result that a
+        crash of PostgreSQL took back."""
+        params = {"b_run": run_id, "b_step": step}
+        key: str | None
+        if self._direct is not None:
+            key = self._direct.scalar(statements.UNSETTLED_CALL, params)
+            return key
+        with self.read() as tx:
+            key = tx.conn.execute(statements.UNSETTLED_CALL, params).scalar()
+            return key
 
     def list_messages(self, thread_id: str) -> list[Message]:
         """The thread's whole history, in order, read on its own: a model step's cache miss."""

@@ -44,12 +44,20 @@ class Store(OwnOperations):
     """The ledger: a narrow interface over one database."""
 
     def __init__(
-        self, engine: Engine, *, step_grace_s: float = 10.0, tool_grace_s: float = 300.0, direct: bool = True
+        self,
+        engine: Engine,
+        *,
+        step_grace_s: float = 10.0,
+        tool_grace_s: float = 300.0,
+        direct: bool = True,
+        flush_every_commit: bool = False,
     ) -> None:
         """``direct=False`` runs the hot path's operations through SQLAlchemy too (on PostgreSQL,
         each then takes a transaction of several statements): slower, and what engine event
-        listeners see whole."""
+        listeners see whole. ``flush_every_commit`` makes every commit wait for the disk, those
+        whose loss to a crash of PostgreSQL costs only a repetition too (THREADS_FLUSH_EVERY_COMMIT)."""
         self.engine = engine
+        self.flush_every_commit = flush_every_commit
         self.dialect = engine.dialect.name
         self.step_grace = timedelta(seconds=step_grace_s)
         self.tool_grace = timedelta(seconds=tool_grace_s)

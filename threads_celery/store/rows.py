@@ -56,7 +56,10 @@ def run_from_mapping(m: RowMapping | Mapping[str, Any]) -> Run:
 
 
 def call_from_mapping(
-    m: RowMapping | Mapping[str, Any], *, next_call: tuple[str, str, str | None] | None = None
+    m: RowMapping | Mapping[str, Any],
+    *,
+    next_call: tuple[str, str, str | None] | None = None,
+    previous_unsettled: bool = False,
 ) -> CallRow:
     return CallRow(
         effect_key=m["effect_key"],
@@ -86,6 +89,7 @@ def call_from_mapping(
         original_args=m["original_args"],
         batch=m.get("batch"),
         next_call=next_call,
+        previous_unsettled=previous_unsettled,
     )
 
 

@@ -7,16 +7,21 @@ once per dialect. These are the statements every tool call and model step runs.
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, bindparam, column, delete, func, insert, select, text, update
+from sqlalchemy import Boolean, bindparam, column, delete, func, insert, literal_column, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.dml import Insert, Update
+from sqlalchemy.sql.elements import TextClause
+from sqlalchemy.sql.selectable import TextualSelect
 
+from threads_celery.records import UNSETTLED_STATUSES
 from threads_celery.store.schema import UTCDateTime, agents, events, messages, outbox, runs, threads, tool_calls
 
 _next = tool_calls.alias("nxt")
+_previous = tool_calls.alias("prv")
 
-#: A call, its run, and the call after it in the same model reply, in one statement.
+#: A call, its run, the call after it in the same model reply and the status of the call before
+#: it, in one statement.
 CALL_RUN_AND_NEXT = (
     select(
         tool_calls,
@@ -24,6 +29,7 @@ CALL_RUN_AND_NEXT = (
         _next.c.effect_key.label("n__effect_key"),
         _next.c.tool.label("n__tool"),
         _next.c.queue.label("n__queue"),
+        _previous.c.status.label("p__status"),
     )
     .join(runs, runs.c.id == tool_calls.c.run_id)
     .outerjoin(
@@ -32,8 +38,40 @@ CALL_RUN_AND_NEXT = (
         & (_next.c.step == tool_calls.c.step)
         & (_next.c.idx == tool_calls.c.idx + 1),
     )
+    .outerjoin(
+        _previous,
+        (_previous.c.run_id == tool_calls.c.run_id)
+        & (_previous.c.step == tool_calls.c.step)
+        & (_previous.c.idx == tool_calls.c.idx - 1),
+    )
     .where(tool_calls.c.effect_key == bindparam("b_key"))
 )
+
+#: Whether a run has a call of a step that has not settled: one that waits to run or is running.
+UNSETTLED_CALL = (
+    select(tool_calls.c.effect_key)
+    .where(
+        tool_calls.c.run_id == bindparam("b_run"),
+        tool_calls.c.step == bindparam("b_step"),
+        or_(*(tool_calls.c.status == status for status in UNSETTLED_STATUSES)),
+    )
+    .limit(1)
+)
+
+#: PostgreSQL: the CTE that lets a one-statement commit return before its WAL reaches disk
+#: (``synchronous_commit`` off for the statement's own transaction only). For the commits whose
+#: loss to a crash of PostgreSQL itself costs a repetition and nothing else: see
+#: ``docs/production.md`` ("What waits for the disk"). The statement names it in its last FROM,
+#: so that it is evaluated.
+_NO_FLUSH_WAIT = "no_flush_wait AS (SELECT set_config('synchronous_commit', 'off', true) AS setting)"
+
+
+def _without_flush_wait(sql: str) -> str:
+    """``sql`` (``WITH ...`` and a last ``FROM r``) with _NO_FLUSH_WAIT first and in its last FROM."""
+    if not (sql.lstrip().startswith("WITH ") and sql.rstrip().endswith("FROM r")):
+        raise ValueError("a statement made not to wait for the flush starts WITH and ends FROM r")
+    return sql.replace("WITH ", f"WITH {_NO_FLUSH_WAIT}, ", 1).rstrip() + ", no_flush_wait\n"
+
 
 #: A message whose sequence number is the thread's next, computed in the same statement.
 INSERT_NEXT_MESSAGE = (
@@ -71,21 +109,33 @@ INSERT_EVENT = insert(events)
 
 #: PostgreSQL: bump the thread's event counter and insert the event in one round trip.
 _bumped = BUMP_EVENT_SEQ.cte("bumped")
-APPEND_EVENT_PG = (
-    insert(events)
-    .from_select(
-        ["thread_id", "seq", "run_id", "type", "payload", "created_at"],
-        select(
-            bindparam("b_thread", type_=events.c.thread_id.type),
-            _bumped.c.event_seq,
-            bindparam("b_run", type_=events.c.run_id.type),
-            bindparam("b_type", type_=events.c.type.type),
-            bindparam("b_payload", type_=events.c.payload.type),
-            bindparam("b_now", type_=events.c.created_at.type),
-        ),
-    )
-    .returning(events.c.seq)
+_no_flush_wait = select(literal_column("set_config('synchronous_commit', 'off', true)").label("setting")).cte(
+    "no_flush_wait"
 )
+
+
+def _append_event(*, wait_for_flush: bool) -> Insert:
+    appended = select(
+        bindparam("b_thread", type_=events.c.thread_id.type),
+        _bumped.c.event_seq,
+        bindparam("b_run", type_=events.c.run_id.type),
+        bindparam("b_type", type_=events.c.type.type),
+        bindparam("b_payload", type_=events.c.payload.type),
+        bindparam("b_now", type_=events.c.created_at.type),
+    )
+    if not wait_for_flush:
+        appended = appended.select_from(_bumped.join(_no_flush_wait, _no_flush_wait.c.setting.is_not(None)))
+    return (
+        insert(events)
+        .from_select(["thread_id", "seq", "run_id", "type", "payload", "created_at"], appended)
+        .returning(events.c.seq)
+    )
+
+
+APPEND_EVENT_PG = _append_event(wait_for_flush=True)
+#: The same, returning before its WAL reaches disk: an event no other write depends on
+#: (``tool_call_started``), whose loss to a crash of PostgreSQL leaves the log one event shorter.
+APPEND_EVENT_NO_FLUSH_WAIT_PG = _append_event(wait_for_flush=False)
 
 SETTLE_CALL = (
     update(tool_calls)
@@ -237,8 +287,9 @@ def _message_and_its_event(role: str, text_param: str, *, then_run_event: bool =
 #: fence writes nothing; the message takes the thread's next number and its event the next
 #: event number, as the separate statements would. The next task's outbox row is written only
 #: with ``:has_next`` (a call that ends the turn leaves what follows to the run's finish).
-COMMIT_CALL_RESULT_PG = text(
-    """
+def _commit_call_result(*, wait_for_flush: bool) -> TextClause:
+    sql = (
+        """
 WITH r AS (
     UPDATE runs SET fence = fence + 1, updated_at = :now, lease_owner = NULL, lease_expires_at = NULL
     WHERE id = CAST(:run_id AS varchar) AND fence = :fence
@@ -248,8 +299,8 @@ WITH r AS (
         lease_owner = NULL, lease_expires_at = NULL, finished_at = :now
     WHERE effect_key = CAST(:effect_key AS varchar) AND EXISTS (SELECT 1 FROM r)
 ), """
-    + _message_and_its_event("tool", "content")
-    + """, d AS (
+        + _message_and_its_event("tool", "content")
+        + """, d AS (
     DELETE FROM outbox WHERE key = CAST(:effect_key AS varchar) AND :own_outbox AND EXISTS (SELECT 1 FROM r)
 ), o AS (
     INSERT INTO outbox (key, task, args, queue, argsrepr, created_at, due_at, publish_count)
@@ -261,13 +312,19 @@ WITH r AS (
 )
 SELECT fence FROM r
 """
-).bindparams(
-    bindparam("now", type_=UTCDateTime()),
-    bindparam("next_due", type_=UTCDateTime()),
-    bindparam("is_error", type_=Boolean()),
-    bindparam("own_outbox", type_=Boolean()),
-    bindparam("has_next", type_=Boolean()),
-)
+    )
+    return text(sql if wait_for_flush else _without_flush_wait(sql)).bindparams(
+        bindparam("now", type_=UTCDateTime()),
+        bindparam("next_due", type_=UTCDateTime()),
+        bindparam("is_error", type_=Boolean()),
+        bindparam("own_outbox", type_=Boolean()),
+        bindparam("has_next", type_=Boolean()),
+    )
+
+
+COMMIT_CALL_RESULT_PG = _commit_call_result(wait_for_flush=True)
+#: The same, returning before its WAL reaches disk: a read_only call's result (see _NO_FLUSH_WAIT).
+COMMIT_CALL_RESULT_NO_FLUSH_WAIT_PG = _commit_call_result(wait_for_flush=False)
 
 
 #: PostgreSQL: a tool call's claim (the run's lease and fence, the call started, its outbox row
@@ -431,9 +488,12 @@ SELECT a.config_hash, a.queue FROM a, r
 
 _RUN_COLUMNS = tuple(c.name for c in runs.c)
 
+
 #: PostgreSQL: a model step's read and claim as one statement, in autocommit, for a delivery of
-#: the step that is due: the run is at ``:step``, queued or running, and no other worker's lease
-#: is live (what ``decide_step`` calls Proceed). Then what CLAIM_STEP_PG writes: the run's lease
+#: the step that is due: the run is at ``:step``, queued or running, no other worker's lease is
+#: live (what ``decide_step`` calls Proceed), and no call of the step before waits to run or is
+#: running (what ``Store.unsettled_call`` asks: a step published by a result that a crash of
+#: PostgreSQL took back finds one). Then what CLAIM_STEP_PG writes: the run's lease
 #: and next fence, the step's outbox row consumed and, for a run that was queued, its ``running``
 #: event. The run as it was before the claim comes back (its new fence is one more), or no row,
 #: with nothing written: then the run is read and decided apart, to say why.
@@ -443,13 +503,17 @@ _RUN_COLUMNS = tuple(c.name for c in runs.c)
 #: ``:last_seq`` on, the ends of the cached copy and what was appended after it (MESSAGE_ENDS),
 #: or, with ``-1`` and ``0``, the whole thread (THREAD_MESSAGES). The claim writes no message,
 #: so the history is the thread as the statement found it.
-READ_AND_CLAIM_STEP_PG = (
-    text(
+def _read_and_claim_step(*, wait_for_flush: bool) -> TextualSelect:
+    sql = (
         """
 WITH old AS (
     SELECT * FROM runs
     WHERE id = CAST(:run_id AS varchar) AND step = :step AND status IN ('queued', 'running')
         AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= :now)
+        AND NOT EXISTS (
+            SELECT 1 FROM tool_calls
+            WHERE run_id = CAST(:run_id AS varchar) AND step = :step - 1 AND status IN ('pending', 'started')
+        )
     FOR UPDATE
 ), r AS (
     UPDATE runs SET fence = runs.fence + 1, status = 'running', lease_owner = CAST(:owner AS varchar),
@@ -477,10 +541,18 @@ SELECT r.*, (
 FROM r
 """
     )
-    .bindparams(
-        bindparam("now", type_=UTCDateTime()),
-        bindparam("until", type_=UTCDateTime()),
-        bindparam("payload", type_=events.c.payload.type),
+    return (
+        text(sql if wait_for_flush else _without_flush_wait(sql))
+        .bindparams(
+            bindparam("now", type_=UTCDateTime()),
+            bindparam("until", type_=UTCDateTime()),
+            bindparam("payload", type_=events.c.payload.type),
+        )
+        .columns(*runs.c, column("history", messages.c.parts.type))
     )
-    .columns(*runs.c, column("history", messages.c.parts.type))
-)
+
+
+READ_AND_CLAIM_STEP_PG = _read_and_claim_step(wait_for_flush=True)
+#: The same, returning before its WAL reaches disk: a claim whose loss to a crash of PostgreSQL
+#: lets the step run again, as after a worker's death (see _NO_FLUSH_WAIT).
+READ_AND_CLAIM_STEP_NO_FLUSH_WAIT_PG = _read_and_claim_step(wait_for_flush=False)

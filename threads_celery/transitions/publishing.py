@@ -404,4 +404,5 @@ def open_store(database_url: str, settings: Settings | None = None, **engine_opt
         create_store_engine(url, **engine_options),
         step_grace_s=settings.outbox_stale_after_s,
         tool_grace_s=settings.tool_lease_s,
+        flush_every_commit=settings.flush_every_commit,
     )

@@ -370,6 +370,9 @@ def commit_call_result(
         next_entry=following,
         now=now,
         kind=kind,
+        # A read_only call reached in order: losing its result to a crash of PostgreSQL costs a
+        # rerun, which its effect allows, and what it publishes checks that it settled.
+        wait_for_flush=call.effect != "read_only" or call.batch is not None,
     )
     if moved is None:
         raise FenceLost(run.id, fence)
