@@ -82,7 +82,7 @@ from threads_celery.runtime.ports import Publish
 from threads_celery.runtime.progress import ProgressReporter
 from threads_celery.runtime.rate_limiter import rate_limiter_for
 from threads_celery.runtime.reconcile_lookup import run_lookup
-from threads_celery.runtime.streaming import ToolCallStarted, ToolCallStarts
+from threads_celery.runtime.streaming import HeldStartedEvents, ToolCallStarted, ToolCallStarts
 from threads_celery.runtime.usage_limits import totals_for_limits
 from threads_celery.runtime.variables import ThreadEnv, redacted_for_thread
 from threads_celery.settings import Settings
@@ -221,9 +221,13 @@ class Runtime:
                 return f"interrupted: {LIMIT_REASON}"
         provider = provider_of(agent.model_identity())
         provider_retry.wait_for_window(self, run, fence, provider)
-        starts = ToolCallStarts(agent.runtime_tools, lambda started: self._tool_call_started(run, step, agent, started))
+        held = HeldStartedEvents(lambda payloads: self._record_started(run, payloads))
+        starts = ToolCallStarts(
+            agent.runtime_tools, lambda started: self._tool_call_started(run, step, agent, started, held)
+        )
+        feed = held.feeding(starts.feed)
         live = live_stream.open_step_stream(self, run, step, fence, agent)
-        on_stream = starts.feed if live is None else live_stream.both(starts.feed, live)
+        on_stream = feed if live is None else live_stream.both(feed, live)
         try:
             with (
                 tracing.step_span(run.traceparent, run_id=run.id, step=step, agent=agent.name),
@@ -244,39 +248,41 @@ class Runtime:
         except AgentCodeFailed as exc:  # not the provider: the agent's own code, which would fail again
             if live is not None:
                 live_stream.void(live)
+            held.flush()
             finish_run(self, run, fence, "error", error=str(exc))
             return "error: the agent's code failed"
         except Exception as exc:  # noqa: BLE001 - the provider failed: retry with backoff, then fail the run
             if live is not None:
                 live_stream.void(live)
+            held.flush()
             ended = provider_retry.provider_failed(self, run, fence, step, exc)
             return ended if ended is not None else provider_retry.step_failed(self, run, fence, step, attempt, exc)
         used = int(turn.usage.get("input_tokens", 0)) + int(turn.usage.get("output_tokens", 0))
         self.rate_limiter.spend_tokens(provider, used, self.clock())
         try:
-            return step_commit.commit_step(self, run, fence, step, agent, models.bounded_turn(turn))
+            return step_commit.commit_step(self, run, fence, step, agent, models.bounded_turn(turn), held.payloads)
         except (FenceLost, StoreUnavailable):
             raise
         except Exception as exc:  # noqa: BLE001 - what the model sent could not be stored: ask again, then end the run
+            held.flush()
             return provider_retry.step_failed(self, run, fence, step, attempt, exc)
 
-    def _tool_call_started(self, run: Run, step: int, agent: Agent, started: ToolCallStarted) -> None:
-        """Record ``tool_call_started`` in the thread's log and call the agent's hook (best effort)."""
-        payload = {
-            "run_id": run.id,
-            "effect_key": runs.effect_key_for(run.id, step, started.index),
-            "call_id": started.call_id,
-            "name": started.name,
-            "progress": started.progress,
-        }
-        self.store.append_event(run.thread_id, run.id, "tool_call_started", payload, self.clock())
-        live_stream.nudge(self, run.thread_id)
+    def _tool_call_started(
+        self, run: Run, step: int, agent: Agent, started: ToolCallStarted, held: HeldStartedEvents
+    ) -> None:
+        """Hold ``tool_call_started`` for the thread's log and call the agent's hook (best effort)."""
+        held.add(started.payload(run.id, runs.effect_key_for(run.id, step, started.index)))
         hook = getattr(agent, "on_tool_call_started", None)
         if callable(hook):
             try:
                 hook(run, started)
             except Exception as exc:  # noqa: BLE001 - an observing hook's failure is logged and ignored
                 log.warning("on_tool_call_started failed: %s: %s", type(exc).__name__, exc)
+
+    def _record_started(self, run: Run, payloads: list[dict[str, Any]]) -> None:
+        for payload in payloads:
+            self.store.append_event(run.thread_id, run.id, "tool_call_started", payload, self.clock())
+        live_stream.nudge(self, run.thread_id)
 
     def _extend_run_lease(self, run_id: str, fence: int, lease: timedelta) -> bool:
         with self.store.transaction() as tx:

@@ -29,9 +29,21 @@ from threads_celery.transitions import runs
 from threads_celery.transitions.agent_tools import child_signal
 
 
-def commit_step(worker: Worker, run: Run, fence: int, step: int, agent: Agent, turn: models.ModelTurn) -> str:
-    """Commit model step ``step``'s reply (fenced) and publish what runs next; returns what happened."""
+def commit_step(
+    worker: Worker,
+    run: Run,
+    fence: int,
+    step: int,
+    agent: Agent,
+    turn: models.ModelTurn,
+    started: list[dict[str, Any]] | None = None,
+) -> str:
+    """Commit model step ``step``'s reply (fenced) and publish what runs next; returns what happened.
+
+    ``started``: the payloads of the ``tool_call_started`` events the step held back, recorded
+    with the reply (before its message's event) and emptied once committed."""
     now = worker.clock()
+    held = tuple(started or ())
     calls = [
         (
             runs.effect_key_for(run.id, step, i),
@@ -70,6 +82,7 @@ def commit_step(worker: Worker, run: Run, fence: int, step: int, agent: Agent, t
                 for i, (key, requested, t) in enumerate(calls)
             ),
             entries=tuple(entries),
+            started=held,
         )
         if run.agent_tool_run_id is None:
             moved = worker.store.commit_reply(reply)
@@ -85,7 +98,7 @@ def commit_step(worker: Worker, run: Run, fence: int, step: int, agent: Agent, t
         # The run's last reply, and its end, in one transaction with the thread handed on.
         last = Reply(
             run_id=run.id, thread_id=run.thread_id, fence=fence, step=step, now=now, usage=usage, text=turn.text,
-            tool_calls=(), call_rows=(), entries=(),
+            tool_calls=(), call_rows=(), entries=(), started=held,
         )  # fmt: skip
         with worker.store.transaction() as tx:
             if commit_last_reply_in(tx, last) is None:
@@ -98,11 +111,15 @@ def commit_step(worker: Worker, run: Run, fence: int, step: int, agent: Agent, t
             moved = tx.advance_run(run.id, fence=fence, now=now, step=step + 1, lease_owner=None, lease_expires_at=None)
             if moved is None:
                 raise FenceLost(run.id, fence)
+            for payload in held:
+                tx.append_event(run.thread_id, run.id, "tool_call_started", payload, now)
             _record_usage(tx, run, step, usage, now)
             tx.insert_message(thread_id=run.thread_id, run_id=run.id, role="assistant", text=turn.text, now=now)
             _signal_parent(tx, run, turn, now, [])
             entries.extend(runs.finish(tx, run, fence=moved, status="completed", now=now, output=turn.text))
         outcome = "completed"
+    if started is not None:
+        started.clear()  # committed with the reply
     worker.publish(entries)
     if outcome == "completed":
         hooks.observe_stop(agent, run, step, Stop("completed", output=turn.text))

@@ -339,8 +339,8 @@ class OwnOperations:
         """Commit a model step's reply that asks for tool calls, fenced; the new fence, or None.
 
         Writes, all or nothing: the run moved to its next step (its lease released), the step's
-        usage, the assistant message and its event, the calls' ledger rows and the outbox rows
-        of what runs first. On PostgreSQL that is one statement in autocommit, on the driver's
+        usage, the ``tool_call_started`` events it held, the assistant message and its event, the
+        calls' ledger rows and the outbox rows of what runs first. On PostgreSQL that is one statement in autocommit, on the driver's
         cursor; elsewhere, one transaction (:func:`commit_reply_in`).
         """
         if self._direct is None:
@@ -357,6 +357,8 @@ class OwnOperations:
             "calls": dumps([{k: row[k] for k in _CALL_ROW_FIELDS} for row in reply.call_rows]),
             "entries": dumps([_entry_json(entry) for entry in reply.entries]),
             "due": reply.now + self.tool_grace,
+            "started": dumps(list(reply.started)),
+            "started_count": len(reply.started),
         }
         fenced: int | None = self._direct.scalar(statements.COMMIT_REPLY_PG, params)
         return fenced
@@ -449,6 +451,9 @@ class Reply:
     call_rows: tuple[dict[str, Any], ...]
     #: What runs first: the first call, or the first wave of a concurrent group.
     entries: tuple[OutboxEntry, ...]
+    #: The payloads of ``tool_call_started`` events the step held back while the model streamed
+    #: (see ``Runtime._run_step``): recorded with the reply, before its message's event.
+    started: tuple[dict[str, Any], ...] = ()
 
 
 def commit_reply_in(tx: Tx, reply: Reply) -> int | None:
@@ -474,7 +479,7 @@ def commit_last_reply_in(tx: Tx, reply: Reply) -> int | None:
     """
     if reply.tool_calls or reply.call_rows or reply.entries:
         raise ValueError("a reply that ends its run asks for no tool calls")
-    if tx.dialect != "postgresql":
+    if tx.dialect != "postgresql" or reply.started:  # started events: an output tool's, rarely
         moved = _step_and_message(tx, reply)
         if moved is None:
             return None
@@ -518,6 +523,8 @@ def _step_and_message(tx: Tx, reply: Reply) -> int | None:
     )
     if moved is None:
         return None
+    for payload in reply.started:  # after the run's lock, before the message's event
+        tx.append_event(reply.thread_id, reply.run_id, "tool_call_started", payload, reply.now)
     usage = reply.usage
     tx.record_usage(
         run_id=reply.run_id,

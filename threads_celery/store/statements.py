@@ -247,13 +247,27 @@ _STEP_USAGE = """), u AS (
 ), """
 
 
-def _message_and_its_event(role: str, text_param: str, *, then_run_event: bool = False) -> str:
+def _message_and_its_event(
+    role: str, text_param: str, *, then_run_event: bool = False, started_events: bool = False
+) -> str:
     """The CTEs ``m``, ``t`` and ``e`` of a one-statement commit: a message of ``role`` (its text
     the parameter ``text_param``, its parts ``:parts``) at the thread's next number, and its
     ``message`` event (``:payload`` with the message's number) at the thread's next event number;
     each only if the fenced run update ``r`` matched. With ``then_run_event``, the run's ``run``
-    event (``:run_payload``) follows at the number after."""
+    event (``:run_payload``) follows at the number after. With ``started_events``, the
+    ``tool_call_started`` events of ``:started`` (a JSON array of ``:started_count`` payloads)
+    come first, at the numbers before the message's event."""
     bump = 2 if then_run_event else 1
+    started_count = " + CAST(:started_count AS integer)" if started_events else ""
+    started = (
+        f"""
+    SELECT CAST(:thread_id AS varchar), t.event_seq - {bump} - CAST(:started_count AS integer) + s.ord,
+        CAST(:run_id AS varchar), 'tool_call_started', s.payload, :now
+    FROM t, json_array_elements(CAST(:started AS json)) WITH ORDINALITY AS s(payload, ord)
+    UNION ALL"""
+        if started_events
+        else ""
+    )
     run_event = (
         """
     UNION ALL
@@ -271,11 +285,11 @@ def _message_and_its_event(role: str, text_param: str, *, then_run_event: bool =
     FROM r
     RETURNING seq
 ), t AS (
-    UPDATE threads SET event_seq = event_seq + {bump}
+    UPDATE threads SET event_seq = event_seq + {bump}{started_count}
     WHERE id = CAST(:thread_id AS varchar) AND EXISTS (SELECT 1 FROM r)
     RETURNING event_seq
 ), e AS (
-    INSERT INTO events (thread_id, seq, run_id, type, payload, created_at)
+    INSERT INTO events (thread_id, seq, run_id, type, payload, created_at){started}
     SELECT CAST(:thread_id AS varchar), t.event_seq - {bump - 1}, CAST(:run_id AS varchar), 'message',
         CAST(CAST(:payload AS jsonb) || jsonb_build_object('seq', m.seq) AS json), :now
     FROM t, m{run_event}
@@ -383,7 +397,8 @@ SELECT fence FROM r
 
 #: PostgreSQL: a model step's reply that asks for tool calls, committed as one statement in
 #: autocommit: the run moved to its next step (fenced, its lease released), the step's usage,
-#: the assistant message and its event, one ledger row per call (``:calls``, a JSON array) and
+#: the ``tool_call_started`` events the step held (``:started``), the assistant message and its
+#: event, one ledger row per call (``:calls``, a JSON array) and
 #: the outbox rows of what runs first (``:entries``, a JSON array of tool tasks). Each part
 #: runs only if the fenced run update matched; the new fence comes back, or no row.
 COMMIT_REPLY_PG = text(
@@ -395,7 +410,7 @@ WITH r AS (
     RETURNING fence
 """
     + _STEP_USAGE
-    + _message_and_its_event("assistant", "text")
+    + _message_and_its_event("assistant", "text", started_events=True)
     + """, c AS (
     INSERT INTO tool_calls (effect_key, run_id, thread_id, step, idx, calls_in_step, call_id, tool, args,
         args_hash, effect, dedup_window_ms, finality, queue, status, attempt, is_error, created_at, batch)
