@@ -285,9 +285,9 @@ def test_a_step_whose_output_cannot_be_committed_ends_the_run_after_bounded_trie
     asked: list[int] = []
     original = step_commit.commit_step
 
-    def refuse(runtime: Runtime, run: Run, fence: int, step: int, agent: Agent, turn: Any) -> str:
+    def refuse(runtime: Runtime, run: Run, fence: int, step: int, agent: Agent, turn: Any, started: Any) -> str:
         if step == 0:
-            return original(runtime, run, fence, step, agent, turn)
+            return original(runtime, run, fence, step, agent, turn, started)
         asked.append(step)
         raise ValueError("the store refused the turn")
 
