@@ -410,6 +410,32 @@ def _install_worker_side() -> None:
             profile.disable()
             profile.dump_stats(os.path.join(os.environ["BENCH_TRACE_DIR"], f"{os.getpid()}.prof"))
 
+    if os.environ.get("BENCH_GC"):
+        # Each pool process's cyclic garbage collections (count and CPU time by generation, and
+        # the objects frozen out of them) land in $BENCH_TRACE_DIR/<pid>.gc.json at shutdown.
+        import gc
+
+        collected: dict[str, list[float]] = {}
+        started_at = [0.0]
+
+        def _time_collection(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                started_at[0] = time.process_time()
+                return
+            entry = collected.setdefault(str(info["generation"]), [0, 0.0])
+            entry[0] += 1
+            entry[1] += time.process_time() - started_at[0]
+
+        @worker_process_init.connect(weak=False)
+        def _count_collections(**_: Any) -> None:
+            gc.callbacks.append(_time_collection)
+
+        @worker_process_shutdown.connect(weak=False)
+        def _dump_collections(**_: Any) -> None:
+            path = os.path.join(os.environ["BENCH_TRACE_DIR"], f"{os.getpid()}.gc.json")
+            with open(path, "w") as f:
+                json.dump({"collections": collected, "frozen": gc.get_freeze_count()}, f)
+
     @task_prerun.connect(weak=False)
     def _before(task: Any = None, **_: Any) -> None:
         counters.reset()

@@ -219,6 +219,24 @@ def run_durable(threads: Any, redis_client: Any, pgid: int, runs: int, turns: in
     return Sample(wall, cpu, runs * (2 * turns + 1), {k: v - servers0[k] for k, v in servers.items()}, main)
 
 
+def report_collections(trace_dir: Path, *, executed: int) -> None:
+    """What the cyclic garbage collector cost the project's pool processes (``--gc``)."""
+    by_generation: dict[str, list[float]] = {}
+    frozen = []
+    for path in trace_dir.glob("*.gc.json"):
+        found = json.loads(path.read_text())
+        frozen.append(found["frozen"])
+        for generation, (count, seconds) in found["collections"].items():
+            entry = by_generation.setdefault(generation, [0, 0.0])
+            entry[0] += count
+            entry[1] += seconds
+    total = sum(seconds for _count, seconds in by_generation.values())
+    print(f"garbage collection in {len(frozen)} pool processes over {executed} tasks (warm-up included):")
+    for generation, (count, seconds) in sorted(by_generation.items()):
+        print(f"  generation {generation}: {int(count)} collections, {seconds * 1000:.1f} ms CPU")
+    print(f"  in all {total * 1000:.1f} ms, {total * 1000 / max(executed, 1):.3f} ms/task; objects frozen: {frozen}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100, help="runs (and chains) started at once (default 100)")
@@ -250,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="cProfile (CPU time) each pool process over the durable rounds only; stats to DIR",
     )
+    parser.add_argument(
+        "--gc",
+        action="store_true",
+        help="time the cyclic garbage collector in the project's pool processes (all its rounds)",
+    )
     args = parser.parse_args(argv)
 
     import redis
@@ -275,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             **worker_env(database_url, args.broker_url, trace_dir),
             "BENCH_DONE_URL": done_url,
             **({"BENCH_PROFILE": "cpu"} if args.profile else {}),
+            **({"BENCH_GC": "1"} if args.gc else {}),
         }
         from threads_celery import Threads
 
@@ -325,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         finally:
             threads.close()
+        if args.gc:
+            report_collections(
+                Path(trace_dir), executed=2 * (warm * 5 + args.repeat * args.runs * (2 * args.turns + 1))
+            )
         if args.profile:
             import shutil
 
