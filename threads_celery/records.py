@@ -154,7 +154,12 @@ class Thread:
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """A snapshot of one run: one user message driven to an answer."""
+    """A snapshot of one run: one user message driven to an answer.
+
+    The snapshots a worker's hot path reads (a tool call's delivery, a model step's claim) leave
+    out ``input``, ``output`` and ``error`` (read as ``""`` and None): neither reads them, and they
+    grow with the prompt and the answer. Read the run again for them.
+    """
 
     id: str
     thread_id: str

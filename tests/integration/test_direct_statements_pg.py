@@ -7,6 +7,7 @@ engine's pool survives: a server that drops them, threads, a fork.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import socket
 import threading
@@ -84,13 +85,20 @@ def _reply_of_three(store: Store) -> tuple[str, list[str]]:
     return run.id, keys
 
 
+def _without_texts(run: Run) -> Run:
+    """``run`` as a worker's hot path reads it: without its input, output and error."""
+    return dataclasses.replace(run, input="", output=None, error=None)
+
+
 def test_the_call_and_its_run_read_directly_equal_the_engines_read(store: Store) -> None:
+    # The hot read leaves the run's texts out (a long prompt is not read again by every call).
     _run_id, keys = _reply_of_three(store)
     for key in keys:
         direct = store.call_and_run(key)
         with store.read() as tx:
             engine = tx.get_call_and_run(key)
-        assert direct == engine
+        assert engine is not None and engine[1].input != ""
+        assert direct == (engine[0], _without_texts(engine[1]))
         assert direct is not None and direct[1].created_at is not None
         assert direct[1].created_at.tzinfo is UTC  # UTCDateTime's conversion applied
     first, _run = store.call_and_run(keys[0])  # type: ignore[misc]
@@ -98,6 +106,31 @@ def test_the_call_and_its_run_read_directly_equal_the_engines_read(store: Store)
     assert first.next_call is not None and first.next_call[0] == keys[1]
     assert last.next_call is None
     assert store.call_and_run("no-such-call") is None
+
+
+def test_a_narrated_line_ends_with_its_text_though_the_claim_reads_no_text(store: Store) -> None:
+    # A step's claim returns the run without its input; the narrated line reads it for its output.
+    agent = Agent(name="narrated_direct", instructions="x", model=ScriptedModel([say("never asked")]))
+    registry = AgentRegistry()
+    registry.add(agent)
+    queue: list[OutboxEntry] = []
+    runtime = Runtime(store, registry, publish=queue.extend)
+    line = "sources gathered: " + "x" * 5000
+    with store.transaction() as tx:
+        tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), run_ledger.utcnow())
+        run, entries = run_ledger.submit_run(
+            tx, agent=agent.name, config_hash=agent.config_hash(), message=line, now=run_ledger.utcnow(),
+            input_meta={"narrate": True},
+        )  # fmt: skip
+    claimed = store.read_and_claim_step(
+        run.id, 0, entries[0].key, owner="w0", lease_until=run_ledger.utcnow() - timedelta(seconds=1),
+        now=run_ledger.utcnow() - timedelta(seconds=2),
+    )  # fmt: skip
+    assert claimed is not None and claimed.run.input == "" and claimed.run.input_meta == {"narrate": True}
+    assert [m.text for m in claimed.messages] == [line]  # its message is in the thread already
+    assert runtime.run_step(run.id, 0) == "narrated"  # the lease above has expired: taken over
+    ended = store.run(run.id)
+    assert ended is not None and (ended.status, ended.output) == ("completed", line)
 
 
 def test_a_history_read_directly_equals_the_engines_read(store: Store) -> None:
@@ -453,7 +486,7 @@ def test_a_due_step_is_read_and_claimed_in_one_statement_as_apart(store: Store) 
     assert store.read_and_claim_step(run_id, 1, "step:x:1", owner="w1", lease_until=lease, now=now) is None
     assert store.run(run_id) == before
     read = store.read_and_claim_step(run_id, 0, step_key, owner="w1", lease_until=lease, now=now)
-    assert read is not None and read.run == before  # the run as it was before the claim
+    assert read is not None and read.run == _without_texts(before)  # the run as it was before the claim
     assert [(m.seq, m.role, m.text) for m in read.messages] == [(0, "user", "go")]  # and its history
     claimed = store.run(run_id)
     assert claimed is not None
@@ -469,7 +502,7 @@ def test_a_due_step_is_read_and_claimed_in_one_statement_as_apart(store: Store) 
     taken = store.read_and_claim_step(
         run_id, 0, step_key, owner="w2", lease_until=later + timedelta(seconds=30), now=later
     )
-    assert taken is not None and taken.run == claimed
+    assert taken is not None and taken.run == _without_texts(claimed)
     assert _outbox_and_run_events(store, run_id)[1].count({"run_id": run_id, "status": "running"}) == 1
     with store.transaction() as tx:
         tx.advance_run(run_id, fence=claimed.fence + 1, now=later, status="completed", lease_owner=None)

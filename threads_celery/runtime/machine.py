@@ -184,8 +184,10 @@ class Runtime:
             live_stream.nudge(self, run.thread_id)
         history = self.history.load(source, run.thread_id, run_id=run.id)
         if (run.input_meta or {}).get("narrate"):
-            # A narrated status line: its message is in the thread already; no model turn.
-            finish_run(self, run, fence, "completed", output=run.input)
+            # A narrated status line: its message is in the thread already; no model turn. The
+            # claim left the run's input out: read it.
+            line = self.store.run(run.id)
+            finish_run(self, run, fence, "completed", output=line.input if line is not None else "")
             return "narrated"
         try:
             agent = self.registry.get(run.agent)

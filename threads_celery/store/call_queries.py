@@ -1,4 +1,4 @@
-"""The named queries of tool calls (a part of :class:`~.repository.Tx`).
+"""The named queries of tool calls (a part of :class:`~.repository.Tx`), and the read of a call with its run.
 
 A call's row is its ledger entry: inserted with the model's reply, claimed when it starts (the
 evidence that its effect may have happened), settled with its result. The result commit itself
@@ -12,13 +12,64 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, Select, Text, bindparam, literal, null, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from threads_celery.records import UNSETTLED_STATUSES, CallRow, Run
 from threads_celery.store import statements
 from threads_celery.store.rows import call_from_mapping, run_from_mapping
 from threads_celery.store.schema import runs, tool_calls
+
+_next = tool_calls.alias("nxt")
+_previous = tool_calls.alias("prv")
+
+#: What a worker's hot path leaves out of a run it reads: its input, output and error, which
+#: neither a tool call nor a model step reads, and which grow with the prompt and the answer (a
+#: long prompt would otherwise be read again by every task of its run). Read as "" and NULL.
+RUN_TEXT_COLUMNS = ("input", "output", "error")
+
+
+def _run_columns_labelled(*, with_text: bool) -> list[ColumnElement[Any]]:
+    return [
+        c.label(f"r__{c.name}")
+        if with_text or c.name not in RUN_TEXT_COLUMNS
+        else (literal("", Text) if c.name == "input" else null()).label(f"r__{c.name}")
+        for c in runs.c
+    ]
+
+
+def _call_run_and_next(*, with_text: bool) -> Select[Any]:
+    return (
+        select(
+            tool_calls,
+            *_run_columns_labelled(with_text=with_text),
+            _next.c.effect_key.label("n__effect_key"),
+            _next.c.tool.label("n__tool"),
+            _next.c.queue.label("n__queue"),
+            _previous.c.status.label("p__status"),
+        )
+        .join(runs, runs.c.id == tool_calls.c.run_id)
+        .outerjoin(
+            _next,
+            (_next.c.run_id == tool_calls.c.run_id)
+            & (_next.c.step == tool_calls.c.step)
+            & (_next.c.idx == tool_calls.c.idx + 1),
+        )
+        .outerjoin(
+            _previous,
+            (_previous.c.run_id == tool_calls.c.run_id)
+            & (_previous.c.step == tool_calls.c.step)
+            & (_previous.c.idx == tool_calls.c.idx - 1),
+        )
+        .where(tool_calls.c.effect_key == bindparam("b_key"))
+    )
+
+
+#: A call, its run, the call after it in the same model reply and the status of the call before
+#: it, in one statement.
+CALL_RUN_AND_NEXT = _call_run_and_next(with_text=True)
+#: The same as a tool call's delivery reads it: the run without RUN_TEXT_COLUMNS.
+CALL_RUN_AND_NEXT_HOT = _call_run_and_next(with_text=False)
 
 
 def call_and_run_from_mapping(mapping: RowMapping | Mapping[str, Any]) -> tuple[CallRow, Run]:
@@ -57,7 +108,7 @@ class CallQueries:
             )
             row = self.conn.execute(query).first()
         else:
-            row = self.conn.execute(statements.CALL_RUN_AND_NEXT, {"b_key": effect_key}).first()
+            row = self.conn.execute(CALL_RUN_AND_NEXT, {"b_key": effect_key}).first()
         return None if row is None else call_and_run_from_mapping(row._mapping)
 
     def calls_in_step(self, run_id: str, step: int) -> list[CallRow]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from threads_celery.records import CallRow, Message, OutboxEntry, Run, ToolCall, ToolResult
 from threads_celery.store import statements
-from threads_celery.store.call_queries import call_and_run_from_mapping
+from threads_celery.store.call_queries import CALL_RUN_AND_NEXT_HOT, call_and_run_from_mapping
 from threads_celery.store.direct import DirectStatements
 from threads_celery.store.outbox_queries import TOOL_TASK_NAME
 from threads_celery.store.rows import message_from_mapping, messages_from_json, run_from_mapping
@@ -222,8 +222,8 @@ class OwnOperations:
         history_ends: tuple[int, int] = WHOLE_HISTORY,
     ) -> ClaimedStep | None:
         """On PostgreSQL, a due step's read and claim in one statement (READ_AND_CLAIM_STEP_PG):
-        the run as it was before the claim (the claim's fence is one more) and its thread's
-        messages, or None, with nothing written, when the step is not due, another worker's
+        the run as it was before the claim (the claim's fence is one more; without its input,
+        output and error, ``call_queries.RUN_TEXT_COLUMNS``) and its thread's messages, or None, with nothing written, when the step is not due, another worker's
         lease is live, a call of the step before has not settled, or this is not PostgreSQL:
         then :meth:`run`, :meth:`unsettled_call` and :meth:`claim_step`, apart, say why.
         ``history_ends``: the first and last seq of the history a step has cached (the messages
@@ -328,12 +328,15 @@ class OwnOperations:
             tx.delete_outbox(key)
 
     def call_and_run(self, effect_key: str) -> tuple[CallRow, Run] | None:
-        """:meth:`Tx.get_call_and_run` (unlocked) as a read of its own: a worker's hot path."""
+        """:meth:`Tx.get_call_and_run` (unlocked) as a read of its own, as a tool call's delivery
+        reads it: the run without its input, output and error (``call_queries.RUN_TEXT_COLUMNS``)."""
+        params = {"b_key": effect_key}
         if self._direct is not None:
-            row = self._direct.first(statements.CALL_RUN_AND_NEXT, {"b_key": effect_key})
+            row = self._direct.first(CALL_RUN_AND_NEXT_HOT, params)
             return None if row is None else call_and_run_from_mapping(row)
         with self.read() as tx:
-            return tx.get_call_and_run(effect_key)
+            found = tx.conn.execute(CALL_RUN_AND_NEXT_HOT, params).first()
+            return None if found is None else call_and_run_from_mapping(found._mapping)
 
     def commit_reply(self, reply: Reply) -> int | None:
         """Commit a model step's reply that asks for tool calls, fenced; the new fence, or None.

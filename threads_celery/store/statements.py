@@ -17,36 +17,6 @@ from sqlalchemy.sql.selectable import TextualSelect
 from threads_celery.records import UNSETTLED_STATUSES
 from threads_celery.store.schema import UTCDateTime, agents, events, messages, outbox, runs, threads, tool_calls
 
-_next = tool_calls.alias("nxt")
-_previous = tool_calls.alias("prv")
-
-#: A call, its run, the call after it in the same model reply and the status of the call before
-#: it, in one statement.
-CALL_RUN_AND_NEXT = (
-    select(
-        tool_calls,
-        *[c.label(f"r__{c.name}") for c in runs.c],
-        _next.c.effect_key.label("n__effect_key"),
-        _next.c.tool.label("n__tool"),
-        _next.c.queue.label("n__queue"),
-        _previous.c.status.label("p__status"),
-    )
-    .join(runs, runs.c.id == tool_calls.c.run_id)
-    .outerjoin(
-        _next,
-        (_next.c.run_id == tool_calls.c.run_id)
-        & (_next.c.step == tool_calls.c.step)
-        & (_next.c.idx == tool_calls.c.idx + 1),
-    )
-    .outerjoin(
-        _previous,
-        (_previous.c.run_id == tool_calls.c.run_id)
-        & (_previous.c.step == tool_calls.c.step)
-        & (_previous.c.idx == tool_calls.c.idx - 1),
-    )
-    .where(tool_calls.c.effect_key == bindparam("b_key"))
-)
-
 #: Whether a run has a call of a step that has not settled: one that waits to run or is running.
 UNSETTLED_CALL = (
     select(tool_calls.c.effect_key)
@@ -502,6 +472,8 @@ SELECT a.config_hash, a.queue FROM a, r
 ).bindparams(bindparam("now", type_=UTCDateTime()), bindparam("due", type_=UTCDateTime()))
 
 _RUN_COLUMNS = tuple(c.name for c in runs.c)
+#: What a step's claim leaves out of the run it returns (``call_queries.RUN_TEXT_COLUMNS``).
+_RUN_TEXT_AS_READ = {"input": "CAST('' AS text) AS input", "output": "NULL AS output", "error": "NULL AS error"}
 
 
 #: PostgreSQL: a model step's read and claim as one statement, in autocommit, for a delivery of
@@ -535,7 +507,7 @@ WITH old AS (
         lease_expires_at = :until, started_at = coalesce(runs.started_at, :now), updated_at = :now
     FROM old WHERE runs.id = old.id
     RETURNING """
-        + ", ".join(f"old.{name}" for name in _RUN_COLUMNS)
+        + ", ".join(_RUN_TEXT_AS_READ.get(name, f"old.{name}") for name in _RUN_COLUMNS)
         + """
 ), d AS (
     DELETE FROM outbox WHERE key = CAST(:step_key AS varchar) AND EXISTS (SELECT 1 FROM r)
