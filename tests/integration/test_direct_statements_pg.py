@@ -14,10 +14,13 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from unittest.mock import patch
 
 import pytest
 from pydantic import BaseModel
+from pydantic_ai.messages import ModelResponse, UserPromptPart
+from pydantic_ai.models.function import DeltaToolCall, FunctionModel
 from sqlalchemy import select, text
 from sqlalchemy.exc import DataError
 
@@ -29,6 +32,7 @@ from threads_celery.runtime.machine import Runtime
 from threads_celery.store import Store, create_store_engine, parse_database_url
 from threads_celery.store import direct as direct_module
 from threads_celery.store.migrate import upgrade
+from threads_celery.store.operations import ClaimedStep
 from threads_celery.store.schema import events, messages, outbox, runs, tool_calls
 from threads_celery.testing import ScriptedModel, calls, say
 from threads_celery.transitions import runs as run_ledger
@@ -554,6 +558,92 @@ def test_a_step_claim_reads_the_history_its_cache_asks_for_as_a_read_apart_would
     assert again is not None and again.history_ends == (0, 1)
     assert again.messages == store.list_message_ends(run.thread_id, first_seq=0, last_seq=1)
     assert [m.seq for m in again.messages] == [0, 1, 2, 3]
+
+
+def _claim_step(store: Store, run_id: str, step: int, **history: object) -> ClaimedStep:
+    """Claim ``step`` of ``run_id`` (moving the run to it first), reading its history as asked."""
+    run = store.run(run_id)
+    assert run is not None
+    now = run_ledger.utcnow()
+    if run.step != step:
+        with store.transaction() as tx:
+            tx.advance_run(run_id, fence=run.fence, now=now, step=step, lease_owner=None, lease_expires_at=None)
+    key = run_ledger.step_key(run_id, step)
+    claimed = store.read_and_claim_step(run_id, step, key, owner="w1", lease_until=now, now=now, **history)  # type: ignore[arg-type]
+    assert claimed is not None
+    return claimed
+
+
+def test_a_step_claim_does_not_read_again_an_end_whose_row_version_has_not_moved(store: Store) -> None:
+    run_id, _key = _queued_run(store)
+    run = store.run(run_id)
+    assert run is not None
+    long_prompt = "a long document " * 4000
+    with store.transaction() as tx:
+        tx.conn.execute(messages.update().where(messages.c.thread_id == run.thread_id).values(text=long_prompt))
+        tx.insert_message(thread_id=run.thread_id, run_id=run_id, role="assistant", text="reply 1",
+                          now=run_ledger.utcnow())  # fmt: skip
+    whole = _claim_step(store, run_id, 0)
+    assert [m.text for m in whole.messages] == [long_prompt, "reply 1"] and whole.unchanged == frozenset()
+    assert set(whole.versions) == {0, 1}
+    with store.transaction() as tx:
+        tx.insert_message(thread_id=run.thread_id, run_id=run_id, role="user", text="more", now=run_ledger.utcnow())
+    # The cache holds seqs 0..1 and knows their versions: only the new row is read.
+    versions = (whole.versions[0], whole.versions[1])
+    again = _claim_step(store, run_id, 1, history_ends=(0, 1), history_versions=versions)
+    assert again.unchanged == {0, 1}
+    assert [(m.seq, m.text) for m in again.messages] == [(2, "more")] and set(again.versions) == {2}
+    # Without the versions, the ends come whole, as a read apart gives them.
+    unknown = _claim_step(store, run_id, 2, history_ends=(0, 1))
+    assert unknown.unchanged == frozenset()
+    assert unknown.messages == store.list_message_ends(run.thread_id, first_seq=0, last_seq=1)
+    # A row rewritten in place has a new version: it comes whole, with its new text.
+    with store.transaction() as tx:
+        tx.conn.execute(
+            messages.update().where(messages.c.thread_id == run.thread_id, messages.c.seq == 0).values(text="redacted")
+        )
+    rewritten = _claim_step(store, run_id, 3, history_ends=(0, 1), history_versions=versions)
+    assert rewritten.unchanged == {1}
+    assert [(m.seq, m.text) for m in rewritten.messages] == [(0, "redacted"), (2, "more")]
+    assert rewritten.versions[0] != versions[0]
+
+
+def test_a_worker_keeps_a_long_prompt_cached_and_sees_a_rewritten_end(store: Store) -> None:
+    # Through the runtime: the step cache's hits come from versions, and a first message rewritten
+    # in place between two steps reaches the model.
+    seen: list[str] = []
+    echo = tool(name="echo", description="x", input=In, effect="read_only", execute=lambda inp, ctx: f"n={inp.n}")
+
+    def first_text(messages: list[Any], _info: Any) -> Any:
+        seen.append(next(p.content for p in messages[0].parts if isinstance(p, UserPromptPart)))
+        calls_made = sum(isinstance(m, ModelResponse) for m in messages)
+
+        async def stream() -> Any:
+            if calls_made < 3:
+                yield {0: DeltaToolCall(name="echo", json_args=f'{{"n": {calls_made}}}', tool_call_id=f"c{calls_made}")}
+            else:
+                yield "done"
+
+        return stream()
+
+    agent = Agent(name="long_prompt", instructions="x", tools=[echo], model=FunctionModel(stream_function=first_text))
+    long_prompt = "a long document " * 4000
+    runtime, run, queue = _start(store, agent, long_prompt)
+    while queue:
+        entry = queue.pop(0)
+        if entry.task == "threads.step" and entry.args[1] == 2:
+            with store.transaction() as tx:
+                tx.conn.execute(
+                    messages.update()
+                    .where(messages.c.thread_id == run.thread_id, messages.c.seq == 0)
+                    .values(text="redacted")
+                )
+        (runtime.run_step if entry.task == "threads.step" else runtime.run_tool)(*entry.args)
+    assert seen == [long_prompt, long_prompt, "redacted", "redacted"]
+    # Step 1 extends the cache (its ends unchanged), step 2 finds the first end moved and reads
+    # the thread again, step 3 extends the cache again.
+    assert (runtime.history.misses, runtime.history.hits) == (2, 2)
+    assert store.run(run.id).status == "completed"  # type: ignore[union-attr]
 
 
 def test_two_deliveries_of_a_step_at_once_claim_it_once(store: Store) -> None:

@@ -149,6 +149,8 @@ def test_the_commits_that_need_not_wait_turn_synchronous_commit_off_for_their_ow
         "payload": {"run_id": run.id, "status": "running"},
         "first_seq": -1,
         "last_seq": 0,
+        "first_version": None,
+        "last_version": None,
     }
     event_params = {"b_thread": run.thread_id, "b_run": run.id, "b_type": "x", "b_payload": {}, "b_now": now}
     default = _synchronous_commit_after(store, text("SELECT 1"), {})[1]

@@ -16,7 +16,12 @@ So a step sees exactly the rows a full read at that moment would see, and anothe
 appending to the thread in between is picked up by the same statement. On PostgreSQL that read
 is made by the step's claim itself (:class:`Prefetched`): the claim statement takes the ends
 this cache holds for the run's thread (:meth:`HistoryCache.ends_for_run`) and returns the rows
-with the run, so a step's claim and its history are one round trip. The cache is bounded by
+with the run, so a step's claim and its history are one round trip. There each row comes with
+its version (PostgreSQL's ``xmin``, which a rewrite or a replacement of the row changes): the
+cache keeps those of its two ends, and an end whose version has not moved comes back as
+"unchanged" instead of whole, so a long first prompt or a large last result is not read again by
+every step. An end whose version the cache does not know, or that moved, comes back whole and is
+compared as above. The cache is bounded by
 an estimate of its size in bytes and by a number of threads (least recently used threads go
 first) and lives in one process; pool processes do not share it.
 """
@@ -69,6 +74,8 @@ class ThreadHistory:
     messages: list[Message]
     size: int = 0
     converted: ModelHistory | None = field(default=None, repr=False)
+    #: The row versions known of its messages (kept for its first and last one only).
+    versions: dict[int, str] = field(default_factory=dict, repr=False)
 
     def model_history(self) -> ModelHistory:
         """The pydantic-ai conversion of these messages, carried over from step to step."""
@@ -82,21 +89,46 @@ class Prefetched:
     that asks for those messages (``ends``: the ends of the cached copy, or the whole thread),
     and passes any other read to ``source``."""
 
-    def __init__(self, source: MessageSource, thread_id: str, ends: tuple[int, int], messages: list[Message]) -> None:
+    def __init__(
+        self,
+        source: MessageSource,
+        thread_id: str,
+        ends: tuple[int, int],
+        messages: list[Message],
+        *,
+        versions: dict[int, str] | None = None,
+        unchanged: frozenset[int] = frozenset(),
+    ) -> None:
         self.source = source
         self.thread_id = thread_id
         self.ends = ends
         self.messages = messages
+        #: The row version of each message read, and the ends found unchanged (not read again).
+        self.versions = versions or {}
+        self.unchanged = unchanged
+
+    def answers(self, thread_id: str, ends: tuple[int, int]) -> bool:
+        """Whether this is the read of ``thread_id`` from ``ends`` (not another one)."""
+        return thread_id == self.thread_id and ends == self.ends
 
     def list_messages(self, thread_id: str) -> list[Message]:
-        if thread_id == self.thread_id and self.ends == WHOLE_HISTORY:
+        if self.answers(thread_id, WHOLE_HISTORY):
             return list(self.messages)
         return self.source.list_messages(thread_id)
 
     def list_message_ends(self, thread_id: str, *, first_seq: int, last_seq: int) -> list[Message]:
-        if thread_id == self.thread_id and (first_seq, last_seq) == self.ends:
+        """The messages read, without the ends found unchanged (see :meth:`HistoryCache.load`)."""
+        if self.answers(thread_id, (first_seq, last_seq)):
             return list(self.messages)
         return self.source.list_message_ends(thread_id, first_seq=first_seq, last_seq=last_seq)
+
+
+def _read_facts(source: MessageSource, thread_id: str, ends: tuple[int, int]) -> tuple[dict[int, str], frozenset[int]]:
+    """What ``source`` knows of the rows it read from ``ends``: their versions, and the ends it
+    found unchanged (only a step's prefetched read knows either)."""
+    if isinstance(source, Prefetched) and source.answers(thread_id, ends):
+        return source.versions, source.unchanged
+    return {}, frozenset()
 
 
 class HistoryCache:
@@ -126,12 +158,17 @@ class HistoryCache:
         """What :meth:`load` will ask of the store for ``run_id``'s thread, as far as this cache can
         tell before the run is read: the first and last seq of its cached history, or
         :data:`WHOLE_HISTORY` (a run not seen here, or a thread no longer cached)."""
+        return self.ask_for_run(run_id)[0]
+
+    def ask_for_run(self, run_id: str) -> tuple[tuple[int, int], tuple[str | None, str | None]]:
+        """:meth:`ends_for_run`, and the row versions this cache knows of those two messages."""
         with self._lock:
             thread_id = self._threads_of_runs.get(run_id)
             entry = self._entries.get(thread_id) if thread_id is not None else None
             if entry is None or not entry.messages:
-                return WHOLE_HISTORY
-            return entry.messages[0].seq, entry.messages[-1].seq
+                return WHOLE_HISTORY, (None, None)
+            first, last = entry.messages[0].seq, entry.messages[-1].seq
+            return (first, last), (entry.versions.get(first), entry.versions.get(last))
 
     def load(self, tx: MessageSource, thread_id: str, *, run_id: str | None = None) -> ThreadHistory:
         """The thread's whole history as ``tx`` sees it, reading only what the cache lacks.
@@ -153,6 +190,7 @@ class HistoryCache:
             self.misses += 1
             messages = tx.list_messages(thread_id)
             fresh = ThreadHistory(thread_id, messages, sum(message_size(m) for m in messages))
+            fresh.versions = _ends_only(fresh, _read_facts(tx, thread_id, WHOLE_HISTORY)[0])
         else:
             self.hits += 1
         # The conversion belongs to the cached entry, so the next step carries it on.
@@ -165,19 +203,22 @@ class HistoryCache:
         """The cached history with the rows appended since, or None when it is not a prefix."""
         first, last = entry.messages[0], entry.messages[-1]
         rows = tx.list_message_ends(entry.thread_id, first_seq=first.seq, last_seq=last.seq)
-        if first.seq != last.seq:
-            if not rows or rows[0] != first:
+        versions, unchanged = _read_facts(tx, entry.thread_id, (first.seq, last.seq))
+        # Each end is either found unchanged by its version (not read again) or read and equal.
+        for end in (first, last) if first.seq != last.seq else (last,):
+            if end.seq in unchanged:
+                continue
+            if not rows or rows[0] != end:
                 return None
             rows = rows[1:]
-        if not rows or rows[0] != last:
-            return None
-        added = rows[1:]
+        added = rows
         for expected, message in enumerate(added, start=last.seq + 1):
             if message.seq != expected:
                 return None
         if added:
             entry.messages.extend(added)
             entry.size += sum(message_size(m) for m in added)
+        entry.versions = _ends_only(entry, {**entry.versions, **versions})
         return entry
 
     def _store(self, entry: ThreadHistory) -> None:
@@ -198,6 +239,14 @@ class HistoryCache:
             self._entries.clear()
             self._threads_of_runs.clear()
             self._bytes = 0
+
+
+def _ends_only(history: ThreadHistory, versions: dict[int, str]) -> dict[int, str]:
+    """``versions`` of ``history``'s first and last message (what a later read asks about)."""
+    if not history.messages:
+        return {}
+    ends = (history.messages[0].seq, history.messages[-1].seq)
+    return {seq: versions[seq] for seq in ends if seq in versions}
 
 
 def as_messages(history: ThreadHistory | Sequence[Message]) -> Sequence[Message]:

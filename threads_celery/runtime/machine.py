@@ -149,15 +149,17 @@ class Runtime:
         step_key = runs.step_key(run_id, step)
         # A step that is due is read and claimed at once, its history with it (PostgreSQL: one
         # statement) ...
+        ends, versions = self.history.ask_for_run(run_id)
         claimed = self.store.read_and_claim_step(
             run_id, step, step_key, owner=self.worker_id, lease_until=now + lease, now=now,
-            history_ends=self.history.ends_for_run(run_id),
+            history_ends=ends, history_versions=versions,
         )  # fmt: skip
         source: MessageSource = self.store
         if claimed is not None:
             run = claimed.run
             fence = run.fence + 1
-            source = Prefetched(self.store, run.thread_id, claimed.history_ends, claimed.messages)
+            source = Prefetched(self.store, run.thread_id, claimed.history_ends, claimed.messages,
+                                versions=claimed.versions, unchanged=claimed.unchanged)  # fmt: skip
         else:
             # ... else read unlocked, decided, then claimed on the fence as read (the claim also
             # checks that no other worker's lease is live): whatever moved in between makes the
@@ -184,9 +186,8 @@ class Runtime:
             live_stream.nudge(self, run.thread_id)
         history = self.history.load(source, run.thread_id, run_id=run.id)
         if (run.input_meta or {}).get("narrate"):
-            # A narrated status line: its message is in the thread already; no model turn. The
-            # claim left the run's input out: read it.
-            line = self.store.run(run.id)
+            # A narrated status line: its message is in the thread already; no model turn.
+            line = self.store.run(run.id)  # for its text: the claim left the run's input out
             finish_run(self, run, fence, "completed", output=line.input if line is not None else "")
             return "narrated"
         try:

@@ -9,7 +9,7 @@ statements that make it up. Each writes nothing once the run's fence has moved.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -36,11 +36,15 @@ WHOLE_HISTORY = (-1, 0)
 @dataclass(frozen=True)
 class ClaimedStep:
     """A step read and claimed in one statement: the run as it was before the claim, and its
-    thread's messages read with it (those ``history_ends`` asked for)."""
+    thread's messages read with it (those ``history_ends`` asked for), but for the ends found
+    ``unchanged`` (their version still the one the step's cache holds); ``versions``: each message
+    read's row version."""
 
     run: Run
     history_ends: tuple[int, int]
     messages: list[Message]
+    versions: dict[int, str] = field(default_factory=dict)
+    unchanged: frozenset[int] = frozenset()
 
 
 def _lease_live(run: Run, now: datetime) -> bool:
@@ -220,6 +224,7 @@ class OwnOperations:
         lease_until: datetime,
         now: datetime,
         history_ends: tuple[int, int] = WHOLE_HISTORY,
+        history_versions: tuple[str | None, str | None] = (None, None),
     ) -> ClaimedStep | None:
         """On PostgreSQL, a due step's read and claim in one statement (READ_AND_CLAIM_STEP_PG):
         the run as it was before the claim (the claim's fence is one more; without its input,
@@ -227,7 +232,8 @@ class OwnOperations:
         lease is live, a call of the step before has not settled, or this is not PostgreSQL:
         then :meth:`run`, :meth:`unsettled_call` and :meth:`claim_step`, apart, say why.
         ``history_ends``: the first and last seq of the history a step has cached (the messages
-        read are those two and every one after the last), or :data:`WHOLE_HISTORY`.
+        read are those two and every one after the last), or :data:`WHOLE_HISTORY`;
+        ``history_versions``: the row versions the cache holds of those two, if it knows them.
 
         The claim does not wait for the disk (unless :attr:`flush_every_commit`): a crash of
         PostgreSQL that takes it back lets the step run again, as a worker's death does, and
@@ -245,6 +251,8 @@ class OwnOperations:
             "payload": {"run_id": run_id, "status": "running"},
             "first_seq": first_seq,
             "last_seq": last_seq,
+            "first_version": history_versions[0],
+            "last_version": history_versions[1],
         }
         statement = (
             statements.READ_AND_CLAIM_STEP_PG
@@ -254,7 +262,15 @@ class OwnOperations:
         row = self._direct.first(statement, params)
         if row is None:
             return None
-        return ClaimedStep(run_from_mapping(row), history_ends, messages_from_json(row["history"]))
+        items: list[dict[str, Any]] = row["history"] or []
+        read = [item for item in items if not item.get("unchanged")]
+        return ClaimedStep(
+            run_from_mapping(row),
+            history_ends,
+            messages_from_json(read),
+            versions={item["seq"]: item["row_version"] for item in read},
+            unchanged=frozenset(item["seq"] for item in items if item.get("unchanged")),
+        )
 
     def unsettled_call(self, run_id: str, step: int) -> str | None:
         """The effect key of a call of ``run_id``'s ``step`` that waits to run or runs, if any

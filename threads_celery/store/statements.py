@@ -489,7 +489,11 @@ _RUN_TEXT_AS_READ = {"input": "CAST('' AS text) AS input", "output": "NULL AS ou
 #: ``history``, a JSON array of message rows in order): the messages ``:first_seq`` and from
 #: ``:last_seq`` on, the ends of the cached copy and what was appended after it (MESSAGE_ENDS),
 #: or, with ``-1`` and ``0``, the whole thread (THREAD_MESSAGES). The claim writes no message,
-#: so the history is the thread as the statement found it.
+#: so the history is the thread as the statement found it. Each row comes with its version (its
+#: ``xmin``: the transaction that wrote it, which a rewrite or a replacement changes); an end whose
+#: version is still the one the cache holds (``:first_version``, ``:last_version``) comes back as
+#: ``{"seq": n, "unchanged": true}`` only, so a long first prompt or tool result is not read
+#: again by every step.
 def _read_and_claim_step(*, wait_for_flush: bool) -> TextualSelect:
     sql = (
         """
@@ -520,8 +524,14 @@ WITH old AS (
     SELECT s.id, s.event_seq, CAST(:run_id AS varchar), 'run', :payload, :now FROM s
 )
 SELECT r.*, (
-    SELECT json_agg(json_build_object('thread_id', m.thread_id, 'seq', m.seq, 'run_id', m.run_id, 'role', m.role,
-        'text', m.text, 'parts', m.parts, 'meta', m.meta, 'key', m.key, 'created_at', m.created_at) ORDER BY m.seq)
+    SELECT json_agg(CASE
+        WHEN ((m.seq = CAST(:first_seq AS integer) AND m.xmin::text = CAST(:first_version AS text))
+            OR (m.seq = CAST(:last_seq AS integer) AND m.xmin::text = CAST(:last_version AS text))) IS TRUE
+        THEN json_build_object('seq', m.seq, 'unchanged', true)
+        ELSE json_build_object('thread_id', m.thread_id, 'seq', m.seq, 'run_id', m.run_id, 'role', m.role,
+            'text', m.text, 'parts', m.parts, 'meta', m.meta, 'key', m.key, 'created_at', m.created_at,
+            'row_version', m.xmin::text)
+        END ORDER BY m.seq)
     FROM messages m
     WHERE m.thread_id = r.thread_id AND (m.seq = CAST(:first_seq AS integer) OR m.seq >= CAST(:last_seq AS integer))
 ) AS history
