@@ -106,3 +106,41 @@ def test_a_second_upgrade_keeps_the_data(empty_engine: Engine) -> None:
     upgrade(empty_engine)
     with empty_engine.connect() as conn:
         assert conn.execute(text("SELECT name FROM agents")).scalars().all() == ["kept"]
+
+
+def test_on_postgresql_the_wide_columns_compress_their_large_values_with_lz4(pg_url: str) -> None:
+    engine = create_store_engine(parse_database_url(pg_url))
+    try:
+        upgrade(engine)
+        with engine.begin() as conn:
+            if not conn.execute(
+                text("SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'")
+            ).scalar():
+                pytest.skip("this PostgreSQL has no LZ4: migration 0010 leaves its columns as they are")
+            methods = dict(
+                conn.execute(
+                    text(
+                        "SELECT attrelid::regclass::text || '.' || attname, attcompression FROM pg_attribute "
+                        "WHERE attrelid IN ('messages'::regclass, 'tool_calls'::regclass, 'events'::regclass) "
+                        "AND attname IN ('text', 'parts', 'result', 'payload', 'run_id')"
+                    )
+                ).all()
+            )
+            assert methods["messages.text"] == methods["tool_calls.result"] == methods["events.payload"] == "l"
+            assert methods["messages.run_id"] == ""  # an id keeps the server's default
+            conn.execute(
+                text(
+                    "INSERT INTO threads (id, agent, config_hash, event_seq, created_at, tenant) "
+                    "VALUES ('t-lz4', 'a', 'h', 0, now(), 'default')"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO messages (thread_id, seq, role, text, created_at) "
+                    "VALUES ('t-lz4', 0, 'tool', repeat('a wide tool result ', 2000), now())"
+                )
+            )
+            stored = conn.execute(text("SELECT pg_column_compression(text) FROM messages WHERE thread_id = 't-lz4'"))
+            assert stored.scalar() == "lz4"
+    finally:
+        engine.dispose()
