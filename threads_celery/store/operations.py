@@ -94,7 +94,6 @@ def commit_result_params(
         "effect_key": call.effect_key,
         "thread_id": thread_id,
         "parts": dumps(parts),
-        "payload": dumps({"role": "tool", "text": content, **parts}),
         "own_outbox": own_outbox,
         "has_next": next_entry is not None,
         "next_key": following.key,
@@ -371,7 +370,6 @@ class OwnOperations:
         params = {
             **_reply_params(reply),
             "parts": dumps(parts),
-            "payload": dumps({"role": "assistant", "text": reply.text, **parts}),
             "calls_in_step": len(reply.call_rows),
             "calls": dumps([{k: row[k] for k in _CALL_ROW_FIELDS} for row in reply.call_rows]),
             "entries": dumps([_entry_json(entry) for entry in reply.entries]),
@@ -509,7 +507,6 @@ def commit_last_reply_in(tx: Tx, reply: Reply) -> int | None:
     params = {
         **_reply_params(reply),
         "parts": None,
-        "payload": dumps({"role": "assistant", "text": reply.text}),
         "run_payload": dumps({"run_id": reply.run_id, "status": "completed", "output": reply.text}),
     }
     fenced = tx.conn.execute(statements.COMMIT_LAST_REPLY_PG, params).scalar()

@@ -222,7 +222,8 @@ def _message_and_its_event(
 ) -> str:
     """The CTEs ``m``, ``t`` and ``e`` of a one-statement commit: a message of ``role`` (its text
     the parameter ``text_param``, its parts ``:parts``) at the thread's next number, and its
-    ``message`` event (``:payload`` with the message's number) at the thread's next event number;
+    ``message`` event (its role, text and parts, and its number: built here from the message's
+    own parameters, so a long text goes over the wire once) at the thread's next event number;
     each only if the fenced run update ``r`` matched. With ``then_run_event``, the run's ``run``
     event (``:run_payload``) follows at the number after. With ``started_events``, the
     ``tool_call_started`` events of ``:started`` (a JSON array of ``:started_count`` payloads)
@@ -261,7 +262,8 @@ def _message_and_its_event(
 ), e AS (
     INSERT INTO events (thread_id, seq, run_id, type, payload, created_at){started}
     SELECT CAST(:thread_id AS varchar), t.event_seq - {bump - 1}, CAST(:run_id AS varchar), 'message',
-        CAST(CAST(:payload AS jsonb) || jsonb_build_object('seq', m.seq) AS json), :now
+        CAST(jsonb_build_object('role', '{role}', 'text', CAST(:{text_param} AS text))
+            || coalesce(CAST(:parts AS jsonb), '{{}}'::jsonb) || jsonb_build_object('seq', m.seq) AS json), :now
     FROM t, m{run_event}
 )"""
 
