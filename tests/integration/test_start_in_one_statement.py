@@ -106,9 +106,9 @@ def test_both_starts_write_the_same_ledger(client: Threads, monkeypatch: pytest.
     published: list[OutboxEntry] = []
     monkeypatch.setattr(client, "publisher", Recorder(published))
     assert client.store.starts_in_one_statement
-    one = client.start("greeter", "hi there", tenant="acme")
+    one = client.start("greeter", 'hi thère ☃ "quoted"', tenant="acme")
     monkeypatch.setattr(type(client.store), "starts_in_one_statement", property(lambda self: False))
-    many = client.start("greeter", "hi there", tenant="acme")
+    many = client.start("greeter", 'hi thère ☃ "quoted"', tenant="acme")
     by_one = _ledger(client.store, one.run_id, one.thread_id)
     by_many = _ledger(client.store, many.run_id, many.thread_id)
     assert by_one == by_many

@@ -416,7 +416,6 @@ class OwnOperations:
             "now": now,
             "due": now + self.step_grace,
             "run_payload": dumps({"run_id": run_id, "status": "queued", "agent": agent}),
-            "message_payload": dumps({"seq": 0, "role": "user", "text": message}),
             "step_key": step_entry.key,
             "step_task": step_entry.task,
             "step_args": dumps(list(step_entry.args)),

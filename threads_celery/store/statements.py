@@ -462,7 +462,8 @@ WITH a AS (
     INSERT INTO events (thread_id, seq, run_id, type, payload, created_at)
     SELECT CAST(:thread_id AS varchar), 1, r.id, 'run', CAST(:run_payload AS json), :now FROM r
     UNION ALL
-    SELECT CAST(:thread_id AS varchar), 2, r.id, 'message', CAST(:message_payload AS json), :now FROM r
+    SELECT CAST(:thread_id AS varchar), 2, r.id, 'message',
+        CAST(jsonb_build_object('seq', 0, 'role', 'user', 'text', CAST(:input AS text)) AS json), :now FROM r
 ), o AS (
     INSERT INTO outbox (key, task, args, queue, argsrepr, created_at, due_at, publish_count)
     SELECT CAST(:step_key AS varchar), CAST(:step_task AS varchar), CAST(:step_args AS json), a.queue,
