@@ -227,8 +227,9 @@ class OwnOperations:
     ) -> ClaimedStep | None:
         """On PostgreSQL, a due step's read and claim in one statement (READ_AND_CLAIM_STEP_PG):
         the run as it was before the claim (the claim's fence is one more; without its input,
-        output and error, ``call_queries.RUN_TEXT_COLUMNS``) and its thread's messages, or None, with nothing written, when the step is not due, another worker's
-        lease is live, a call of the step before has not settled, or this is not PostgreSQL:
+        output and error, ``call_queries.RUN_TEXT_COLUMNS``) and its thread's messages, or None,
+        with nothing written, when the step is not due, another worker's lease is live, a call
+        of the step before has not settled, or this is not PostgreSQL:
         then :meth:`run`, :meth:`unsettled_call` and :meth:`claim_step`, apart, say why.
         ``history_ends``: the first and last seq of the history a step has cached (the messages
         read are those two and every one after the last), or :data:`WHOLE_HISTORY`;
