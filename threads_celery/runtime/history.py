@@ -154,14 +154,11 @@ class HistoryCache:
         """The estimated bytes held now."""
         return self._bytes
 
-    def ends_for_run(self, run_id: str) -> tuple[int, int]:
+    def ends_for_run(self, run_id: str) -> tuple[tuple[int, int], tuple[str | None, str | None]]:
         """What :meth:`load` will ask of the store for ``run_id``'s thread, as far as this cache can
         tell before the run is read: the first and last seq of its cached history, or
-        :data:`WHOLE_HISTORY` (a run not seen here, or a thread no longer cached)."""
-        return self.ask_for_run(run_id)[0]
-
-    def ask_for_run(self, run_id: str) -> tuple[tuple[int, int], tuple[str | None, str | None]]:
-        """:meth:`ends_for_run`, and the row versions this cache knows of those two messages."""
+        :data:`WHOLE_HISTORY` (a run not seen here, or a thread no longer cached); and the row
+        versions it knows of those two messages (None where it knows none)."""
         with self._lock:
             thread_id = self._threads_of_runs.get(run_id)
             entry = self._entries.get(thread_id) if thread_id is not None else None

@@ -149,7 +149,7 @@ class Runtime:
         step_key = runs.step_key(run_id, step)
         # A step that is due is read and claimed at once, its history with it (PostgreSQL: one
         # statement) ...
-        ends, versions = self.history.ask_for_run(run_id)
+        ends, versions = self.history.ends_for_run(run_id)
         claimed = self.store.read_and_claim_step(
             run_id, step, step_key, owner=self.worker_id, lease_until=now + lease, now=now,
             history_ends=ends, history_versions=versions,

@@ -23,16 +23,11 @@ from threads_celery.store.schema import runs, tool_calls
 _next = tool_calls.alias("nxt")
 _previous = tool_calls.alias("prv")
 
-#: What a worker's hot path leaves out of a run it reads: its input, output and error, which
-#: neither a tool call nor a model step reads, and which grow with the prompt and the answer (a
-#: long prompt would otherwise be read again by every task of its run). Read as "" and NULL.
-RUN_TEXT_COLUMNS = ("input", "output", "error")
-
 
 def _run_columns_labelled(*, with_text: bool) -> list[ColumnElement[Any]]:
     return [
         c.label(f"r__{c.name}")
-        if with_text or c.name not in RUN_TEXT_COLUMNS
+        if with_text or c.name not in statements.RUN_TEXT_COLUMNS
         else (literal("", Text) if c.name == "input" else null()).label(f"r__{c.name}")
         for c in runs.c
     ]
@@ -68,7 +63,7 @@ def _call_run_and_next(*, with_text: bool) -> Select[Any]:
 #: A call, its run, the call after it in the same model reply and the status of the call before
 #: it, in one statement.
 CALL_RUN_AND_NEXT = _call_run_and_next(with_text=True)
-#: The same as a tool call's delivery reads it: the run without RUN_TEXT_COLUMNS.
+#: The same as a tool call's delivery reads it: the run without ``statements.RUN_TEXT_COLUMNS``.
 CALL_RUN_AND_NEXT_HOT = _call_run_and_next(with_text=False)
 
 

@@ -227,7 +227,7 @@ class OwnOperations:
     ) -> ClaimedStep | None:
         """On PostgreSQL, a due step's read and claim in one statement (READ_AND_CLAIM_STEP_PG):
         the run as it was before the claim (the claim's fence is one more; without its input,
-        output and error, ``call_queries.RUN_TEXT_COLUMNS``) and its thread's messages, or None,
+        output and error, ``statements.RUN_TEXT_COLUMNS``) and its thread's messages, or None,
         with nothing written, when the step is not due, another worker's lease is live, a call
         of the step before has not settled, or this is not PostgreSQL:
         then :meth:`run`, :meth:`unsettled_call` and :meth:`claim_step`, apart, say why.
@@ -345,7 +345,7 @@ class OwnOperations:
 
     def call_and_run(self, effect_key: str) -> tuple[CallRow, Run] | None:
         """:meth:`Tx.get_call_and_run` (unlocked) as a read of its own, as a tool call's delivery
-        reads it: the run without its input, output and error (``call_queries.RUN_TEXT_COLUMNS``)."""
+        reads it: the run without its input, output and error (``statements.RUN_TEXT_COLUMNS``)."""
         params = {"b_key": effect_key}
         if self._direct is not None:
             row = self._direct.first(CALL_RUN_AND_NEXT_HOT, params)

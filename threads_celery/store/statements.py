@@ -475,8 +475,14 @@ SELECT a.config_hash, a.queue FROM a, r
 ).bindparams(bindparam("now", type_=UTCDateTime()), bindparam("due", type_=UTCDateTime()))
 
 _RUN_COLUMNS = tuple(c.name for c in runs.c)
-#: What a step's claim leaves out of the run it returns (``call_queries.RUN_TEXT_COLUMNS``).
-_RUN_TEXT_AS_READ = {"input": "CAST('' AS text) AS input", "output": "NULL AS output", "error": "NULL AS error"}
+#: What a worker's hot path leaves out of a run it reads: its input, output and error, which
+#: neither a tool call nor a model step reads, and which grow with the prompt and the answer (a
+#: long prompt would otherwise be read again by every task of its run). Read as "" and NULL.
+RUN_TEXT_COLUMNS = ("input", "output", "error")
+#: RUN_TEXT_COLUMNS as a step's claim returns them.
+_RUN_TEXT_AS_READ = {
+    name: "CAST('' AS text) AS input" if name == "input" else f"NULL AS {name}" for name in RUN_TEXT_COLUMNS
+}
 
 
 #: PostgreSQL: a model step's read and claim as one statement, in autocommit, for a delivery of
