@@ -158,7 +158,7 @@ def check_runs(cluster: ChaosCluster, started: dict[str, tuple[str, str]], final
             else:
                 problems.append(f"call {key} completed with an unexpected result {result!r}")
         elif final.get(call["run_id"]) == "completed":
-            problems.append(f"call {key} is {status} in a completed run")
+            problems.append(f"call {key} is {status} in a completed run: {result!r} {call.get('attempt')}")
     for run_id, status in final.items():
         if status == "completed" and not keys_of_run[run_id]:
             problems.append(f"run {run_id} completed without calling its tool")
