@@ -20,8 +20,9 @@ from pydantic import BaseModel
 from sqlalchemy import insert, select
 
 from threads_celery import Agent, Permissions, Prompt, Settings, Threads, tool
+from threads_celery.exceptions import FenceLost
 from threads_celery.records import REPLACEMENT, Run
-from threads_celery.runtime import step_commit
+from threads_celery.runtime import failures, step_commit
 from threads_celery.runtime.machine import Runtime
 from threads_celery.store import schema
 from threads_celery.testing import ScriptedModel, call, say
@@ -277,6 +278,36 @@ def test_a_tool_task_that_always_fails_ends_the_run_after_the_bound(
     with threads.store.read() as tx:
         assert tx.outbox_keys() == []  # nothing will send the task again
     assert_history_whole(threads, run)
+
+
+def test_a_tool_task_that_gives_up_after_its_run_moved_on_leaves_the_call_unsettled(
+    threads: Threads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The run's fence moves between the give-up's read and its end (another worker claimed the
+    # run): the call's settling as an error must be rolled back with the run's end, or the run
+    # would go on with a failure nobody decided.
+    gave_up = threading.Event()
+
+    def broken(self: Runtime, run: Run, call: Any, agent: Agent, tool: Any, now: Any) -> str:
+        raise RuntimeError("a bug that happens every time")
+
+    def moved_on(tx: Any, run: Run, **kwargs: Any) -> Any:
+        gave_up.set()
+        raise FenceLost(run.id, run.fence)
+
+    monkeypatch.setattr(Runtime, "_execute", broken)
+    monkeypatch.setattr(failures.runs, "finish", moved_on)
+    agent = _agent("moved_on", call("unprintable"), say("never"))
+    threads.register(agent)
+    handle = threads.start(agent, "go")
+    assert gave_up.wait(WAIT_S), "the tool task never gave up"
+    [key] = [c.effect_key for m in threads.messages(handle.thread_id) for c in m.tool_calls]
+    with threads.store.read() as tx:
+        loaded = tx.get_call_and_run(key)
+    assert loaded is not None
+    call_row, run = loaded
+    assert call_row.status not in ("ok", "error") and call_row.result is None, call_row
+    assert run.status == "running"
 
 
 def test_a_step_whose_output_cannot_be_committed_ends_the_run_after_bounded_tries(

@@ -40,31 +40,34 @@ def apply_task_failure(
     )
     now = worker.clock()
     entries = []
-    with worker.store.transaction() as tx:
-        run_id = key
-        if task == runs.TOOL_TASK:
-            loaded = tx.get_call_and_run(key)
-            if loaded is None:
+    run_id = key
+    try:
+        with worker.store.transaction() as tx:
+            if task == runs.TOOL_TASK:
+                loaded = tx.get_call_and_run(key)
+                if loaded is None:
+                    return decision
+                run_id = loaded[1].id
+            # Not locked here: finish() locks the thread before the run, and so must everyone.
+            run = tx.get_run(run_id)
+            if run is None or run.is_terminal:
                 return decision
-            run_id = loaded[1].id
-        # Not locked here: finish() locks the thread before the run, and so must everyone.
-        run = tx.get_run(run_id)
-        if run is None or run.is_terminal:
-            return decision
-        if isinstance(decision, RetryDecision):
-            if task == runs.TOOL_TASK:
-                # A read_only call's row would be republished alongside our own retries.
-                tx.touch_outbox(key, now)
-            if run.lease_owner == worker.worker_id:
-                tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None)
-        else:
-            if task == runs.TOOL_TASK:
-                tx.settle_call(key, status="error", result=decision.reason, is_error=True, now=now)
-                tx.delete_outbox(key)
-            try:
+            if isinstance(decision, RetryDecision):
+                if task == runs.TOOL_TASK:
+                    # A read_only call's row would be republished alongside our own retries.
+                    tx.touch_outbox(key, now)
+                if run.lease_owner == worker.worker_id:
+                    tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None)
+            else:
+                if task == runs.TOOL_TASK:
+                    tx.settle_call(key, status="error", result=decision.reason, is_error=True, now=now)
+                    tx.delete_outbox(key)
                 entries = runs.finish(tx, run, fence=run.fence, status="error", now=now, error=decision.reason)
-            except FenceLost:  # the run moved on meanwhile: it is not wedged
-                return decision
+    except FenceLost:
+        # The run moved on meanwhile, so it is not wedged: the call's settling is rolled back
+        # with the rest, and its outbox row stays for whoever holds the run now.
+        log.info("%s %s gave up, but run %s has moved on: left to it", task, key, run_id)
+        return decision
     worker.publish(entries)
     if isinstance(decision, GiveUp):
         log.error("run %s ended: %s", run_id, decision.reason)
