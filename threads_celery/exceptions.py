@@ -124,12 +124,15 @@ class RetryLater(Exception):
     """Not now: another worker holds the run, or a transient failure. Try again in ``countdown``.
 
     Raised by the step machine; the Celery task turns it into ``task.retry(countdown=...)``.
+    ``failed`` says the try failed (a model step's error), and counts against the step's
+    retries; a wait (a held run, a provider's advised delay, a rate window) does not.
     """
 
-    def __init__(self, countdown: float, reason: str) -> None:
+    def __init__(self, countdown: float, reason: str, *, failed: bool = False) -> None:
         super().__init__(reason)
         self.countdown = max(0.05, countdown)
         self.reason = reason
+        self.failed = failed
 
 
 class CallNotFound(RuntimeFailure, LookupError):

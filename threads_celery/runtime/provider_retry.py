@@ -126,4 +126,4 @@ def step_failed(worker: Worker, run: Run, fence: int, step: int, attempt: int, e
         if tx.advance_run(run.id, fence=fence, now=worker.clock(), lease_owner=None, lease_expires_at=None) is None:
             raise FenceLost(run.id, fence)
     log.warning("run %s step %d failed (attempt %d), retrying: %s", run.id, step, attempt + 1, reason)
-    raise RetryLater(decision.countdown, reason)
+    raise RetryLater(decision.countdown, reason, failed=True)

@@ -39,19 +39,41 @@ if TYPE_CHECKING:
 log = logging.getLogger("threads_celery.worker.tasks")
 
 
+#: Message headers that count a task's failed tries across its Celery retries. ``retries``
+#: counts every retry, waits included (a run held by another worker, a provider's advised delay,
+#: the store away), so it cannot bound failures: these go up only when a try failed, and travel
+#: with the retried message (Celery keeps a request's custom headers on a retry).
+STEP_FAILURES_HEADER = "threads_step_failures"
+TASK_FAILURES_HEADER = "threads_task_failures"
+
+
+def failed_tries(task: Task[Any, Any], header: str) -> int:
+    """How many tries of this task failed before this one, as ``header`` counts them."""
+    value = (task.request.headers or {}).get(header, 0)
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def _retry(task: Task[Any, Any], countdown: float, failed: str | None = None) -> BaseException:
+    """Celery's retry of ``task`` after ``countdown``; ``failed`` names the count this try adds to."""
+    if failed is None:
+        return task.retry(countdown=countdown, exc=None)
+    headers = {**(task.request.headers or {}), failed: failed_tries(task, failed) + 1}
+    return task.retry(countdown=countdown, exc=None, headers=headers)
+
+
 def _run(task: Task[Any, Any], holder: RuntimeHolder, work: Callable[[], str], poison_key: str | None = None) -> str:
     """Run ``work`` (one task's body) and turn what it raises into Celery's answer."""
     try:
         return work()
     except RetryLater as exc:
-        raise task.retry(countdown=exc.countdown, max_retries=None, exc=None) from None
+        raise _retry(task, exc.countdown, STEP_FAILURES_HEADER if exc.failed else None) from None
     except FenceLost as exc:
         log.info("%s: %s", task.name, exc)
         return "fence lost"
     except StoreUnavailable as exc:
         countdown = STORE_UNAVAILABLE_BACKOFF.delay_s((task.request.retries or 0) + 1)
         log.warning("%s: store unavailable, retrying in %gs: %s", task.name, countdown, exc)
-        raise task.retry(countdown=countdown, max_retries=None, exc=None) from None
+        raise _retry(task, countdown) from None
     except BaseException as exc:
         if is_control(exc):
             raise
@@ -62,7 +84,7 @@ def _run(task: Task[Any, Any], holder: RuntimeHolder, work: Callable[[], str], p
         # A step or tool task that fails unforeseen: bounded tries, then the run ends. Whatever
         # still escapes goes to billiard as a plain picklable exception (one that cannot be
         # unpickled in the prefork main process kills it).
-        failures = (task.request.retries or 0) + 1
+        failures = failed_tries(task, TASK_FAILURES_HEADER) + 1
         try:
             decision = apply_task_failure(holder.get(), task.name, poison_key, failures, exc)
         except StoreUnavailable as unreachable:
@@ -74,10 +96,10 @@ def _run(task: Task[Any, Any], holder: RuntimeHolder, work: Callable[[], str], p
                 "%s: failed (%s), and the store is unavailable to record it; retrying in %gs: %s",
                 task.name, describe(exc, known_secrets()), countdown, unreachable,
             )  # fmt: skip
-            raise task.retry(countdown=countdown, max_retries=None, exc=None) from None
+            raise _retry(task, countdown, TASK_FAILURES_HEADER) from None
         if isinstance(decision, GiveUp):
             return f"gave up: {decision.reason}"
-        raise task.retry(countdown=decision.countdown, max_retries=None, exc=None) from None
+        raise _retry(task, decision.countdown, TASK_FAILURES_HEADER) from None
 
 
 def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
@@ -89,14 +111,18 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
     # Every task but the tick is acknowledged after it ran and given back to the broker when its
     # worker dies. ``shared=False`` keeps each task on this app only: a process may hold several
     # apps (two embedded runtimes, a test's). The bound tasks' ``self`` is the Task the decorator
-    # builds; its call signature is Any there.
-    @app.task(name=STEP_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
+    # builds; its call signature is Any there. ``max_retries=None``: Celery's own bound (3
+    # retries) would fail a task that waits a fourth time; the runtime bounds failures itself
+    # (model_retries, max_task_failures, the provider's time budget). The tick keeps Celery's
+    # bound: Beat sends another.
+    @app.task(name=STEP_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, max_retries=None)
     def step(self: Task[Any, Any], run_id: str, n: int) -> str:
         """Run one model step of a run."""
         runtime = holder.get()
-        return _run(self, holder, lambda: runtime.run_step(run_id, n, attempt=self.request.retries or 0), run_id)
+        attempt = failed_tries(self, STEP_FAILURES_HEADER)
+        return _run(self, holder, lambda: runtime.run_step(run_id, n, attempt=attempt), run_id)
 
-    @app.task(name=TOOL_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)
+    @app.task(name=TOOL_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, max_retries=None)
     def tool(self: Task[Any, Any], effect_key: str) -> str:
         """Run one tool call, by effect key."""
         runtime = holder.get()
@@ -109,6 +135,7 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         send_events=control_events,
         acks_late=True,
         reject_on_worker_lost=True,
+        max_retries=None,
     )
     def deliver(self: Task[Any, Any], run_id: str, status: str) -> str:
         """Deliver an agent-tool run's finish: the parent's tool result, on_finish or notify."""
@@ -137,6 +164,7 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         send_events=control_events,
         acks_late=True,
         reject_on_worker_lost=True,
+        max_retries=None,
     )
     def scheduled_run(self: Task[Any, Any], schedule_name: str, slot_iso: str | None = None) -> str:
         """Start the run of one slot of a schedule (Beat publishes it); idempotent by slot."""

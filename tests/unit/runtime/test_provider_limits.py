@@ -205,6 +205,21 @@ def test_a_429_with_retry_after_is_retried_after_the_advised_delay() -> None:
 
 
 @pytest.mark.usefixtures("allow_model_requests")
+def test_a_step_retried_more_often_than_celerys_default_bound_goes_on_in_place() -> None:
+    # Celery gives a task 3 retries unless told otherwise; a step's retries are bounded by the
+    # provider's time budget instead. No reconcile ticker here: a step task that Celery failed
+    # would leave its run running.
+    script = [{"error": "slow down", "status": 429, "retry_after": "0"} for _ in range(5)] + [{"text": "at last"}]
+    with FakeOpenAI(script) as fake, Threads.embedded(reconcile_interval=None) as threads:
+        agent = Agent(name="persistent", instructions="Answer.", model=_fake_model(fake))
+        run = threads.wait(threads.start(agent, "hi").run_id, timeout=RUN_TIMEOUT_S)
+        assert (run.status, run.output) == ("completed", "at last"), run
+        assert len(fake.requests) == 6
+        retries = [e.payload["failures"] for e in threads.events(run.thread_id) if e.type == "model_retry"]
+    assert retries == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.usefixtures("allow_model_requests")
 def test_a_provider_that_answers_429_forever_ends_the_run_error_after_the_bound() -> None:
     settings = Settings.from_env(env={"THREADS_PROVIDER_RETRY_FOR_S": "3"})
     with (
