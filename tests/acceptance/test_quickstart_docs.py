@@ -134,8 +134,8 @@ def test_the_quickstart_runs_as_written(pg_server: Any, redis_url: str, tmp_path
         runs = [json.loads(line) for line in output.splitlines() if line.startswith(("{", "["))]
         finished = [r for r in runs if isinstance(r, dict) and r.get("agent") == "trip-planner"]
         assert finished and finished[-1]["status"] == "completed", output
-        [latest] = runs[-1]
-        assert latest["id"].startswith("sched:nightly-report:"), output
+        report = runs[-1]
+        assert report["id"].startswith("sched:nightly-report:") and report["agent"] == "nightly-report", output
     finally:
         # The services the script started in the background stop warmly first, then whatever lingers.
         script.signal_group(signal.SIGTERM)
