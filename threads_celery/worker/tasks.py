@@ -61,8 +61,18 @@ def _retry(task: Task[Any, Any], countdown: float, failed: str | None = None) ->
     return task.retry(countdown=countdown, exc=None, headers=headers)
 
 
-def _run(task: Task[Any, Any], holder: RuntimeHolder, work: Callable[[], str], poison_key: str | None = None) -> str:
-    """Run ``work`` (one task's body) and turn what it raises into Celery's answer."""
+def _run(
+    task: Task[Any, Any],
+    holder: RuntimeHolder,
+    work: Callable[[], str],
+    poison_key: str | None = None,
+    *,
+    retry_unavailable: bool = True,
+) -> str:
+    """Run ``work`` (one task's body) and turn what it raises into Celery's answer.
+
+    ``retry_unavailable`` false lets StoreUnavailable through instead of retrying the task.
+    """
     try:
         return work()
     except RetryLater as exc:
@@ -71,6 +81,8 @@ def _run(task: Task[Any, Any], holder: RuntimeHolder, work: Callable[[], str], p
         log.info("%s: %s", task.name, exc)
         return "fence lost"
     except StoreUnavailable as exc:
+        if not retry_unavailable:
+            raise
         countdown = STORE_UNAVAILABLE_BACKOFF.delay_s((task.request.retries or 0) + 1)
         log.warning("%s: store unavailable, retrying in %gs: %s", task.name, countdown, exc)
         raise _retry(task, countdown) from None
@@ -152,10 +164,15 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         """
         if tick_is_covered(published_at, holder.last_tick_started_at):
             return "covered by a later tick"
-        runtime = holder.get()
-        holder.last_tick_started_at = time.time()
-        with timed_tick():
-            return _run(self, holder, lambda: str(runtime.reconcile_tick()))
+        try:
+            runtime = holder.get()
+            holder.last_tick_started_at = time.time()
+            with timed_tick():
+                return _run(self, holder, lambda: str(runtime.reconcile_tick()), retry_unavailable=False)
+        except StoreUnavailable as exc:
+            # Not retried: Beat's next tick sweeps everything this one would have.
+            log.warning("%s: the store is unavailable; the next tick sweeps: %s", self.name, exc)
+            return "store unavailable"
 
     @app.task(
         name=SCHEDULED_RUN_TASK,

@@ -9,10 +9,13 @@ lease to lapse, and a tool that already ran to be run again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from celery import Celery
 
+from threads_celery.decisions.backbone import RECONCILE_TASK
 from threads_celery.decisions.retry import STORE_UNAVAILABLE_BACKOFF, RetryDecision
 from threads_celery.exceptions import RetryLater, StoreUnavailable
 from threads_celery.worker import tasks
@@ -138,3 +141,26 @@ def test_a_wait_keeps_the_counts_and_a_failed_step_adds_to_its_own() -> None:
 def test_a_failure_without_a_poison_key_propagates() -> None:
     with pytest.raises(ValueError, match="refused"):
         tasks._run(FakeTask(), FakeHolder(), failing)  # type: ignore[arg-type]
+
+
+class UnavailableTicks:
+    """A holder whose runtime's tick finds the store away."""
+
+    settings = SimpleNamespace(control_task_events=False)
+    last_tick_started_at: float | None = None
+    schedules: Any = None
+
+    def get(self) -> Any:
+        def tick() -> Any:
+            raise StoreUnavailable("cannot reach the database at postgresql://db/ledger: connection refused")
+
+        return SimpleNamespace(reconcile_tick=tick)
+
+
+def test_a_tick_that_finds_the_store_away_is_not_retried() -> None:
+    # Beat's next tick sweeps all this one would; retrying it would only pile ticks up behind the
+    # outage (and Celery fails a task past its third retry).
+    app = Celery("ticks", broker="memory://", set_as_current=False)
+    tasks.install_tasks(app, UnavailableTicks())  # type: ignore[arg-type]
+    result = app.tasks[RECONCILE_TASK].apply(args=(None,))
+    assert (result.state, result.result) == ("SUCCESS", "store unavailable")
