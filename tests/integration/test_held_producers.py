@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery._state import _task_stack
 
 from tests.support.waiting import eventually
 from threads_celery.records import OutboxEntry
@@ -110,6 +111,34 @@ def test_a_held_send_is_the_message_and_event_celerys_pool_sends(broker: redis.R
     assert sorted((e["type"], e["uuid"]) for e in sent) == [
         ("task-sent", key) for key in sorted(["step:held", "step:stock", "tool:held", "tool:stock"])
     ]
+
+
+def test_a_held_send_from_inside_a_task_names_it_as_its_parent_as_celerys_pool_does(
+    broker: redis.Redis, redis_url: str
+) -> None:
+    app = celery_app(Settings(), broker_url=redis_url)
+
+    @app.task(name="tests.parent", shared=False)
+    def parent() -> None:
+        """The task whose run publishes (a step publishing its calls)."""
+
+    held, stock = Publisher(app), Publisher(app)
+    stock._producers = None
+    parent.push_request(id="parent-1", root_id="root-1", called_directly=False)
+    _task_stack.push(parent)
+    try:
+        for publisher, key in ((stock, "tool:stock"), (held, "tool:held")):
+            publisher.send(entry(key))
+    finally:
+        _task_stack.pop()
+        parent.pop_request()
+        held.close()
+    messages = {m["headers"]["id"]: m for m in queued(broker)}
+    assert comparable(messages["tool:held"], "held") == comparable(messages["tool:stock"], "stock")
+    assert (messages["tool:held"]["headers"]["parent_id"], messages["tool:held"]["headers"]["root_id"]) == (
+        "parent-1",
+        "root-1",
+    )
 
 
 def test_a_channel_builds_one_client_for_many_sends(
