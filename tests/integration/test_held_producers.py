@@ -76,11 +76,25 @@ def test_only_plain_redis_urls_get_held_producers(url: str, serves: bool) -> Non
     assert held_producers.serves(url) is serves
 
 
-def test_a_held_send_is_the_message_and_event_celerys_pool_sends(broker: redis.Redis, redis_url: str) -> None:
+class SendTask:
+    """What ``app.send_task`` sends for an entry, as the publisher would call it: the reference."""
+
+    def __init__(self, app: Any) -> None:
+        self.publisher = Publisher(app)
+
+    def send(self, sent: OutboxEntry) -> None:
+        self.publisher._send_task(sent, self.publisher._options(sent))
+
+
+@pytest.mark.parametrize("path", ["held", "pooled"])
+def test_a_send_is_the_message_and_event_send_task_sends(broker: redis.Redis, redis_url: str, path: str) -> None:
+    # held: the publisher's own producers on Redis; pooled: Celery's producer pool, as for any
+    # other broker (and after a held batch failed).
     app = celery_app(Settings(task_events=True), broker_url=redis_url)  # task-sent events on (THREADS_TASK_EVENTS)
-    held, stock = Publisher(app), Publisher(app)
+    held, stock = Publisher(app), SendTask(app)
     assert held._producers is not None
-    stock._producers = None  # Celery's producer pool, as for any other broker
+    if path == "pooled":
+        held._producers = None
     events = broker.pubsub()
     events.psubscribe("*celeryev*")
     eventually(lambda: events.get_message(timeout=0.1) is not None, timeout=5, what="the subscription")
@@ -113,8 +127,9 @@ def test_a_held_send_is_the_message_and_event_celerys_pool_sends(broker: redis.R
     ]
 
 
-def test_a_held_send_from_inside_a_task_names_it_as_its_parent_as_celerys_pool_does(
-    broker: redis.Redis, redis_url: str
+@pytest.mark.parametrize("path", ["held", "pooled"])
+def test_a_send_from_inside_a_task_names_it_as_its_parent_as_send_task_does(
+    broker: redis.Redis, redis_url: str, path: str
 ) -> None:
     app = celery_app(Settings(), broker_url=redis_url)
 
@@ -122,8 +137,9 @@ def test_a_held_send_from_inside_a_task_names_it_as_its_parent_as_celerys_pool_d
     def parent() -> None:
         """The task whose run publishes (a step publishing its calls)."""
 
-    held, stock = Publisher(app), Publisher(app)
-    stock._producers = None
+    held, stock = Publisher(app), SendTask(app)
+    if path == "pooled":
+        held._producers = None
     parent.push_request(id="parent-1", root_id="root-1", called_directly=False)
     _task_stack.push(parent)
     try:

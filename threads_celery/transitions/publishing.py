@@ -287,7 +287,11 @@ class Publisher:
 
     def _send_pooled(self, entry: OutboxEntry) -> None:
         """Through Celery's own producer pool, with its retries."""
-        self._send_task(entry, self._options(entry))
+        if self._declare:
+            with self.app.producer_or_acquire() as producer:
+                self._send_messages(producer, [entry], declare=None)
+        else:
+            self._send_task(entry, self._options(entry))
         self._reachable_until = time.monotonic() + REACHABLE_FOR_S
 
     def _options(self, entry: OutboxEntry) -> dict[str, Any]:
@@ -314,7 +318,7 @@ class Publisher:
         try:
             with held[1].batch():  # type: ignore[attr-defined]  # kombu 5.7's; not in its stubs yet
                 if self._declare:
-                    self._send_messages(held[1], entries)
+                    self._send_messages(held[1], entries, declare=[])
                 else:
                     for entry in entries:
                         self._send_task(entry, {**self._options(entry), "producer": held[1]})
@@ -330,10 +334,11 @@ class Publisher:
         self._reachable_until = time.monotonic() + REACHABLE_FOR_S
         return True
 
-    def _send_messages(self, producer: Any, entries: Sequence[OutboxEntry]) -> None:
+    def _send_messages(self, producer: Any, entries: Sequence[OutboxEntry], declare: list[Any] | None) -> None:
         """Send ``entries`` on ``producer`` as the task messages ``send_task`` would, built and
         sent by Celery's own ``create_task_message`` and ``send_task_message`` (the publish
-        signals and the ``task-sent`` event included).
+        signals and the ``task-sent`` event included). ``declare`` None declares the queue as
+        Celery does (kombu declares it once per connection); ``[]`` declares nothing.
 
         Routed by queue name only, so each route is worked out once and kept. Left out is what
         ``send_task`` adds around them that these sends never use: a result object (results are
@@ -364,7 +369,7 @@ class Publisher:
             )  # fmt: skip
             # argsrepr also among the properties, as send_task leaves it: the same message.
             amqp.send_task_message(
-                producer, entry.task, message, **route, declare=[], argsrepr=argsrepr,
+                producer, entry.task, message, **route, declare=declare, argsrepr=argsrepr,
                 retry=True, retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
             )  # fmt: skip
 
