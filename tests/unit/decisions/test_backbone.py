@@ -1,7 +1,7 @@
 """The backbone's own queue: routing of control and work tasks, queue names, tick coverage.
 
 Pure functions first, then the Celery configuration and the publisher that apply them (no broker:
-the publisher's ``send_task`` is recorded). The proof on a real worker with a backlog is
+what the publisher hands Celery is recorded). The proof on a real worker with a backlog is
 ``tests/integration/test_control_queue.py``.
 """
 
@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from tests.support.publishes import record_publishes
 from threads_celery import Agent, ConfigError, tool
 from threads_celery.decisions.backbone import (
     CONTROL_QUEUE,
@@ -136,8 +137,7 @@ def test_a_worker_given_other_queues_still_consumes_the_control_queue() -> None:
 
 def test_the_publisher_keeps_control_on_its_queue(monkeypatch: pytest.MonkeyPatch) -> None:
     app = _app()
-    sent: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setattr(app, "send_task", lambda name, **options: sent.append((name, options)))
+    sent = record_publishes(monkeypatch, app)
     publisher = Publisher(app)
     publisher([
         OutboxEntry(key="deliver:r:completed", task=DELIVER_TASK, args=("r", "completed"), queue="email"),
@@ -145,7 +145,7 @@ def test_the_publisher_keeps_control_on_its_queue(monkeypatch: pytest.MonkeyPatc
         OutboxEntry(key="step:r:1", task=STEP_TASK, args=("r", 1)),
     ])  # fmt: skip
     assert [(name, options.get("queue")) for name, options in sent] == [
-        (DELIVER_TASK, CONTROL_QUEUE), (TOOL_TASK, "email"), (STEP_TASK, None)
+        (DELIVER_TASK, CONTROL_QUEUE), (TOOL_TASK, "email"), (STEP_TASK, WORK_QUEUE)
     ]  # fmt: skip
 
 
@@ -272,14 +272,13 @@ def test_on_redis_control_and_recovered_work_are_published_ahead_of_waiting_work
     assert app.conf.task_default_priority == WORK_PRIORITY  # a task's own retry waits its turn
     for task in CONTROL_TASKS:  # what Beat sends with apply_async: by the route, as Celery 6 keeps it
         assert app.amqp.router.route({}, task)["priority"] == URGENT_PRIORITY
-    sent: list[dict[str, Any]] = []
-    monkeypatch.setattr(app, "send_task", lambda name, **options: sent.append(options))
+    sent = record_publishes(monkeypatch, app)
     Publisher(app)([
         OutboxEntry(key="step:r:1", task=STEP_TASK, args=("r", 1)),
         OutboxEntry(key="step:r:2", task=STEP_TASK, args=("r", 2), recovered=True),
         OutboxEntry(key="deliver:r:completed", task=DELIVER_TASK, args=("r", "completed")),
     ])  # fmt: skip
-    assert [options["priority"] for options in sent] == [WORK_PRIORITY, URGENT_PRIORITY, URGENT_PRIORITY]
+    assert [options["priority"] for _, options in sent] == [WORK_PRIORITY, URGENT_PRIORITY, URGENT_PRIORITY]
 
 
 def test_a_republished_row_is_ordinary_work_not_urgent() -> None:
@@ -316,8 +315,7 @@ def test_steps_and_calls_show_their_agent_or_tool_by_shadow_name(monkeypatch: py
     from threads_celery.transitions.runs import step_entry, tool_entry
 
     app = _app()
-    sent: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setattr(app, "send_task", lambda name, **options: sent.append((name, options)))
+    sent = record_publishes(monkeypatch, app)
     Publisher(app)([
         step_entry("run_1", 0, "trip-planner"),
         tool_entry("run_1:0:0", "send_email", None),

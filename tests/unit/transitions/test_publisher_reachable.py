@@ -10,6 +10,7 @@ from typing import Any, Self
 
 import pytest
 
+from tests.support.publishes import record_publishes
 from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.exceptions import BrokerUnavailable
 from threads_celery.records import OutboxEntry
@@ -51,14 +52,10 @@ def setup(monkeypatch: pytest.MonkeyPatch) -> tuple[Publisher, list[str], Clock,
             if not state["broker_up"]:
                 raise OSError("connection refused")
 
-    def send_task(name: str, **options: Any) -> None:
-        if state["publish_fails"]:
-            raise ConnectionError("broker gone")
-
     clock = Clock()
     monkeypatch.setattr(publishing.time, "monotonic", clock.monotonic)
     monkeypatch.setattr(app, "connection_for_write", Connection)
-    monkeypatch.setattr(app, "send_task", send_task)
+    record_publishes(monkeypatch, app, fail=lambda: state["publish_fails"])
     return publisher, checks, clock, state
 
 
