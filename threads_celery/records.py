@@ -179,6 +179,9 @@ class Run:
     agent_tool_run_id: str | None = None
     #: The W3C traceparent of the run's span (see :mod:`threads_celery.telemetry.tracing`), None untraced.
     traceparent: str | None = None
+    #: The step whose worker process was last lost running it, and how many times in a row.
+    lost_step: int | None = None
+    lost_times: int = 0
 
     @property
     def is_terminal(self) -> bool:
@@ -229,6 +232,8 @@ class CallRow:
     batch: int | None = None
     #: The call before this one in its reply waits to run or is running (read with it).
     previous_unsettled: bool = False
+    #: How many times the worker process running the call was lost.
+    lost_times: int = 0
 
     @property
     def is_last_in_step(self) -> bool:

@@ -18,6 +18,7 @@ import logging
 
 from threads_celery.decisions.retry import GiveUp, RetryDecision, decide_task_failure
 from threads_celery.exceptions import FenceLost
+from threads_celery.records import UNSETTLED_STATUSES, CallRow, Run
 from threads_celery.redaction import known_secrets
 from threads_celery.runtime.ports import Worker
 from threads_celery.runtime.tool_faults import describe
@@ -38,6 +39,47 @@ def apply_task_failure(
     decision = decide_task_failure(
         task, key, failures, worker.settings.max_task_failures, describe(exc, known_secrets())
     )
+    if _apply(worker, task, key, decision) and isinstance(decision, RetryDecision):
+        log.warning(
+            "%s %s failed (%d of %d), trying again in %.0f s: %s",
+            task,
+            key,
+            failures,
+            worker.settings.max_task_failures,
+            decision.countdown,
+            describe(exc, known_secrets()),
+        )
+    return decision
+
+
+def ended_lost_call(worker: Worker, call: CallRow) -> str | None:
+    """End the call's run when the worker processes running the call were lost
+    ``max_task_failures`` times (see :mod:`threads_celery.worker.lost_workers`); what happened,
+    or None when the call is to run (or be recovered by its effect) as usual."""
+    if call.status not in UNSETTLED_STATUSES or call.lost_times < worker.settings.max_task_failures:
+        return None
+    return _end_lost(worker, runs.TOOL_TASK, call.effect_key, f"call {call.effect_key} ({call.tool})", call.lost_times)
+
+
+def ended_lost_step(worker: Worker, run: Run, step: int) -> str | None:
+    """:func:`ended_lost_call` for a model step of ``run``."""
+    if run.lost_step != step or run.lost_times < worker.settings.max_task_failures:
+        return None
+    return _end_lost(worker, runs.STEP_TASK, run.id, f"model step {step}", run.lost_times)
+
+
+def _end_lost(worker: Worker, task: str, key: str, what: str, times: int) -> str:
+    reason = (
+        f"{what}: the worker process running it was lost {times} times (killed, out of memory, or"
+        f" past the hard time limit, THREADS_TASK_TIME_LIMIT_S), so it is not run again"
+    )
+    _apply(worker, task, key, GiveUp(reason))
+    return f"gave up: {reason}"
+
+
+def _apply(worker: Worker, task: str, key: str, decision: RetryDecision | GiveUp) -> bool:
+    """Apply ``decision`` to the run of the step (``key`` = run id) or call (effect key); whether
+    it applied (not when the run has ended or moved on meanwhile)."""
     now = worker.clock()
     entries = []
     run_id = key
@@ -46,12 +88,12 @@ def apply_task_failure(
             if task == runs.TOOL_TASK:
                 loaded = tx.get_call_and_run(key)
                 if loaded is None:
-                    return decision
+                    return False
                 run_id = loaded[1].id
             # Not locked here: finish() locks the thread before the run, and so must everyone.
             run = tx.get_run(run_id)
             if run is None or run.is_terminal:
-                return decision
+                return False
             if isinstance(decision, RetryDecision):
                 if task == runs.TOOL_TASK:
                     # A read_only call's row would be republished alongside our own retries.
@@ -67,18 +109,8 @@ def apply_task_failure(
         # The run moved on meanwhile, so it is not wedged: the call's settling is rolled back
         # with the rest, and its outbox row stays for whoever holds the run now.
         log.info("%s %s gave up, but run %s has moved on: left to it", task, key, run_id)
-        return decision
+        return False
     worker.publish(entries)
     if isinstance(decision, GiveUp):
         log.error("run %s ended: %s", run_id, decision.reason)
-    else:
-        log.warning(
-            "%s %s failed (%d of %d), trying again in %.0f s: %s",
-            task,
-            key,
-            failures,
-            worker.settings.max_task_failures,
-            decision.countdown,
-            describe(exc, known_secrets()),
-        )
-    return decision
+    return True

@@ -52,17 +52,12 @@ from threads_celery.exceptions import (
     UnknownAgent,
 )
 from threads_celery.records import CallRow, Run
-from threads_celery.redaction import (
-    install_log_redaction,
-    redact_text,
-    redact_value,
-    redacting,
-    secrets_active,
-)
+from threads_celery.redaction import install_log_redaction, redact_text, redact_value, redacting, secrets_active
 from threads_celery.runtime import (
     batches,
     child_runs,
     delivery,
+    failures,
     hooks,
     live_stream,
     models,
@@ -182,6 +177,8 @@ class Runtime:
                 raise RetryLater(0.1, "run was claimed concurrently")
             fence = new_fence
         self._touched.thread_id = run.thread_id
+        if lost := failures.ended_lost_step(self, run, step):
+            return lost
         if run.status == "queued":  # the claim committed the run's "running" event: read it now
             live_stream.nudge(self, run.thread_id)
         history = self.history.load(source, run.thread_id, run_id=run.id)
@@ -307,6 +304,8 @@ class Runtime:
             return "skipped: no such call"
         call, run = loaded
         self._touched.thread_id = run.thread_id
+        if lost := failures.ended_lost_call(self, call):
+            return lost
         agent = self.registry.get(run.agent) if run.agent in self.registry else None
         tool = agent.tool_named(call.tool) if agent else None
         decision = decide_call(call, run, now, tool)

@@ -18,10 +18,19 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import case, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from threads_celery.records import DEFAULT_TENANT, CallRow, OutboxEntry, Run, Thread, ToolResult, storable_text
+from threads_celery.records import (
+    DEFAULT_TENANT,
+    UNSETTLED_STATUSES,
+    CallRow,
+    OutboxEntry,
+    Run,
+    Thread,
+    ToolResult,
+    storable_text,
+)
 from threads_celery.store import statements
 from threads_celery.store.agent_tool_queries import AgentToolQueries
 from threads_celery.store.availability import unreachable_as_store_unavailable
@@ -34,7 +43,7 @@ from threads_celery.store.metrics_queries import MetricsQueries
 from threads_celery.store.operations import OwnOperations, claim_params, commit_result_params
 from threads_celery.store.outbox_queries import OutboxQueries
 from threads_celery.store.rows import run_from_row, thread_from_row
-from threads_celery.store.schema import agents, runs, threads, variables
+from threads_celery.store.schema import agents, runs, threads, tool_calls, variables
 from threads_celery.store.usage_queries import UsageQueries
 
 log = logging.getLogger("threads_celery.store")
@@ -274,6 +283,37 @@ class Tx(
             statements.CLAIM_RUN,
             {"b_id": run_id, "b_fence": fence, "b_owner": owner, "b_until": lease_until, "b_now": now, "b_now2": now},
         ).scalar()
+
+    def count_lost_step(self, run_id: str, step: int, *, owner: str, now: datetime) -> None:
+        """The worker process ``owner`` running ``run_id``'s model ``step`` was lost: one more time
+        in a row for that step (a loss while running another step starts the count again), and
+        the run's lease ends now if that process held it (it will not renew it)."""
+        self.conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.step == step, runs.c.status.in_(["queued", "running"]))
+            .values(
+                lost_times=case((runs.c.lost_step == step, runs.c.lost_times + 1), else_=1),
+                lost_step=step,
+                lease_expires_at=case((runs.c.lease_owner == owner, now), else_=runs.c.lease_expires_at),
+            )
+        )
+
+    def count_lost_call(self, effect_key: str, *, owner: str, now: datetime) -> None:
+        """The worker process ``owner`` running the call was lost: one more time while the call is
+        unsettled, and the call's and its run's leases end now where that process held them."""
+        run_id = self.conn.execute(
+            update(tool_calls)
+            .where(tool_calls.c.effect_key == effect_key, tool_calls.c.status.in_(UNSETTLED_STATUSES))
+            .values(
+                lost_times=tool_calls.c.lost_times + 1,
+                lease_expires_at=case((tool_calls.c.lease_owner == owner, now), else_=tool_calls.c.lease_expires_at),
+            )
+            .returning(tool_calls.c.run_id)
+        ).scalar()
+        if run_id is not None:
+            self.conn.execute(
+                update(runs).where(runs.c.id == run_id, runs.c.lease_owner == owner).values(lease_expires_at=now)
+            )
 
     def extend_run_lease(self, run_id: str, *, fence: int, owner: str, lease_until: datetime) -> bool:
         result = self.conn.execute(

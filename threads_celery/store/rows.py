@@ -52,6 +52,8 @@ def run_from_mapping(m: RowMapping | Mapping[str, Any]) -> Run:
         input_meta=m["input_meta"],
         agent_tool_run_id=m["agent_tool_run_id"],
         traceparent=m.get("traceparent"),
+        lost_step=m.get("lost_step"),
+        lost_times=m.get("lost_times") or 0,
     )
 
 
@@ -90,6 +92,7 @@ def call_from_mapping(
         batch=m.get("batch"),
         next_call=next_call,
         previous_unsettled=previous_unsettled,
+        lost_times=m.get("lost_times") or 0,
     )
 
 

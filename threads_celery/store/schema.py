@@ -148,6 +148,9 @@ runs = Table(
     Column("updated_at", UTCDateTime, nullable=False),
     # The W3C traceparent of the run's span: every task of the run opens its spans under it.
     Column("traceparent", String(64), nullable=True),
+    # The step whose worker process was last lost running it, and how many times (migration 0011).
+    Column("lost_step", Integer, nullable=True),
+    Column("lost_times", Integer, nullable=False, default=0, server_default="0"),
     Index(None, "thread_id", "created_at"),
     Index(None, "status", "lease_expires_at"),
     # The console's run list: newest first, by agent or status (migration 0009).
@@ -199,6 +202,8 @@ tool_calls = Table(
     # A result over the size limit is shown to the model shortened (in ``result``) and kept
     # whole here, for the user (Threads.tool_result, GET /v1/calls/{effect_key}/result).
     Column("full_result", Text, nullable=True),
+    # How many times the worker process running the call was lost (migration 0011).
+    Column("lost_times", Integer, nullable=False, default=0, server_default="0"),
     UniqueConstraint("run_id", "step", "idx"),
     Index(None, "status", "lease_expires_at"),
 )

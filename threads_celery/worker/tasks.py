@@ -32,6 +32,7 @@ from threads_celery.runtime.schedules import start_scheduled_run
 from threads_celery.runtime.tool_faults import describe, is_control, picklable, survives_pickling
 from threads_celery.telemetry.metrics import timed_tick
 from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
+from threads_celery.worker.lost_workers import LossCounter, counting_request
 
 if TYPE_CHECKING:
     from threads_celery.worker.application import RuntimeHolder
@@ -119,6 +120,10 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
     # Control tasks go ahead of all work on Redis by their route's priority (celery_config), and
     # send no task events unless THREADS_CONTROL_TASK_EVENTS: monitors list the agents' work.
     control_events = holder.settings.control_task_events
+    # A step's or call's pool process that is lost is counted (see lost_workers); one killed at
+    # the hard time limit goes back to the broker as after any other loss, instead of waiting
+    # for the backbone (acks_on_failure_or_timeout=False; a task that fails is dropped either way).
+    counting = counting_request(LossCounter(holder))
 
     # Every task but the tick is acknowledged after it ran and given back to the broker when its
     # worker dies. ``shared=False`` keeps each task on this app only: a process may hold several
@@ -127,14 +132,20 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
     # retries) would fail a task that waits a fourth time; the runtime bounds failures itself
     # (model_retries, max_task_failures, the provider's time budget). The tick keeps Celery's
     # bound: Beat sends another.
-    @app.task(name=STEP_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, max_retries=None)
+    @app.task(
+        name=STEP_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, max_retries=None,
+        Request=counting, acks_on_failure_or_timeout=False,
+    )  # fmt: skip
     def step(self: Task[Any, Any], run_id: str, n: int) -> str:
         """Run one model step of a run."""
         runtime = holder.get()
         attempt = failed_tries(self, STEP_FAILURES_HEADER)
         return _run(self, holder, lambda: runtime.run_step(run_id, n, attempt=attempt), run_id)
 
-    @app.task(name=TOOL_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, max_retries=None)
+    @app.task(
+        name=TOOL_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, max_retries=None,
+        Request=counting, acks_on_failure_or_timeout=False,
+    )  # fmt: skip
     def tool(self: Task[Any, Any], effect_key: str) -> str:
         """Run one tool call, by effect key."""
         runtime = holder.get()
