@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("threads_celery.worker.lost_workers")
 
+#: How long the main process waits for a loss to be counted before it goes on without.
+COUNT_WAIT_S = 5.0
+
 
 class LossCounter:
     """Counts losses in the ledger from the worker's main process, on a store of its own."""
@@ -46,11 +50,26 @@ class LossCounter:
         self.holder = holder
         self._store: Store | None = None
         self._pid = 0
+        self._lock = threading.Lock()
 
     def count(self, task: str, args: Any, pid: object) -> None:
         """Count the loss of pool process ``pid`` running ``task`` with ``args``, and end the leases
-        it held (the runtime's worker id is ``host:pid``); never raises."""
+        it held (the runtime's worker id is ``host:pid``); never raises.
+
+        Done before Celery gives the message back, so that its next delivery reads the count; on a
+        thread of its own, waited for :data:`COUNT_WAIT_S` at most, so that a ledger that does not
+        answer cannot hold up the worker's main loop.
+        """
         owner = f"{socket.gethostname()}:{pid}"
+        counting = threading.Thread(
+            target=self._count, args=(task, args, owner), name="threads-lost-worker", daemon=True
+        )
+        counting.start()
+        counting.join(COUNT_WAIT_S)
+        if counting.is_alive():
+            log.warning("counting a lost %s took over %gs; going on without waiting", task, COUNT_WAIT_S)
+
+    def _count(self, task: str, args: Any, owner: str) -> None:
         now = datetime.now(UTC)
         try:
             store = self._open()
@@ -65,6 +84,10 @@ class LossCounter:
             log.warning("a lost %s could not be counted: %s: %s", task, type(exc).__name__, exc)
 
     def _open(self) -> Store:
+        with self._lock:
+            return self._opened()
+
+    def _opened(self) -> Store:
         if self._store is None or self._pid != os.getpid():
             settings = self.holder.settings
             if not settings.database_url:
