@@ -299,13 +299,17 @@ class Publisher:
         shadow = shadow_name(entry)
         if shadow is not None:
             options["shadow"] = shadow
-        queue = queue_for(entry.task, entry.queue, work_queue=self.single_queue, control_queue=self.control_queue)
+        queue, priority = self._destination(entry)
         if queue:
             options["queue"] = queue
-        priority = message_priority(entry.task, recovered=entry.recovered, broker_url=self.broker_url)
         if priority is not None:
             options["priority"] = priority
         return options
+
+    def _destination(self, entry: OutboxEntry) -> tuple[str | None, int | None]:
+        """The queue ``entry`` goes to (None: by its route) and its message priority."""
+        queue = queue_for(entry.task, entry.queue, work_queue=self.single_queue, control_queue=self.control_queue)
+        return queue, message_priority(entry.task, recovered=entry.recovered, broker_url=self.broker_url)
 
     def _send_held(self, entries: Sequence[OutboxEntry]) -> bool:
         """Send ``entries`` on a held producer, in one round trip (kombu's publish batch: the
@@ -353,8 +357,7 @@ class Publisher:
             root_id = parent.request.root_id or parent_id
         reply_to = self.app.thread_oid
         for entry in entries:
-            queue = queue_for(entry.task, entry.queue, work_queue=self.single_queue, control_queue=self.control_queue)
-            priority = message_priority(entry.task, recovered=entry.recovered, broker_url=self.broker_url)
+            queue, priority = self._destination(entry)
             route = self._routes.get((entry.task, queue, priority))
             if route is None:
                 explicit = {k: v for k, v in (("queue", queue), ("priority", priority)) if v is not None}
