@@ -292,8 +292,10 @@ def render_result(value: Any) -> str:
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
     # JSON text is UTF-8: a lone surrogate in a string cannot be encoded, so it is replaced
-    # first, by the ledger's own rule (see threads_celery.records.storable).
-    return pydantic_core.to_json(storable(value)).decode()
+    # first, by the ledger's own rule (see threads_celery.records.storable). NaN and the
+    # infinities have no JSON form: null, as Pydantic (and so Pydantic AI) renders them, keeps
+    # the text JSON that any reader can parse.
+    return pydantic_core.to_json(storable(value), inf_nan_mode="null").decode()
 
 
 #: The metadata of a tool return part whose text is the JSON of the value the tool returned.

@@ -347,6 +347,15 @@ def test_numbers_and_none_are_json() -> None:
     assert render_result(None) == "null"
 
 
+def test_nan_and_the_infinities_are_null_so_the_text_stays_json() -> None:
+    rendered = render_result({"nan": float("nan"), "up": float("inf"), "down": [float("-inf"), 1.5]})
+    assert json.loads(rendered, parse_constant=lambda name: pytest.fail(f"{name} is not JSON")) == {
+        "nan": None,
+        "up": None,
+        "down": [None, 1.5],
+    }
+
+
 # -- the output model -----------------------------------------------------------------------------
 
 
