@@ -84,6 +84,9 @@ class Tool:
     #: Set on an output tool (``from_pydantic_ai``): how many failed outputs a run may send in all,
     #: over every output tool, before it ends in error (Pydantic AI's output retries).
     output_retries: int | None = None
+    #: :meth:`fingerprint`, worked out once: a tool does not change, and its schema is rebuilt by
+    #: pydantic on every call (about 0.1 ms), which every ``start()`` with an Agent would pay.
+    _fingerprint: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def is_async(self) -> bool:
@@ -96,7 +99,9 @@ class Tool:
 
     def fingerprint(self) -> str:
         """A stable digest of everything about this tool that a live thread is pinned to."""
-        return _digest(
+        if self._fingerprint is not None:
+            return self._fingerprint
+        digest = _digest(
             {
                 "name": self.name,
                 "description": self.description,
@@ -108,6 +113,8 @@ class Tool:
                 **({"destructive": True} if self.destructive else {}),
             }
         )
+        object.__setattr__(self, "_fingerprint", digest)  # frozen: a cache, not a change
+        return digest
 
     def arguments_of(self, parsed: BaseModel) -> dict[str, Any]:
         """The arguments ``parsed`` stands for, as the model sent them (JSON data): what hooks,

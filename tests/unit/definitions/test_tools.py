@@ -397,3 +397,19 @@ def test_the_fingerprint_is_stable_and_follows_the_definition() -> None:
     assert make().fingerprint() != make(ends_turn=True).fingerprint()
     # The function body is code, not configuration: swapping it keeps the fingerprint.
     assert make().fingerprint() == make(execute=lambda inp, ctx: "other").fingerprint()
+
+
+def test_the_fingerprint_is_worked_out_once_per_tool_and_not_carried_to_a_replaced_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dataclasses
+
+    t = make()
+    built: list[str] = []
+    schema = t.input.model_json_schema
+    monkeypatch.setattr(t.input, "model_json_schema", lambda: built.append("schema") or schema())
+    first = t.fingerprint()
+    assert t.fingerprint() == first and built == ["schema"]
+    changed = dataclasses.replace(t, description="Another description.")
+    assert changed.fingerprint() != first and built == ["schema", "schema"]
+    assert changed == dataclasses.replace(changed)  # the cache takes no part in equality
