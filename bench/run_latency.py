@@ -66,7 +66,7 @@ def bare_start(app: Any, redis_client: Any, trace_dir: str, timeout: float) -> f
 def durable_start(threads: Any, redis_client: Any, trace_dir: str, timeout: float) -> tuple[float, float, float]:
     """(start to first model call, ``start()`` itself, ``start()`` returned to the step's start), seconds."""
     before = time.time()
-    handle = threads.start("bench_turns", "turns 0")
+    handle = threads.start(AGENT[0], "turns 0")
     returned = time.time()
     wait_done(redis_client, handle.run_id, timeout)
     step = next(r for r in read_traces(trace_dir, handle.run_id) if r["task"] == "threads.step")
@@ -76,7 +76,7 @@ def durable_start(threads: Any, redis_client: Any, trace_dir: str, timeout: floa
 def whole_run(threads: Any, redis_client: Any, trace_dir: str, turns: int, timeout: float) -> tuple[float, int]:
     """(seconds from just before ``start()`` to the end of the run's last task, tasks run)."""
     before = time.time()
-    handle = threads.start("bench_turns", f"turns {turns}")
+    handle = threads.start(AGENT[0], f"turns {turns}")
     done = wait_done(redis_client, handle.run_id, timeout)
     if not str(done["retval"]).startswith("completed"):
         raise RuntimeError(f"run {handle.run_id} ended {done['retval']}")
@@ -86,11 +86,16 @@ def whole_run(threads: Any, redis_client: Any, trace_dir: str, turns: int, timeo
 def waited_run(threads: Any, turns: int, timeout: float) -> float:
     """Seconds from just before ``start()`` to the return of ``threads.wait()``."""
     before = time.perf_counter()
-    handle = threads.start("bench_turns", f"turns {turns}")
+    handle = threads.start(AGENT[0], f"turns {turns}")
     run = threads.wait(handle.run_id, timeout=timeout)
     if run.status != "completed":
         raise RuntimeError(f"run {run.id} ended {run.status}: {run.error}")
     return time.perf_counter() - before
+
+
+#: What ``start()`` is given: the agent's name, or with ``--agent-object`` the Agent itself (as a
+#: Python caller usually passes it; the client then hashes its configuration).
+AGENT: list[Any] = ["bench_turns"]
 
 
 def ms(values: list[float]) -> str:
@@ -107,11 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=2, help="worker prefork processes (default 2)")
     add_service_options(parser, redis_db=13)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--agent-object", action="store_true", help="start() with the Agent, not its name")
     args = parser.parse_args(argv)
+    if args.agent_object:
+        from bench.bench_agents import bench_turns
+
+        AGENT[0] = bench_turns
 
     redis_client = flushed_redis(args.redis_url)
     print(
         f"run latency: n={args.n} turns={args.turns} runs={args.runs} concurrency={args.concurrency} "
+        f"start with={'the Agent' if args.agent_object else 'its name'} "
         f"cpus={os.cpu_count()} python={platform.python_version()} date={time.strftime('%Y-%m-%d %H:%M:%S %z')} "
         f"load={load_average()}"
     )
