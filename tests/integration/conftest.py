@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.support.clients import registered_client
 from tests.support.processes import REPO_ROOT, WorkerProcess, subprocess_env
 
 __all__ = ["REPO_ROOT", "TEST_AGENTS", "WorkerProcess"]  # what the integration modules import from here
@@ -82,27 +83,17 @@ def worker(
         }
     )
     process = WorkerProcess("w1", env=env, log_path=tmp_path_factory.mktemp("worker") / "w1.log", concurrency=2)
-    process.start()
-    try:
-        process.wait_ready(READY_TIMEOUT_S)
+    with process.running(READY_TIMEOUT_S):
         yield process
-    finally:
-        process.terminate()
 
 
 @pytest.fixture(scope="module")
 def threads(worker: WorkerProcess, migrated_pg_url: str, integration_redis_url: str) -> Iterator[Any]:
     """A client on the worker's ledger and broker, with the test agents registered."""
     from tests.integration import agents_for_tests
-    from threads_celery import Threads
 
-    client = Threads(database_url=migrated_pg_url, broker_url=integration_redis_url)
-    try:
-        for agent in agents_for_tests.ALL_AGENTS:
-            client.register(agent)
+    with registered_client(migrated_pg_url, integration_redis_url, agents_for_tests.ALL_AGENTS) as client:
         yield client
-    finally:
-        client.close()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.support.agent_tool_agents import RecordingParent, quick_child, unique
+from tests.support.clients import registered_client
 from tests.support.processes import WorkerProcess, subprocess_env
 from tests.support.waiting import eventually
 from threads_celery import Detached, Settings, Threads
@@ -171,17 +172,11 @@ def start_worker(
 def worker_client(migrated_pg_url: str, worker_broker_url: str) -> Iterator[Threads]:
     from tests.support import agent_tool_agents
 
-    client = Threads(
-        database_url=migrated_pg_url,
-        broker_url=worker_broker_url,
-        settings=Settings(tool_lease_s=2, step_lease_s=5, outbox_stale_after_s=2),
-    )
-    try:
-        for agent in agent_tool_agents.ALL_AGENTS:
-            client.register(agent)
+    settings = Settings(tool_lease_s=2, step_lease_s=5, outbox_stale_after_s=2)
+    with registered_client(
+        migrated_pg_url, worker_broker_url, agent_tool_agents.ALL_AGENTS, settings=settings
+    ) as client:
         yield client
-    finally:
-        client.close()
 
 
 def lines(path: Path) -> list[str]:

@@ -54,12 +54,8 @@ def worker(
         log_path=tmp_path_factory.mktemp("worker") / "flower-w1.log",
         extra_args=["-E"],
     )
-    process.start()
-    try:
-        process.wait_ready()
+    with process.running():
         yield process
-    finally:
-        process.terminate()
 
 
 class Flower:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.clients import registered_client
 from tests.support.processes import WorkerProcess, subprocess_env
 from tests.support.waiting import eventually
 
@@ -44,26 +45,16 @@ def worker(
     process = WorkerProcess(
         "lost-w1", env=env, log_path=tmp_path_factory.mktemp("worker") / "lost-w1.log", concurrency=2
     )
-    process.start()
-    try:
-        process.wait_ready()
+    with process.running():
         yield process
-    finally:
-        process.terminate()
 
 
 @pytest.fixture(scope="module")
 def threads(worker: WorkerProcess, migrated_pg_url: str, integration_redis_url: str) -> Iterator[Any]:
     from tests.integration.killer_agents import ALL_AGENTS
-    from threads_celery import Threads
 
-    client = Threads(database_url=migrated_pg_url, broker_url=integration_redis_url)
-    try:
-        for agent in ALL_AGENTS:
-            client.register(agent)
+    with registered_client(migrated_pg_url, integration_redis_url, ALL_AGENTS) as client:
         yield client
-    finally:
-        client.close()
 
 
 def _runs(killer_dir: Path, name: str) -> int:

@@ -22,6 +22,7 @@ from sqlalchemy import create_engine, text
 
 from tests.integration.test_flower import Flower, wait_for_task
 from tests.integration.test_flower import flower as flower
+from tests.support.clients import registered_client
 from tests.support.processes import THREADS_CELERY, WorkerProcess, subprocess_env
 from tests.support.waiting import eventually
 
@@ -54,12 +55,8 @@ def worker(
     process = WorkerProcess(
         "canary-w1", env=env, log_path=tmp_path_factory.mktemp("worker") / "canary-w1.log", extra_args=["-E"]
     )
-    process.start()
-    try:
-        process.wait_ready()
+    with process.running():
         yield process
-    finally:
-        process.terminate()
 
 
 @pytest.fixture(scope="module")
@@ -72,17 +69,11 @@ def flower_warmup() -> Any:
 @pytest.fixture(scope="module")
 def threads(worker: WorkerProcess, migrated_pg_url: str, integration_redis_url: str) -> Iterator[Any]:
     from tests.integration.secret_agents import ALL_AGENTS
-    from threads_celery import Threads
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("THREADS_SECRET_KEY", FERNET_KEY)
-        client = Threads(database_url=migrated_pg_url, broker_url=integration_redis_url)
-        try:
-            for agent in ALL_AGENTS:
-                client.register(agent)
+        with registered_client(migrated_pg_url, integration_redis_url, ALL_AGENTS) as client:
             yield client
-        finally:
-            client.close()
 
 
 def _idle_queue_messages(redis_url: str) -> list[bytes]:

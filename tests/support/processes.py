@@ -26,7 +26,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -311,6 +311,16 @@ class WorkerProcess(ManagedProcess):
         pattern = r"\S+@\S+ ready\." if self.cli else rf"{re.escape(self.name)}@\S+ ready\."
         self.wait_for_log(pattern, timeout=timeout, what="worker ready")
         return self
+
+    @contextlib.contextmanager
+    def running(self, timeout: float = 60.0) -> Iterator[WorkerProcess]:
+        """The worker started and ready for the block (a module fixture's body), then terminated."""
+        self.start()
+        try:
+            self.wait_ready(timeout)
+            yield self
+        finally:
+            self.terminate()
 
     def child_pids(self) -> list[int]:
         """The prefork pool's processes (children of the worker's main process)."""
