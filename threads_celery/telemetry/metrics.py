@@ -21,7 +21,9 @@ prefork worker's children are summed, as ``prometheus_client`` does):
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,17 +54,41 @@ class _Instruments:
 
 _instruments: _Instruments | None = None
 _unavailable = False
+_instruments_lock = threading.Lock()
+_log = logging.getLogger(__name__)
 
 
 def instruments() -> _Instruments | None:
-    """The instruments, or None without prometheus-client."""
+    """The instruments, or None without prometheus-client.
+
+    Created once per process under a lock: two threads of a ``-P threads`` worker (or of
+    ``Threads.embedded()``) ending their first steps at once would otherwise both create them, and
+    prometheus_client refuses the second with ``Duplicated timeseries``.
+    """
     global _instruments, _unavailable
-    if _instruments is None and not _unavailable:
-        try:
-            _instruments = _Instruments()
-        except ImportError:
-            _unavailable = True
+    if _instruments is not None or _unavailable:
+        return _instruments
+    with _instruments_lock:
+        if _instruments is None and not _unavailable:
+            try:
+                _instruments = _Instruments()
+            except ImportError:
+                _unavailable = True
     return _instruments
+
+
+def _observe(record: Callable[[_Instruments], None]) -> None:
+    """Record one observation; a metric that cannot be recorded is logged, never raised.
+
+    An observation is made after the work it measures, often after a provider has answered and
+    billed a request: failing the step there would have the model asked again.
+    """
+    try:
+        found = instruments()
+        if found is not None:
+            record(found)
+    except Exception:  # noqa: BLE001 - a metric is never worth a step
+        _log.warning("a metric could not be recorded", exc_info=True)
 
 
 @contextmanager
@@ -72,9 +98,8 @@ def timed_step(agent: str) -> Iterator[None]:
     try:
         yield
     finally:
-        found = instruments()
-        if found is not None:
-            found.step.labels(agent=agent).observe(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        _observe(lambda found: found.step.labels(agent=agent).observe(elapsed))
 
 
 @contextmanager
@@ -84,9 +109,8 @@ def timed_tool(tool: str) -> Iterator[None]:
     try:
         yield
     finally:
-        found = instruments()
-        if found is not None:
-            found.tool.labels(tool=tool).observe(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        _observe(lambda found: found.tool.labels(tool=tool).observe(elapsed))
 
 
 @contextmanager
@@ -96,16 +120,13 @@ def timed_tick() -> Iterator[None]:
     try:
         yield
     finally:
-        found = instruments()
-        if found is not None:
-            found.tick.observe(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        _observe(lambda found: found.tick.observe(elapsed))
 
 
 def run_finished(status: str) -> None:
     """Count a run this process ended."""
-    found = instruments()
-    if found is not None:
-        found.finished.labels(status=status).inc()
+    _observe(lambda found: found.finished.labels(status=status).inc())
 
 
 class LedgerCollector:
