@@ -7,28 +7,52 @@ provider modules are imported inside the functions below for that reason).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
+import weakref
 from typing import Any
 
-_model_cache: dict[str, Any] = {}
-_model_cache_lock = threading.Lock()
+#: Models built from strings, per event loop. A model's provider holds an HTTP client whose
+#: connection pool belongs to the loop it first ran on. Shared with a thread that runs a loop of its
+#: own (``-P threads``, ``Threads.embedded()``), a request goes out, is answered and billed, and
+#: only then fails with "bound to a different event loop": the step is retried and billed again.
+_loop_models: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = weakref.WeakKeyDictionary()
+#: The same, for a resolution made outside any running loop: per thread.
+_thread_models = threading.local()
+_lock = threading.Lock()
 
 
 def resolve_model(model: Any) -> Any:
-    """A pydantic-ai Model for a model object or a model string (cached per string)."""
+    """A pydantic-ai Model for a model object or a model string.
+
+    A string's model is built once per event loop (once per thread outside a loop) and never
+    shared between loops: see ``_loop_models``.
+    """
     if not isinstance(model, str):
         return model
     if model.startswith("openai:") and os.environ.get("OPENAI_BASE_URL"):
         # An OpenAI-compatible server speaks chat completions; "openai:" means the Responses API.
         model = "openai-chat:" + model.removeprefix("openai:")
-    with _model_cache_lock:
-        cached = _model_cache.get(model)
+    try:
+        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    with _lock:
+        if loop is not None:
+            models = _loop_models.get(loop)
+            if models is None:
+                models = _loop_models[loop] = {}
+        else:
+            models = getattr(_thread_models, "models", None)
+            if models is None:
+                models = _thread_models.models = {}
+        cached = models.get(model)
         if cached is None:
             # On the first resolution, not at import (see the module docstring).
             from pydantic_ai.models import infer_model
 
-            cached = _model_cache[model] = infer_model(model, provider_factory=provider_without_sdk_retries)
+            cached = models[model] = infer_model(model, provider_factory=provider_without_sdk_retries)
         return cached
 
 
@@ -49,3 +73,11 @@ def provider_without_sdk_retries(name: str) -> Any:
     if type(provider) is OpenAIProvider:
         return OpenAIProvider(openai_client=provider.client.with_options(max_retries=0))
     return provider
+
+
+def forget_models() -> None:
+    """Drop every model built from a string, so the next resolution reads the environment again
+    (``OPENAI_BASE_URL``, keys): for tests that point a model string at a server of their own."""
+    with _lock:
+        _loop_models.clear()
+        _thread_models.models = {}

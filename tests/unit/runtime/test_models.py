@@ -255,6 +255,6 @@ def test_openai_strings_use_chat_completions_against_a_compatible_base_url(monke
 
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     monkeypatch.setenv("OPENAI_API_KEY", "test")
-    monkeypatch.setattr(models, "_model_cache", {})
+    models.forget_models()
     resolved = models.resolve_model("openai:gpt-4o-mini")
     assert type(resolved).__name__ == "OpenAIChatModel"

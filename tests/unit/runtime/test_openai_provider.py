@@ -110,7 +110,7 @@ def test_openai_model_string_uses_openai_base_url(monkeypatch: pytest.MonkeyPatc
     # (POST /v1/responses), which OpenAI-compatible servers (and this fake) do not offer.
     # Model strings are resolved once per process and cached: start and end with a clean cache,
     # so this test builds its provider from the environment below and leaves no stale model.
-    monkeypatch.setattr(model_strings, "_model_cache", {})
+    model_strings.forget_models()
     seen: list[dict[str, Any]] = []
     with FakeOpenAI(_script(), arguments_chunk_size=3) as fake:
         monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
@@ -123,7 +123,7 @@ def test_openai_model_string_uses_openai_base_url(monkeypatch: pytest.MonkeyPatc
         )
         run, messages = _run_weather(agent)
         _assert_provider_conversation(fake, run, messages, seen)
-    assert "openai-chat:gpt-4o-mini" in model_strings._model_cache
+    model_strings.forget_models()
 
 
 def test_streamed_argument_fragments_concatenate_to_the_arguments() -> None:

@@ -237,18 +237,18 @@ def test_a_provider_that_answers_429_forever_ends_the_run_error_after_the_bound(
 def test_model_strings_leave_the_waiting_to_the_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
     from threads_celery.definitions import model_strings as models
 
-    monkeypatch.setattr(models, "_model_cache", {})
+    models.forget_models()
     monkeypatch.setenv("OPENAI_API_KEY", "test")
     model = models.resolve_model("openai-chat:gpt-4o-mini")
     assert model.client.max_retries == 0  # the SDK would otherwise retry a 429 inside the slot
-    monkeypatch.setattr(models, "_model_cache", {})
+    models.forget_models()
 
 
 @pytest.mark.usefixtures("allow_model_requests")
 def test_a_model_string_gets_429_then_the_answer_without_the_sdk_retrying(monkeypatch: pytest.MonkeyPatch) -> None:
     from threads_celery.definitions import model_strings as models
 
-    monkeypatch.setattr(models, "_model_cache", {})
+    models.forget_models()
     script = [{"error": "slow down", "status": 429, "retry_after": "1"}, {"text": "answered"}]
     with FakeOpenAI(script) as fake, Threads.embedded() as threads:
         monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
@@ -259,4 +259,4 @@ def test_a_model_string_gets_429_then_the_answer_without_the_sdk_retrying(monkey
         assert len(fake.requests) == 2
         [retry] = [e.payload for e in threads.events(run.thread_id) if e.type == "model_retry"]
         assert retry["status"] == 429 and retry["retry_in_s"] == 1.0
-    monkeypatch.setattr(models, "_model_cache", {})
+    models.forget_models()
