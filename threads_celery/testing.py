@@ -1,4 +1,4 @@
-"""Fakes shipped for tests: a scripted model that drives agents offline.
+"""Fakes shipped for tests: a scripted model that drives agents offline, and a provider emulator.
 
 A :class:`ScriptedModel` answers each model turn from a script. Which entry answers is derived
 from the conversation it is shown (the number of model replies since the last user message), not
@@ -6,6 +6,10 @@ from state in memory, so the same script gives the same run in any worker proces
 retry.
 
 >>> model = ScriptedModel([call("get_weather", city="Paris"), say("It is 21 degrees in Paris.")])
+
+A :class:`ProviderEmulator` (see :mod:`threads_celery.provider_emulator`) is the other way round:
+a real OpenAI-compatible server on loopback, for agents that name a model string, which keeps a
+ledger of every request it billed.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
+
+from threads_celery.provider_emulator import BilledRequest, ProviderEmulator
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
@@ -174,4 +180,14 @@ def start_worker(
         threads.stop_worker()
 
 
-__all__ = ["Reply", "ScriptExhausted", "ScriptedModel", "call", "calls", "say", "start_worker"]
+__all__ = [
+    "BilledRequest",
+    "ProviderEmulator",
+    "Reply",
+    "ScriptExhausted",
+    "ScriptedModel",
+    "call",
+    "calls",
+    "say",
+    "start_worker",
+]
