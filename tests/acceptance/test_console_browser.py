@@ -207,9 +207,20 @@ def test_a_child_runs_call_is_found_in_the_inbox_edited_and_approved(console: Co
     screenshot(browser, "inbox")
     arguments = card.find_element("css selector", "textarea")
     arguments.clear()
+    arguments.send_keys(json.dumps({"text": 5}))
+    card.find_element("css selector", "button.approve-button").click()
+    # Refused: back on the inbox (a GET: a reload sends nothing again), saying why, the draft kept.
+    eventually(lambda: "?notice=" in browser.current_url, timeout=WAIT_S, what="the refusal's page")
+    assert "/console/inbox?notice=" in browser.current_url and "text" in by_css(browser, "#action-error").text
+    browser.refresh()
+    card = by_css(browser, f'article[data-effect-key="{call.effect_key}"]')
+    arguments = card.find_element("css selector", "textarea")
+    assert json.loads(arguments.get_attribute("value")) == {"text": 5}
+    arguments.clear()
     arguments.send_keys(json.dumps({"text": "edited by alice"}))
     card.find_element("css selector", "button.approve-button").click()
     eventually(lambda: console.threads.get_run(run_id).is_terminal, timeout=WAIT_S, what="the parent run's end")
+    assert browser.current_url.endswith("/console/inbox") and "Not found" not in by_css(browser, "main").text
     assert "edited by alice" in console_agents.SENT
 
     browser.get(f"{console.url}/runs/{run_id}")

@@ -65,7 +65,11 @@ def test_a_child_call_approved_in_the_console_runs_on_a_worker(
                 assert csrf is not None
                 response = client.post(
                     f"/console/calls/{call.effect_key}/approve",
-                    data={"csrf": csrf.group(1), "args": json.dumps({"text": "edited on postgres"}), "back": run_id},
+                    data={
+                        "csrf": csrf.group(1),
+                        "args": json.dumps({"text": "edited on postgres"}),
+                        "back": f"run:{run_id}",
+                    },
                 )
                 assert response.status_code == 303
                 eventually(

@@ -264,11 +264,17 @@ def test_edited_arguments_are_validated_and_bound_to_the_approval(
         f"/console/calls/{call.effect_key}/approve",
         data={"csrf": csrf, "args": json.dumps({"text": 5}), "back": "inbox"},
     )
-    assert bad.status_code == 409 and "text" in bad.text
+    assert bad.status_code == 303 and bad.headers["location"].startswith("/console/inbox?notice=")
+    assert "text" in alice.get(bad.headers["location"]).text
     assert [p.status for p in threads.pending(run_id)] == ["awaiting_approval"]
     good = alice.post(
         f"/console/calls/{call.effect_key}/approve",
-        data={"csrf": csrf, "args": json.dumps({"text": "edited in the console"}), "remember": "1", "back": run_id},
+        data={
+            "csrf": csrf,
+            "args": json.dumps({"text": "edited in the console"}),
+            "remember": "1",
+            "back": f"run:{run_id}",
+        },
     )
     assert good.status_code == 303 and good.headers["location"] == f"/console/runs/{run_id}"
     wait_status(threads, run_id, *TERMINAL_STATUSES)
@@ -291,6 +297,94 @@ def test_edited_arguments_are_validated_and_bound_to_the_approval(
     )
 
 
+def test_approving_in_the_inbox_goes_back_to_the_inbox(threads: Threads, alice: TestClient) -> None:
+    run_id = start(threads, "console_parent")
+    [call] = eventually(lambda: threads.pending(run_id), timeout=WAIT_S, what="the child's call")
+    inbox = alice.get("/console/inbox").text
+    assert 'name="back" value="inbox"' in inbox
+    approved = alice.post(f"/console/calls/{call.effect_key}/approve", data={"csrf": csrf_of(inbox), "back": "inbox"})
+    assert approved.status_code == 303 and approved.headers["location"] == "/console/inbox"
+    assert alice.get(approved.headers["location"]).status_code == 200
+    wait_status(threads, run_id, "completed")
+
+
+def test_a_missing_page_says_so_in_a_sentence(alice: TestClient) -> None:
+    missing = alice.get("/console/runs/run_nobody_has_this")
+    assert missing.status_code == 404
+    assert "Not found: there is no run, thread or call with this id." in missing.text
+    assert "Not found: there is no run, thread or call with this id." in alice.get("/console/calls/k0/result").text
+    assert "Not found: there is no such page." in alice.get("/console/runs/%3Cx%3E").text
+
+
+def test_a_refused_edit_goes_back_to_a_page_showing_why_with_the_draft_kept_on_the_server(
+    threads: Threads, alice: TestClient, bob: TestClient
+) -> None:
+    run_id = start(threads, "console_parent")
+    [call] = eventually(lambda: threads.pending(run_id), timeout=WAIT_S, what="the child's call")
+    draft = json.dumps({"text": 5, "note": "sk-draft-secret-9911"})
+    refused = alice.post(
+        f"/console/calls/{call.effect_key}/approve",
+        data={"csrf": csrf_of(alice.get("/console/inbox").text), "args": draft, "remember": "1", "back": "inbox"},
+    )
+    # POST-redirect-GET: a reload repeats the GET; the URL holds a token, never what was typed.
+    assert refused.status_code == 303
+    location = refused.headers["location"]
+    assert location.startswith("/console/inbox?notice=") and location.endswith(f"#call-{call.effect_key}")
+    assert "sk-draft" not in location and "text" not in location
+    for _ in range(2):  # the page, then its reload
+        page = alice.get(location)
+        assert page.status_code == 200 and 'id="action-error"' in page.text
+        assert f"{call.effect_key}: " in page.text and "text" in page.text
+        card = page.text.split(f'id="call-{call.effect_key}"', 1)[1].split("</article>", 1)[0]
+        assert "card-error" in card and "sk-draft-secret-9911" in card  # the textarea holds the draft
+        assert 'name="remember" value="1" checked' in card
+    assert [p.status for p in threads.pending(run_id)] == ["awaiting_approval"]
+    # Another session's browser at the same URL gets neither the reason nor the draft.
+    theirs = bob.get(location)
+    assert theirs.status_code == 200 and "sk-draft" not in theirs.text and "no longer known" in theirs.text
+    assert "no longer known" in alice.get("/console/inbox?notice=made-up-token").text
+    threads.deny(call.effect_key, "cleanup", principal="test")
+
+
+def test_a_run_page_answers_its_waiting_calls_where_they_stand(threads: Threads, alice: TestClient) -> None:
+    run_id = start(threads, "console_parent")
+    [call] = eventually(lambda: threads.pending(run_id), timeout=WAIT_S, what="the child's call")
+    page = alice.get(f"/console/runs/{run_id}").text
+    assert f'action="/console/calls/{quote(call.effect_key)}/approve"' in page
+    assert f'action="/console/calls/{quote(call.effect_key)}/deny"' in page
+    assert f'name="back" value="run:{run_id}"' in page
+    csrf = csrf_of(page)
+    refused = alice.post(
+        f"/console/calls/{call.effect_key}/approve",
+        data={"csrf": csrf, "args": json.dumps({"text": 5}), "back": f"run:{run_id}"},
+    )
+    assert refused.status_code == 303
+    location = refused.headers["location"]
+    assert location.startswith(f"/console/runs/{run_id}?notice=")
+    shown = alice.get(location).text
+    assert 'id="action-error"' in shown and "card-error" in shown
+    assert f'data-live="/console/runs/{run_id}/live?notice=' in shown  # the live part keeps showing it
+    approved = alice.post(
+        f"/console/calls/{call.effect_key}/approve",
+        data={"csrf": csrf, "args": json.dumps({"text": "approved on the run page"}), "back": f"run:{run_id}"},
+    )
+    assert approved.status_code == 303 and approved.headers["location"] == f"/console/runs/{run_id}"
+    wait_status(threads, run_id, "completed")
+    assert "approved on the run page" in console_agents.SENT
+
+    parked = start(threads, "console_payments")
+    wait_status(threads, parked, "parked")
+    [charge] = threads.pending(parked)
+    page = alice.get(f"/console/runs/{parked}").text
+    assert f'action="/console/calls/{quote(charge.effect_key)}/resolve"' in page
+    resolved = alice.post(
+        f"/console/calls/{charge.effect_key}/resolve",
+        data={"csrf": csrf, "resolution": "assume_done", "reason": "seen in the bank", "back": f"run:{parked}"},
+    )
+    assert resolved.status_code == 303 and resolved.headers["location"] == f"/console/runs/{parked}"
+    wait_status(threads, parked, "completed")
+
+
 def test_a_parked_call_is_resolved_with_a_reason(threads: Threads, alice: TestClient) -> None:
     run_id = start(threads, "console_payments")
     wait_status(threads, run_id, "parked")
@@ -302,7 +396,8 @@ def test_a_parked_call_is_resolved_with_a_reason(threads: Threads, alice: TestCl
     no_reason = alice.post(
         f"/console/calls/{call.effect_key}/resolve", data={"csrf": csrf, "resolution": "assume_done"}
     )
-    assert no_reason.status_code == 409 and threads.get_run(run_id).status == "parked"
+    assert no_reason.status_code == 303 and threads.get_run(run_id).status == "parked"
+    assert "a resolution needs a reason" in alice.get(no_reason.headers["location"]).text
     done = alice.post(
         f"/console/calls/{call.effect_key}/resolve",
         data={"csrf": csrf, "resolution": "assume_done", "reason": "the bank shows the charge"},
@@ -321,7 +416,7 @@ def test_a_secret_variable_is_set_in_place_and_never_shown(threads: Threads, ali
     thread_id = threads.get_run(run_id).thread_id
     response = alice.post(
         f"/console/threads/{thread_id}/env",
-        data={"csrf": csrf_of(inbox), "name": "API_KEY", "value": SECRET, "back": run_id},
+        data={"csrf": csrf_of(inbox), "name": "API_KEY", "value": SECRET, "back": f"run:{run_id}"},
     )
     assert response.status_code == 303
     wait_status(threads, run_id, "completed")

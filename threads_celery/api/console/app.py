@@ -83,7 +83,7 @@ def create_console(
     @app.exception_handler(ThreadNotFound)
     @app.exception_handler(CallNotFound)
     async def not_found(request: Request, exc: Exception) -> Response:
-        what = exc.what if isinstance(exc, NotFound) else "that run, thread or call"
+        what = exc.what if isinstance(exc, NotFound) else "run, thread or call with this id"
         return console.render(request, "not_found.html", 404, session=_session_or_none(console, request), what=what)
 
     @app.exception_handler(RequestValidationError)

@@ -6,6 +6,11 @@ denied; parked calls are resolved ``assume_done`` or ``assume_not_done``; a vari
 for is set on the call's thread (a secret's field is a password field, never filled in). The
 remembered decisions ("always allow") are listed, each revocable. Every answer is recorded under
 the principal of the token the person signed in with.
+
+A run's page answers its waiting calls with the same forms. Every form goes back (303) to the page
+it came from (its ``back`` field: ``inbox``, or ``run:<run id>``); a refused one goes back there
+too, with a notice that says why and keeps what was typed (:mod:`~threads_celery.api.console.notices`),
+so a reload never sends the form again.
 """
 
 from __future__ import annotations
@@ -17,23 +22,29 @@ from collections.abc import Callable
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import FastAPI, Path, Request, Response
+from fastapi import FastAPI, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from threads_celery.api.bodies import EFFECT_KEY_PATTERN, ID_PATTERN, Approve, Deny, Resolve
+from threads_celery.api.console.notices import Notice, draft_of
 from threads_celery.api.console.pages import Console, base_of
 from threads_celery.api.console.session import Session
 from threads_celery.api.tenancy import owned_call, owned_thread
 from threads_celery.definitions.variables import VariableError
 from threads_celery.exceptions import CallStateError, ConfigError, InvalidArguments
+from threads_celery.store import Tx
 from threads_celery.transitions.pending import WAITING, PendingCall
 
 log = logging.getLogger("threads_celery.api.console")
 
 EffectKey = Annotated[str, Path(pattern=EFFECT_KEY_PATTERN)]
 ThreadId = Annotated[str, Path(pattern=ID_PATTERN)]
+#: The token of a refused answer's notice (see notices.Notices.put).
+NoticeToken = Annotated[str | None, Query(max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
+#: A form's ``back`` field naming a run's page: ``run:<run id>``.
+RUN_BACK = "run:"
 _REFUSALS = (CallStateError, ConfigError, InvalidArguments, VariableError, ValidationError, ValueError)
 
 
@@ -68,42 +79,61 @@ def add_routes(app: FastAPI, console: Console) -> None:
                 if run.agent_tool_run_id is not None:
                     row = tx.get_agent_tool_run(run.agent_tool_run_id)
                     parent = row.parent_run_id if row is not None else None
-                if run.agent not in descriptions:
-                    descriptions[run.agent] = tx.agent_description(run.agent) or {}
-                declared = descriptions[run.agent].get("variables", {})
-                needed = [
-                    {"name": name, "secret": spec.get("type") == "secret"}
-                    for name, spec in declared.items()
-                    if call.status == "awaiting_variable" and name in call.reason.replace(",", " ").split()
-                ]
                 entries.append(
-                    {"call": call, "run": run, "parent_run_id": parent, "args": _pretty(call.args), "variables": needed}
+                    {
+                        "call": call,
+                        "run": run,
+                        "parent_run_id": parent,
+                        **answer_context(tx, call, run.agent, descriptions),
+                    }
                 )
         return entries
 
-    def inbox_page(request: Request, session: Session, *, status_code: int = 200, error: str | None = None) -> Response:
+    def inbox_page(request: Request, session: Session, notice: Notice | None) -> Response:
         with threads.store.read() as tx:
             grants = tx.tenant_grants(session.caller.tenant)
         return console.render(
-            request, "inbox.html", status_code, session=session, entries=waiting(session), grants=grants, error=error
+            request,
+            "inbox.html",
+            session=session,
+            entries=waiting(session),
+            grants=grants,
+            notice=notice,
+            back="inbox",
         )
 
-    def back_to(request: Request, fields: dict[str, str]) -> Response:
-        """Where a form goes back to: the run page it names (an id, nothing else), else the inbox."""
+    def back_to(
+        request: Request, fields: dict[str, str], notice: str | None = None, key: str | None = None
+    ) -> Response:
+        """Where a form goes back to: the run page its ``back`` names (``run:<id>``), else the
+        inbox; with a refusal's notice token, and the refused form's card as the fragment."""
         back = fields.get("back", "")
-        if re.fullmatch(ID_PATTERN, back):
-            return RedirectResponse(f"{base_of(request)}/runs/{quote(back, safe='')}", status_code=303)
-        return RedirectResponse(f"{base_of(request)}/inbox", status_code=303)
+        run_id = back[len(RUN_BACK) :] if back.startswith(RUN_BACK) else ""
+        if re.fullmatch(ID_PATTERN, run_id):
+            url = f"{base_of(request)}/runs/{quote(run_id, safe='')}"
+        else:
+            url = f"{base_of(request)}/inbox"
+        if notice is not None:
+            url += f"?notice={quote(notice, safe='')}"
+            if key is not None:
+                url += f"#call-{key}"  # an effect key's characters are all a fragment's
+        return RedirectResponse(url, status_code=303)
 
     @app.get("/inbox", response_class=HTMLResponse, include_in_schema=False)
-    def inbox(request: Request) -> Response:
-        return inbox_page(request, console.session(request))
+    def inbox(request: Request, notice: NoticeToken = None) -> Response:
+        session = console.session(request)
+        return inbox_page(request, session, console.notices.get(session.csrf, notice))
 
     async def answer(
-        request: Request, act: Callable[[Session, dict[str, str]], object], naming: Callable[[dict[str, str]], str]
+        request: Request,
+        act: Callable[[Session, dict[str, str]], object],
+        naming: Callable[[dict[str, str]], str],
+        *,
+        effect_key: str | None = None,
     ) -> Response:
         """Read and check the form, then ``act`` on it in a worker thread (the store is blocking I/O):
-        back to where the form came from, or the inbox saying why not (naming what was refused)."""
+        back to where the form came from, with a notice saying why when it was refused (naming
+        what was refused, and keeping the call's form as it was filled in)."""
         session = console.session(request)
         fields = await console.form(request, session)
 
@@ -111,7 +141,9 @@ def add_routes(app: FastAPI, console: Console) -> None:
             try:
                 act(session, fields)
             except _REFUSALS as exc:
-                return inbox_page(request, session, status_code=409, error=f"{naming(fields)}: {_message(exc)}")
+                draft = draft_of(fields) if effect_key is not None else {}
+                refused = Notice(f"{naming(fields)}: {_message(exc)}", effect_key, draft)
+                return back_to(request, fields, console.notices.put(session.csrf, refused), effect_key)
             return back_to(request, fields)
 
         return await run_in_threadpool(apply)
@@ -137,7 +169,7 @@ def add_routes(app: FastAPI, console: Console) -> None:
             principal = session.caller.principal
             threads.approve(stored, principal=principal, override_args=body.override_args, remember=body.remember)
 
-        return await answer(request, act, lambda _: effect_key)
+        return await answer(request, act, lambda _: effect_key, effect_key=effect_key)
 
     @app.post("/calls/{effect_key}/deny", include_in_schema=False)
     async def deny(request: Request, effect_key: EffectKey) -> Response:
@@ -146,7 +178,7 @@ def add_routes(app: FastAPI, console: Console) -> None:
             body = Deny(reason=fields.get("reason", "").strip() or "denied in the console")
             threads.deny(stored, body.reason, principal=session.caller.principal)
 
-        return await answer(request, act, lambda _: effect_key)
+        return await answer(request, act, lambda _: effect_key, effect_key=effect_key)
 
     @app.post("/calls/{effect_key}/resolve", include_in_schema=False)
     async def resolve(request: Request, effect_key: EffectKey) -> Response:
@@ -162,7 +194,7 @@ def add_routes(app: FastAPI, console: Console) -> None:
             log.info("console: %s resolves %s as %s: %s", principal, stored, body.resolution, reason)
             threads.resolve(stored, body.resolution, principal=principal, result=result)
 
-        return await answer(request, act, lambda _: effect_key)
+        return await answer(request, act, lambda _: effect_key, effect_key=effect_key)
 
     @app.post("/threads/{thread_id}/env", include_in_schema=False)
     async def set_variable(request: Request, thread_id: ThreadId) -> Response:
@@ -182,6 +214,20 @@ def add_routes(app: FastAPI, console: Console) -> None:
         return await answer(request, act, lambda fields: fields.get("tool", ""))
 
 
+def answer_context(tx: Tx, call: PendingCall, agent: str, descriptions: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What a waiting call's forms need (``_call_actions.html``): its arguments as editable text
+    and the variables it waits for (``descriptions`` caches the agents' recorded descriptions)."""
+    if agent not in descriptions:
+        descriptions[agent] = tx.agent_description(agent) or {}
+    declared = descriptions[agent].get("variables", {})
+    needed = [
+        {"name": name, "secret": spec.get("type") == "secret"}
+        for name, spec in declared.items()
+        if call.status == "awaiting_variable" and name in call.reason.replace(",", " ").split()
+    ]
+    return {"args": _pretty(call.args), "variables": needed}
+
+
 def _differs(edited: str, original: str) -> bool:
     """Whether edited arguments differ from the call's (as JSON values, not as texts)."""
     try:
@@ -190,4 +236,4 @@ def _differs(edited: str, original: str) -> bool:
         return edited.strip() != original.strip()
 
 
-__all__ = ["add_routes"]
+__all__ = ["RUN_BACK", "NoticeToken", "add_routes", "answer_context"]

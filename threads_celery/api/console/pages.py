@@ -17,6 +17,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader
 
+from threads_celery.api.console.notices import Notices
 from threads_celery.api.console.session import COOKIE, Session, csrf_ok, verify
 from threads_celery.api.tenancy import UNAUTHENTICATED, Caller, shown_to
 
@@ -46,7 +47,8 @@ class SignInRequired(Exception):
 
 
 class NotFound(Exception):
-    """What an unknown id, or another tenant's, answers: the same page for both."""
+    """What an unknown id, or another tenant's, answers: the same page for both. ``what`` ends
+    the page's sentence "Not found: there is no ..." (``"call with this effect key"``)."""
 
     def __init__(self, what: str) -> None:
         super().__init__(what)
@@ -70,6 +72,8 @@ class Console:
         self.session_s = session_s
         # With authentication off there is no token to key CSRF tokens by: a per-process one.
         self._open_csrf = secrets.token_hex(32)
+        # Refused answers, for the page each one's browser is sent back to (POST-redirect-GET).
+        self.notices = Notices()
         self.templates = Environment(
             loader=FileSystemLoader(HERE / "templates"),
             autoescape=True,

@@ -18,6 +18,8 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from threads_celery.api.bodies import EFFECT_KEY_PATTERN, ID_PATTERN, MAX_SEQ
+from threads_celery.api.console.inbox import RUN_BACK, NoticeToken, answer_context
+from threads_celery.api.console.notices import Notice
 from threads_celery.api.console.pages import Console, NotFound
 from threads_celery.api.console.views import (
     PREVIEW_CHARS,
@@ -133,7 +135,7 @@ def add_routes(app: FastAPI, console: Console) -> None:
             found = tx.run_status_counts(session.caller.tenant)
         return console.render(request, "_counts.html", session=session, counts=found, statuses=RUN_STATUSES)
 
-    def run_context(caller: Caller, run_id: str) -> dict[str, Any]:
+    def run_context(caller: Caller, run_id: str, notice: Notice | None = None) -> dict[str, Any]:
         stored = owned_run(threads, caller, run_id)
         run = threads.get_run(stored)
         with threads.store.read() as tx:
@@ -146,6 +148,9 @@ def add_routes(app: FastAPI, console: Console) -> None:
             row = threads.inspect_agent_tool_run(run.agent_tool_run_id)
             parent = row.parent_run_id if row is not None else None
         pending = threads.pending(stored)
+        with threads.store.read() as tx:
+            descriptions: dict[str, dict[str, Any]] = {}
+            answers = [{"call": p, **answer_context(tx, p, p.agent or run.agent, descriptions)} for p in pending]
         return {
             "run": run,
             "parent_run_id": parent,
@@ -154,21 +159,29 @@ def add_routes(app: FastAPI, console: Console) -> None:
             "usage": threads.usage(run_id=stored),
             "reason": ended_because(run, [p.reason for p in pending]),
             "pending": pending,
+            # The pending calls' forms: answered here, as in the inbox, and back to this page.
+            "answers": answers,
+            "back": f"{RUN_BACK}{shown_to(caller)(run.id)}",
+            "notice": notice,
             "preview_chars": PREVIEW_CHARS,
             # The page shows the ledger as of this event: its stream starts after it.
             "after": thread.event_seq if thread is not None else 0,
         }
 
     @app.get("/runs/{run_id}", response_class=HTMLResponse, include_in_schema=False)
-    def run_page(request: Request, run_id: RunId) -> Response:
+    def run_page(request: Request, run_id: RunId, notice: NoticeToken = None) -> Response:
         session = console.session(request)
-        return console.render(request, "run.html", session=session, **run_context(session.caller, run_id))
+        found = console.notices.get(session.csrf, notice)
+        context = run_context(session.caller, run_id, found)
+        return console.render(request, "run.html", session=session, notice_token=notice, **context)
 
     @app.get("/runs/{run_id}/live", response_class=HTMLResponse, include_in_schema=False)
-    def run_live(request: Request, run_id: RunId) -> Response:
+    def run_live(request: Request, run_id: RunId, notice: NoticeToken = None) -> Response:
         """The part of a run's page that changes: status, pending calls, tree and timeline."""
         session = console.session(request)
-        return console.render(request, "_run_live.html", session=session, **run_context(session.caller, run_id))
+        found = console.notices.get(session.csrf, notice)
+        context = run_context(session.caller, run_id, found)
+        return console.render(request, "_run_live.html", session=session, **context)
 
     @app.get("/runs/{run_id}/events", include_in_schema=False)
     async def run_events(
@@ -202,7 +215,7 @@ def add_routes(app: FastAPI, console: Console) -> None:
         with threads.store.read() as tx:
             found = tx.result_page(stored, offset=page * RESULT_PAGE_CHARS, size=RESULT_PAGE_CHARS)
         if found is None:
-            raise NotFound(f"call {effect_key}")
+            raise NotFound("call with this effect key")
         text, total = found
         pages = max(1, -(-total // RESULT_PAGE_CHARS))
         return console.render(

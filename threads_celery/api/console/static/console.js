@@ -27,10 +27,17 @@
       .catch(function () { /* the next event or tick tries again */ });
   }
 
-  // A person typing in the region: do not replace what they are editing.
+  // A person typing in the region, or a form there they have filled in and not sent yet (the
+  // answers to a waiting call): do not replace what they are editing.
+  function changed(field) {
+    if (field.type === "hidden") return false;
+    if (field.type === "checkbox" || field.type === "radio") return field.checked !== field.defaultChecked;
+    return field.value !== field.defaultValue;
+  }
   function editing(region) {
     var active = document.activeElement;
-    return active && region.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName);
+    if (active && region.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName)) return true;
+    return Array.prototype.some.call(region.querySelectorAll("input, textarea"), changed);
   }
 
   var counts = document.querySelector("[data-refresh]");
