@@ -43,6 +43,15 @@ class SecretUndecryptable(ConfigError):
         return (type(self), (self.name, self.message))
 
 
+class ModelUnavailable(ConfigError):
+    """An agent's model cannot be used in this process: its provider package is not installed.
+
+    Raised before anything is recorded (``Threads.start`` of an embedded runtime, the CLI's
+    ``run``, the HTTP API's ``POST /v1/runs``), and a worker ends such a run at its first step
+    with this message, without retrying: installing a package is what fixes it, not waiting.
+    """
+
+
 class RuntimeFailure(ThreadsError):
     """A run could not be carried out."""
 

@@ -24,6 +24,7 @@ from threads_celery.exceptions import (
     CallStateError,
     ConfigError,
     InvalidArguments,
+    ModelUnavailable,
     PayloadTooLarge,
     RunNotFound,
     StoreUnavailable,
@@ -48,6 +49,8 @@ ERROR_STATUS: dict[type[ThreadsError], tuple[int, str]] = {
     # At request time a ConfigError is a clash with the ledger's state, e.g. a thread_id that
     # belongs to another agent (the API checks the schema when it starts).
     ConfigError: (409, "conflict"),
+    # The agent's model cannot run where the run would: its provider package is not installed.
+    ModelUnavailable: (409, "model_unavailable"),
 }
 # These say which service is down in the log, and only that it is down to the client.
 TERSE_ERRORS = (StoreUnavailable, BrokerUnavailable)

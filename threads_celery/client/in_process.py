@@ -19,7 +19,7 @@ from celery import Celery
 from threads_celery.decisions.backbone import control_queue_for
 
 if TYPE_CHECKING:
-    from threads_celery.definitions.agents import AgentRegistry
+    from threads_celery.definitions.agents import Agent, AgentRegistry
     from threads_celery.settings import Settings
     from threads_celery.store import Store
     from threads_celery.transitions.publishing import Publisher
@@ -68,6 +68,16 @@ class InProcessWorkerMixin:
                 queues=None if self.is_embedded else self._queues_to_consume(queues),
             )
             self._worker.start()
+
+    def _check_runnable_here(self, agent: Agent) -> None:
+        """Embedded, this process runs the run's steps: refuse now, with the one line its first step
+        would end on, what cannot run here (a model whose provider package is missing). A client
+        of a broker checks nothing: the workers have the packages, and its own process need not."""
+        if self.is_embedded:
+            # Imported here, on request: see start_worker.
+            from threads_celery.worker.embedded import check_runnable_here
+
+            check_runnable_here(agent)
 
     def _worker_runtime(self) -> RuntimeHolder:
         """The worker side of this process: the tasks installed on :attr:`app` and the runtime

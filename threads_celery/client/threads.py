@@ -215,7 +215,9 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
         A message sent to a thread that is running is queued behind the current run.
         ``tenant`` (what the HTTP API passes for its caller) owns a new thread; an existing
         thread or run of another tenant is ``ThreadNotFound``/``RunNotFound``. Without it, a new
-        thread belongs to the default tenant and existing ones are not checked.
+        thread belongs to the default tenant and existing ones are not checked. Embedded (this
+        process runs the steps), an agent whose model's provider package is not installed is
+        refused with ModelUnavailable, naming the extra to install, before anything is recorded.
         """
         if not isinstance(message, str):
             raise TypeError(f"message must be a str, not {type(message).__name__}")
@@ -228,11 +230,14 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
         self._check_schema()
         known_hash: str | None = None
         if isinstance(agent, Agent):
+            self._check_runnable_here(agent)
             if agent.name not in self.registry or self.registry.get(agent.name) is not agent:
                 self.register(agent)
             name, known_hash = agent.name, agent.config_hash()
         else:
             name = agent
+            if name in self.registry:
+                self._check_runnable_here(self.registry.get(name))
         # The common start, a new thread, is one statement on PostgreSQL, which also reads the
         # agent's recorded hash; elsewhere that is read first.
         in_one = thread_id is None and run_id is None and not env and self.store.starts_in_one_statement

@@ -182,6 +182,24 @@ def failed_outputs(messages: Sequence[Message], run_id: str, output_tools: froze
     )
 
 
+def retried_in_last_reply(messages: Sequence[Message], run_id: str) -> list[str]:
+    """The tools whose calls of run ``run_id``'s last model reply were asked to retry so far
+    (a result of kind ``"retry"`` or ``"invalid"``), in order. Pure."""
+    retried: list[str] = []
+    for message in messages:
+        if message.run_id != run_id:
+            continue
+        if message.role == "assistant":
+            retried = []
+        elif (
+            message.role == "tool"
+            and message.tool_result is not None
+            and message.tool_result.kind in ("retry", "invalid")
+        ):
+            retried.append(message.tool_result.name)
+    return retried
+
+
 def model_retries(messages: Sequence[Message], run_id: str, tool: str) -> int:
     """How many model turns in a row of run ``run_id`` the model was asked to retry ``tool``, as
     Pydantic AI counts ``ctx.retry``. Pure.

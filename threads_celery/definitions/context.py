@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from threads_celery.exceptions import ConfigError
@@ -19,6 +21,25 @@ if TYPE_CHECKING:
     from threads_celery.definitions.agents import Agent
 
 log = logging.getLogger("threads_celery.definitions.tools")
+
+#: The model request of its run that the code running now belongs to (see :func:`current_run_step`).
+_RUN_STEP: ContextVar[int] = ContextVar("threads_celery_run_step", default=0)
+
+
+def current_run_step() -> int:
+    """The number of the run's model request being made now, as Pydantic AI's ``RunContext.run_step``
+    counts it (1 for the run's first request; 0 outside a model step)."""
+    return _RUN_STEP.get()
+
+
+@contextlib.contextmanager
+def at_run_step(run_step: int) -> Iterator[None]:
+    """Make :func:`current_run_step` ``run_step`` for the code run inside (a model step's request)."""
+    token = _RUN_STEP.set(run_step)
+    try:
+        yield
+    finally:
+        _RUN_STEP.reset(token)
 
 
 class ToolContext:
@@ -46,6 +67,8 @@ class ToolContext:
         settings: Settings | None = None,
         start_child: Callable[..., DetachedHandle] | None = None,
         model_retries: Callable[[], int] | None = None,
+        run_step: int = 0,
+        retried_in_reply: Callable[[], list[str]] | None = None,
     ) -> None:
         self.effect_key = effect_key
         self.run_id = run_id
@@ -64,6 +87,10 @@ class ToolContext:
         self._start_child = start_child
         self._children_started = 0
         self._model_retries = model_retries
+        #: The number of the run's model request whose reply asked for this call (1 for the run's
+        #: first request): Pydantic AI's ``ctx.run_step`` in a tool.
+        self.run_step = run_step
+        self._retried_in_reply = retried_in_reply
 
     @property
     def model_retries(self) -> int:
@@ -71,6 +98,11 @@ class ToolContext:
         tool raised ``ModelRetry``, or its arguments did not validate): Pydantic AI's ``ctx.retry``.
         Read from the run's messages when asked."""
         return self._model_retries() if self._model_retries is not None else 0
+
+    def retried_in_reply(self) -> list[str]:
+        """The tools whose calls earlier in this model reply were asked to retry (``ModelRetry``, or
+        arguments that did not validate), in order. Read from the run's messages when asked."""
+        return self._retried_in_reply() if self._retried_in_reply is not None else []
 
     def heartbeat(self) -> bool:
         """Extend this call's lease. Returns False if the run moved on without this worker."""

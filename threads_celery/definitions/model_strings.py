@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import weakref
+from functools import cache
+from importlib.metadata import PackageNotFoundError, metadata
 from typing import Any
+
+from threads_celery.exceptions import ModelUnavailable
 
 #: Models built from strings, per event loop. A model's provider holds an HTTP client whose
 #: connection pool belongs to the loop it first ran on. Shared with a thread that runs a loop of its
@@ -54,6 +59,74 @@ def resolve_model(model: Any) -> Any:
 
             cached = models[model] = infer_model(model, provider_factory=provider_without_sdk_retries)
         return cached
+
+
+def missing_provider_package(model: object) -> str | None:
+    """Why ``model``'s provider package cannot be imported in this process, as one line naming the
+    extra to install; None when it can, or when ``model`` is not a string (a model object's package
+    was imported by the code that built it).
+
+    Only the provider's class is imported (no client is built, no API key is read): cheap enough
+    for every entry point to ask before it records a run, and for a worker before each step. An
+    adapted Pydantic AI agent's lazy model is checked by the string it wraps.
+    """
+    model = getattr(model, "unresolved_spec", None) or model
+    if not isinstance(model, str):
+        return None
+    return _missing_package(model)
+
+
+def check_model_package(model: object, *, agent: str | None = None) -> None:
+    """:class:`~threads_celery.exceptions.ModelUnavailable` (naming ``agent``, when given) if the
+    model's provider package is not installed here (see :func:`missing_provider_package`)."""
+    problem = missing_provider_package(model)
+    if problem is not None:
+        raise ModelUnavailable(f"agent {agent!r}: {problem}" if agent is not None else problem)
+
+
+@cache
+def _missing_package(model: str) -> str | None:
+    # On the first check, not at import (see the module docstring).
+    from pydantic_ai.models import parse_model_id
+    from pydantic_ai.providers import infer_provider_class
+
+    provider, _ = parse_model_id(model)
+    if provider is None:
+        return None  # not "provider:name": pydantic-ai says what is wrong with it where it is used
+    try:
+        infer_provider_class(provider)
+    except ImportError as exc:
+        hint = our_extra(str(exc))
+        match = _INSTALL_HINT.search(hint)
+        how = f"install it with {match[0].strip('`')}" if match else hint.strip().splitlines()[0]
+        return f"model {model!r} needs its provider package, which is not installed: {how}"
+    except Exception:  # noqa: BLE001 - an unknown provider is pydantic-ai's to explain, where it is used
+        return None
+    return None
+
+
+_SLIM_EXTRA = re.compile(r"""`?pip install ["']?pydantic-ai-slim\[(?P<extra>[\w-]+)\]["']?`?""")
+_INSTALL_HINT = re.compile(r"""`?pip install ["']?[\w-]+\[[\w-]+\]["']?`?""")
+
+
+def our_extra(message: str) -> str:
+    """Pydantic AI's "install pydantic-ai-slim[X]" hint, as ``threads-celery[X]`` where we have X.
+
+    The project's own extras pin the provider packages it is tested with; a provider it has no
+    extra for keeps Pydantic AI's hint.
+    """
+    match = _SLIM_EXTRA.search(message)
+    if match is None or match["extra"] not in _project_extras():
+        return message
+    return message.replace(match[0], f"`pip install 'threads-celery[{match['extra']}]'`")
+
+
+@cache
+def _project_extras() -> frozenset[str]:
+    try:
+        return frozenset(metadata("threads-celery").get_all("Provides-Extra") or ())
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return frozenset()
 
 
 def provider_without_sdk_retries(name: str) -> Any:

@@ -49,6 +49,7 @@ from pydantic_ai.usage import RunUsage
 from threads_celery.decisions.effects import Reconcile
 from threads_celery.decisions.permissions import Permissions
 from threads_celery.definitions.agents import Agent
+from threads_celery.definitions.context import current_run_step
 from threads_celery.definitions.mcp_servers import MCPServer
 from threads_celery.definitions.pydantic_ai_capabilities import carried_capabilities
 from threads_celery.definitions.pydantic_ai_model import DurableModel
@@ -178,7 +179,7 @@ def from_pydantic_ai(
             "pass deps=<factory> (a module-level function or 'module:function') to build them in the worker"
         )
 
-    output = OutputTools.of(agent, owner, context=lambda: _run_context(holder["agent"]))
+    output = OutputTools.of(agent, owner, context=lambda run_step: _run_context(holder["agent"], run_step=run_step))
     function_tools: dict[str, Any] = dict(agent._function_toolset.tools)
     for tool_name, pai_tool in carried.tools.items():
         if tool_name in function_tools:
@@ -300,7 +301,10 @@ def _run_context(
     tool_name: str | None = None,
     call_key: str | None = None,
     retry: int = 0,
+    run_step: int | None = None,
 ) -> Any:
+    """The ``RunContext`` the agent's code is given; ``run_step`` defaults to the model request
+    being made now (see :func:`~threads_celery.definitions.context.current_run_step`)."""
     model = agent.model.inner if isinstance(agent.model, DurableModel) else agent.model
     return RunContext(
         deps=agent.built_deps(),
@@ -309,6 +313,7 @@ def _run_context(
         tool_name=tool_name,
         tool_call_id=call_key,
         retry=retry,
+        run_step=current_run_step() if run_step is None else run_step,
     )
 
 
@@ -337,6 +342,7 @@ def _durable_tool(
             tool_name=pai_tool.name,
             call_key=ctx.effect_key,
             retry=ctx.model_retries,
+            run_step=ctx.run_step,
         )
         return await schema.call(arguments.values, run_ctx)
 

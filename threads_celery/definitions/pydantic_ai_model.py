@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 from pydantic import ValidationError
-from pydantic_ai import ModelRetry, RunContext
+from pydantic_ai import RunContext
 from pydantic_ai.messages import (
     InstructionPart,
     ModelMessage,
@@ -38,7 +38,7 @@ from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import ToolDefinition
 
 from threads_celery.definitions.model_strings import resolve_model
-from threads_celery.definitions.pydantic_ai_outputs import OutputTools
+from threads_celery.definitions.pydantic_ai_outputs import FINAL_RESULT_PROCESSED, RETRY_WINS, OutputTools
 from threads_celery.definitions.tools import RETURNED_JSON
 from threads_celery.exceptions import AgentCodeFailed
 from threads_celery.redaction import describe_exception, known_secrets
@@ -157,22 +157,60 @@ class DurableModel(WrapperModel):
         )
 
     async def _finalise(self, response: ModelResponse) -> ModelResponse:
-        """A valid output call becomes the answer's text (the run's output); one that fails its
-        type or an output validator is left as a call of the output tool, which tells the model why."""
+        """The reply as the runtime carries it out: its calls in the order the agent's end strategy
+        runs them (see :meth:`OutputTools.order_calls`), each output call checked in its own
+        durable call, where a valid one ends the run with the output, once its validators pass.
+
+        With no output validators (no agent code to run), a reply whose valid output call ends the
+        run at once, whatever the calls beside it (``early``) or with none beside it, becomes that
+        output (the answer's text, the run's output) without a call."""
         if self._output is None:
             return response
-        for part in response.parts:
-            if isinstance(part, ToolCallPart) and part.tool_name in self._output.processors:
+        calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
+        kinds = [c.tool_name in self._output.processors for c in calls]
+        if not any(kinds):
+            return response
+        if not self._output.validators and (self._output.end_strategy == "early" or all(kinds)):
+            for call in (c for c, is_output in zip(calls, kinds, strict=True) if is_output):
                 try:
-                    value = await self._output.finished(part.tool_name, part.args)
-                except (ValidationError, ValueError, ModelRetry):
-                    return response
-                except Exception as exc:  # noqa: BLE001 - an output validator failed: the run ends saying so
-                    raise AgentCodeFailed(
-                        f"an output validator raised {describe_exception(exc, known_secrets())}"
-                    ) from None
+                    value = self._output.validate_call(call.tool_name, call.args)
+                except (ValidationError, ValueError):
+                    continue
                 return dataclasses.replace(response, parts=[TextPart(content=self._output.to_json(value))])
-        return response
+        order = self._output.order_calls(kinds)
+        if order == sorted(order):
+            return response
+        rest = [p for p in response.parts if not isinstance(p, ToolCallPart)]
+        return dataclasses.replace(response, parts=[*rest, *(calls[i] for i in order)])
+
+    def _outputs_as_shown(self, messages: list[ModelMessage]) -> list[ModelMessage]:
+        """``messages`` with the output calls' results as Pydantic AI shows them: the one that
+        ended a run (its result is the run's output) as "Final result processed.", and one set
+        aside for a function call's retry as a result, not a failure."""
+        if self._output is None:
+            return messages
+        names = self._output.processors
+        out: list[ModelMessage] = []
+        for message in messages:
+            if isinstance(message, ModelRequest) and any(
+                isinstance(p, ToolReturnPart) and p.tool_name in names for p in message.parts
+            ):
+                message = dataclasses.replace(message, parts=[self._output_shown(p) for p in message.parts])
+            out.append(message)
+        return out
+
+    def _output_shown(self, part: Any) -> Any:
+        if (
+            not isinstance(part, ToolReturnPart)
+            or self._output is None
+            or part.tool_name not in self._output.processors
+        ):
+            return part
+        if part.outcome == "success":
+            return dataclasses.replace(part, content=FINAL_RESULT_PROCESSED, metadata=None)
+        if part.outcome == "failed" and part.content == RETRY_WINS:
+            return dataclasses.replace(part, outcome="success")
+        return part
 
     def _streams(self) -> bool:
         inner = self.inner
@@ -185,7 +223,7 @@ class DurableModel(WrapperModel):
         and as the request's instruction parts."""
         if self._prepared:
             params = dataclasses.replace(params, function_tools=await self._prepare_tools(params.function_tools))
-        messages = returned_values(messages)  # tools' values as returned, not as JSON text
+        messages = self._outputs_as_shown(returned_values(messages))  # tools' values as returned, not as JSON text
         text = await self._instructions.text_async() if self._instructions is not None else ""
         if not text:
             return messages, params

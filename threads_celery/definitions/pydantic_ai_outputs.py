@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Union
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai.tools import ToolDefinition
 
 from threads_celery.definitions.schema_tools import SchemaTool, ToolArguments, schema_tool
-from threads_celery.definitions.tools import ToolArgumentsError, describe_validation_error
+from threads_celery.definitions.tools import ToolArgumentsError, ToolOutputError, describe_validation_error
 from threads_celery.exceptions import ConfigError
 
 OUTPUT_TOOL_DESCRIPTION = "The final response which ends this conversation"
+#: Pydantic AI's end strategies, each honoured (see :meth:`OutputTools.order_calls`).
+END_STRATEGIES = ("early", "graceful", "exhaustive")
+#: What the model is shown for a valid output that is not the run's output because a function call
+#: of the same reply was asked to retry (Pydantic AI's words).
+RETRY_WINS = "Output not used as the final result - addressing tool retries from this round first."
+#: What the model is shown, in a later run of the thread, for the output call that ended a run.
+FINAL_RESULT_PROCESSED = "Final result processed."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,11 +43,14 @@ class OutputTools:
     processors: Mapping[str, Any]  # pydantic_ai's ObjectOutputProcessor, by tool name
     #: The agent's output validators (pydantic_ai's OutputValidator), run in order on a valid output.
     validators: tuple[Any, ...] = ()
-    #: The RunContext a validator is given (the worker thread's dependencies).
-    context: Callable[[], Any] | None = None
+    #: The RunContext a validator is given (the worker thread's dependencies), for a run step.
+    context: Callable[[int | None], Any] | None = None
+    #: The Pydantic AI agent's ``end_strategy``: what happens to the function tools the model
+    #: calls beside an output tool (see :meth:`order_calls`).
+    end_strategy: str = "graceful"
 
     @classmethod
-    def of(cls, agent: Any, owner: str, context: Callable[[], Any] | None = None) -> OutputTools | None:
+    def of(cls, agent: Any, owner: str, context: Callable[[int | None], Any] | None = None) -> OutputTools | None:
         """The output tools of a Pydantic AI agent (None for text output); ConfigError for an
         output spec that cannot be durable."""
         from pydantic_ai import _output  # the agent's own output schema: the one source of parity
@@ -74,12 +84,17 @@ class OutputTools:
         except Exception as exc:  # noqa: BLE001 - pydantic refuses the type
             raise ConfigError(f"{owner}: output type {agent.output_type!r} cannot be kept as JSON: {exc}") from None
         validators = tuple(agent._output_validators)
-        return cls(agent.output_type, adapter, tuple(toolset._tool_defs), processors, validators, context)
+        strategy = getattr(agent, "end_strategy", None) or "graceful"
+        if strategy not in END_STRATEGIES:
+            raise ConfigError(f"{owner}: end_strategy={strategy!r} is not one of {', '.join(END_STRATEGIES)}")
+        return cls(agent.output_type, adapter, tuple(toolset._tool_defs), processors, validators, context, strategy)
 
     @property
     def fingerprint(self) -> list[Any]:
         """What a live thread is pinned to: each tool's name, description and schema."""
-        return [[d.name, d.description, d.parameters_json_schema] for d in self.definitions]
+        return [[d.name, d.description, d.parameters_json_schema] for d in self.definitions] + [
+            ["end_strategy", self.end_strategy]
+        ]
 
     def validate_call(self, tool_name: str, args: Any) -> Any:
         """The output value for a call of output tool ``tool_name``; ValidationError or
@@ -92,14 +107,25 @@ class OutputTools:
             value = value[key]
         return value
 
-    async def finished(self, tool_name: str, args: Any) -> Any:
+    async def finished(self, tool_name: str, args: Any, *, run_step: int | None = None) -> Any:
         """The run's output for a call of output tool ``tool_name``: the validated value, then each
-        output validator's. Raises ValidationError or ValueError for arguments that make no value,
-        and ``ModelRetry`` when a validator asks the model to try again."""
+        output validator's (given a RunContext of ``run_step``). Raises ValidationError or
+        ValueError for arguments that make no value, and ``ModelRetry`` when a validator asks the
+        model to try again."""
         value = self.validate_call(tool_name, args)
         for validator in self.validators:
-            value = await validator.validate(value, self.context() if self.context is not None else None)
+            value = await validator.validate(value, self.context(run_step) if self.context is not None else None)
         return value
+
+    def order_calls(self, kinds: Sequence[bool]) -> list[int]:
+        """The order a reply's calls run in (indexes into ``kinds``, True for an output call), as
+        the end strategy has them run in Pydantic AI, one call after the other: ``early`` runs the
+        output calls first, and a successful one ends the run, so the function calls run only when
+        every output failed; ``graceful`` and ``exhaustive`` run the function calls first, then the
+        output calls, the first valid one ending the run (unless a function call was asked to retry)."""
+        outputs = [i for i, is_output in enumerate(kinds) if is_output]
+        others = [i for i, is_output in enumerate(kinds) if not is_output]
+        return outputs + others if self.end_strategy == "early" else others + outputs
 
     def to_json(self, value: Any) -> str:
         return self.adapter.dump_json(value).decode()
@@ -124,7 +150,14 @@ class OutputTools:
                 return values
 
             async def execute(arguments: ToolArguments, ctx: Any, name: str = name) -> str:
-                return self.to_json(await self.finished(name, arguments.values))
+                value = await self.finished(name, arguments.values, run_step=getattr(ctx, "run_step", None))
+                if self.end_strategy != "early":
+                    retried = getattr(ctx, "retried_in_reply", None)
+                    if callable(retried) and any(n not in self.processors for n in retried()):
+                        # A function call of this reply was asked to retry: as in Pydantic AI, the
+                        # model addresses that first, and this output is not the final result.
+                        raise ToolOutputError(RETRY_WINS)
+                return self.to_json(value)
 
             tool = schema_tool(
                 name=name,
@@ -138,4 +171,4 @@ class OutputTools:
         return built
 
 
-__all__ = ["OUTPUT_TOOL_DESCRIPTION", "OutputTools"]
+__all__ = ["END_STRATEGIES", "FINAL_RESULT_PROCESSED", "OUTPUT_TOOL_DESCRIPTION", "RETRY_WINS", "OutputTools"]

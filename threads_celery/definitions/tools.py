@@ -89,6 +89,12 @@ class Tool:
     _fingerprint: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
+    def gives_output(self) -> bool:
+        """An output tool (``from_pydantic_ai``): a successful call ends the run (``ends_turn``)
+        with the call's result as the run's output."""
+        return self.ends_turn and self.output_retries is not None
+
+    @property
     def is_async(self) -> bool:
         """Whether ``execute`` is a coroutine function."""
         return inspect.iscoroutinefunction(self.execute)

@@ -34,11 +34,12 @@ from threads_celery.decisions.next_step import (  # Busy, Proceed, Skip, decide_
 )
 from threads_celery.decisions.permissions import Ask, Deny
 from threads_celery.decisions.provider_limits import provider_of
-from threads_celery.decisions.retry import model_retries
+from threads_celery.decisions.retry import model_retries, retried_in_last_reply
 from threads_celery.decisions.usage import LIMIT_REASON, limit_reached
 from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.context import ToolContext
 from threads_celery.definitions.hooks import Failed, Stop
+from threads_celery.definitions.model_strings import check_model_package
 from threads_celery.definitions.tools import Tool, ToolArgumentsError, ToolOutputError, render_result
 from threads_celery.definitions.variables import declared
 from threads_celery.exceptions import (
@@ -192,6 +193,7 @@ class Runtime:
         except UnknownAgent as exc:
             return provider_retry.step_failed(self, run, fence, step, attempt, exc)
         try:
+            check_model_package(agent.model)  # a missing provider package ends the run: no retry fixes it
             agent.preflight()
         except ConfigError as exc:
             finish_run(self, run, fence, "error", error=f"agent {agent.name!r} cannot run in this worker: {exc}")
@@ -241,6 +243,7 @@ class Runtime:
                     agent.runtime_tools,
                     on_stream=on_stream,
                     converted=history.model_history(),
+                    run_step=step + 1,
                 )
             starts.finish()
             if live is not None:
@@ -425,6 +428,10 @@ class Runtime:
             start_child=redacting(functools.partial(self.start_detached_child, run, call), env.revealed),
             model_retries=lambda: model_retries(
                 self.history.load(self.store, run.thread_id).messages, run.id, call.tool
+            ),
+            run_step=call.step + 1,
+            retried_in_reply=lambda: retried_in_last_reply(
+                self.history.load(self.store, run.thread_id).messages, run.id
             ),
         )
         install_log_redaction()

@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from threads_celery.definitions.context import at_run_step
 from threads_celery.definitions.model_strings import resolve_model
 from threads_celery.definitions.tools import RETURNED_JSON, Tool
 from threads_celery.records import Message
@@ -232,14 +233,18 @@ def request_turn(
     *,
     on_stream: OnStream | None = None,
     converted: ModelHistory | None = None,
+    run_step: int = 0,
 ) -> ModelTurn:
     """Call the model once, streaming, and return what it said and which tools it called.
 
     ``converted`` carries the conversion of this thread's earlier messages over from the last
-    step (see :class:`ModelHistory`).
+    step (see :class:`ModelHistory`). ``run_step`` is the request's number in its run (1 for the
+    first), which an agent's code reads as Pydantic AI's ``RunContext.run_step``.
     """
     return run_coroutine(
-        request_turn_async(model, system_prompt, history, tools, on_stream=on_stream, converted=converted)
+        request_turn_async(
+            model, system_prompt, history, tools, on_stream=on_stream, converted=converted, run_step=run_step
+        )
     )
 
 
@@ -251,7 +256,22 @@ async def request_turn_async(
     *,
     on_stream: OnStream | None = None,
     converted: ModelHistory | None = None,
+    run_step: int = 0,
 ) -> ModelTurn:
+    from pydantic_ai.models import ModelRequestParameters
+
+    # The system prompt travels as a SystemPromptPart and no request carries ``instructions``:
+    # saying "no instruction parts" outright spares pydantic-ai a scan of the whole history for
+    # them on every request (the answer would be the same, at a cost growing with the thread).
+    params = ModelRequestParameters(
+        function_tools=tool_definitions(tools), allow_text_output=True, instruction_parts=[]
+    )
+    messages = (converted or ModelHistory()).messages(system_prompt, history)
+    with at_run_step(run_step):
+        return await _streamed_turn(model, messages, params, on_stream)
+
+
+async def _streamed_turn(model: Any, messages: list[Any], params: Any, on_stream: OnStream | None) -> ModelTurn:
     from pydantic_ai.direct import model_request_stream
     from pydantic_ai.messages import (
         PartDeltaEvent,
@@ -263,15 +283,7 @@ async def request_turn_async(
         ToolCallPart,
         ToolCallPartDelta,
     )
-    from pydantic_ai.models import ModelRequestParameters
 
-    # The system prompt travels as a SystemPromptPart and no request carries ``instructions``:
-    # saying "no instruction parts" outright spares pydantic-ai a scan of the whole history for
-    # them on every request (the answer would be the same, at a cost growing with the thread).
-    params = ModelRequestParameters(
-        function_tools=tool_definitions(tools), allow_text_output=True, instruction_parts=[]
-    )
-    messages = (converted or ModelHistory()).messages(system_prompt, history)
     async with model_request_stream(resolve_model(model), messages, model_request_parameters=params) as stream:
         async for event in stream:
             if on_stream is None:

@@ -58,6 +58,7 @@ def commit_call(
         now=worker.clock(),
         fails_run=fails_run,
         kind=kind,
+        gives_output=tool is not None and tool.gives_output,
     )
     worker.publish(entries)
     return outcome

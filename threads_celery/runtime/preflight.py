@@ -11,19 +11,16 @@ fails every task).
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cache
-from importlib.metadata import PackageNotFoundError, metadata
 from typing import TYPE_CHECKING, NoReturn
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from threads_celery.definitions.model_strings import resolve_model
+from threads_celery.definitions.model_strings import our_extra, resolve_model
 from threads_celery.definitions.variables import check_secret_key as check_secret_key_in
 from threads_celery.exceptions import ConfigError, StoreUnavailable, ThreadsError
 from threads_celery.store.availability import is_refused_for_good, store_unavailable
@@ -133,29 +130,6 @@ def model_problem(model: object) -> str | None:
     except Exception as exc:  # noqa: BLE001 - pydantic-ai raises UserError for a missing key or unknown provider
         return _first_line(exc) or type(exc).__name__
     return None
-
-
-_SLIM_EXTRA = re.compile(r"""`?pip install ["']?pydantic-ai-slim\[(?P<extra>[\w-]+)\]["']?`?""")
-
-
-def our_extra(message: str) -> str:
-    """Pydantic AI's "install pydantic-ai-slim[X]" hint, as ``threads-celery[X]`` where we have X.
-
-    The project's own extras pin the provider packages it is tested with; a provider it has no
-    extra for keeps Pydantic AI's hint.
-    """
-    match = _SLIM_EXTRA.search(message)
-    if match is None or match["extra"] not in _project_extras():
-        return message
-    return message.replace(match[0], f"`pip install 'threads-celery[{match['extra']}]'`")
-
-
-@cache
-def _project_extras() -> frozenset[str]:
-    try:
-        return frozenset(metadata("threads-celery").get_all("Provides-Extra") or ())
-    except PackageNotFoundError:  # run from a source tree that is not installed
-        return frozenset()
 
 
 def check_models(agents: Iterable[Agent]) -> None:

@@ -41,7 +41,10 @@ def commit_executed(
     Gives up (re-raising) after the tool lease, at least 5 s; the fence keeps a commit that
     arrives after another worker took the call over from being written.
     """
-    shortened = shorten_for_model(content, worker.settings.max_tool_result_bytes)
+    # An output tool's successful result is the run's output, which the model never reads back
+    # (it sees "Final result processed."): kept whole.
+    whole = tool is not None and tool.gives_output and not is_error
+    shortened = None if whole else shorten_for_model(content, worker.settings.max_tool_result_bytes)
     if shortened is not None:
         # Kept whole first (rewritten as it is if the call runs again), shown shortened.
         with worker.store.transaction() as tx:

@@ -334,6 +334,7 @@ def commit_call_result(
     now: datetime,
     fails_run: str | None = None,
     kind: str | None = None,
+    gives_output: bool = False,
 ) -> tuple[str, list[OutboxEntry]]:
     """A worker's result commit of a call, in a transaction of its own (fenced).
 
@@ -358,6 +359,7 @@ def commit_call_result(
                 own_outbox=own_outbox,
                 fails_run=fails_run,
                 kind=kind,
+                gives_output=gives_output,
             )
     moved = store.commit_call_result(
         run_id=run.id,
@@ -393,11 +395,13 @@ def record_call_result(
     own_outbox: bool = True,
     fails_run: str | None = None,
     kind: str | None = None,
+    gives_output: bool = False,
 ) -> tuple[str, list[OutboxEntry]]:
     """Commit a call's result as a tool message and record what runs next (fenced), in ``tx``.
 
     The next task is the following call of the same model reply, or the next model step after
-    the last one; a successful ``ends_turn`` call ends the run instead. ``resume`` sets a run
+    the last one; a successful ``ends_turn`` call ends the run instead, with the reply's text as
+    its output (``gives_output``: with the call's result, an output tool's). ``resume`` sets a run
     that waited for a person back to running. ``own_outbox=False`` says the call's outbox row
     was consumed already (by its claim). ``fails_run`` ends the run in error with that reason
     after the result (a failure no model can fix, such as a secret this worker cannot decrypt).
@@ -430,7 +434,8 @@ def record_call_result(
         if fails_run:
             entries = finish(tx, run, fence=moved, status="error", now=now, error=fails_run)
             return f"ended the run in error{f' (skipped {skipped})' if skipped else ''}", entries
-        entries = finish(tx, run, fence=moved, status="completed", now=now, output=_last_assistant_text(tx, run))
+        output = content if gives_output else _last_assistant_text(tx, run)
+        entries = finish(tx, run, fence=moved, status="completed", now=now, output=output)
         return f"ended the turn{f' (skipped {skipped})' if skipped else ''}", entries
     return ("error" if is_error else "completed"), [following]
 
