@@ -156,7 +156,9 @@ def strategy_recipe(strategy: str, order: str, *, tool_retries_once: bool = Fals
 
 
 STRATEGIES = [
-    (strategy, order) for strategy in ("early", "graceful", "exhaustive") for order in ("function first", "output first")
+    (strategy, order)
+    for strategy in ("early", "graceful", "exhaustive")
+    for order in ("function first", "output first")
 ]
 
 
@@ -179,11 +181,15 @@ def test_a_function_tool_s_retry_keeps_a_valid_output_from_ending_the_run(thread
     recipe = strategy_recipe(strategy, "function first", tool_retries_once=True)
     (plain, plain_log), (durable, durable_log) = side_by_side(threads, recipe)
     assert durable == plain == ("output", Answer(text="second"))
-    assert durable_log.ran == plain_log.ran == [
-        ("note", "beside", 1),
-        ("validator", "first", 1),
-        ("validator", "second", 2),
-    ]
+    assert (
+        durable_log.ran
+        == plain_log.ran
+        == [
+            ("note", "beside", 1),
+            ("validator", "first", 1),
+            ("validator", "second", 2),
+        ]
+    )
     assert len(plain_log.seen) == 2
     assert durable_log.seen == plain_log.seen  # the retry, and the output set aside for it
 
