@@ -78,7 +78,7 @@ class ToolCall:
 
 
 #: A tool result's ``kind``: what the content stands for, beyond text (None: text as returned).
-RESULT_KINDS = ("json", "retry", "invalid")
+RESULT_KINDS = ("json", "retry", "invalid", "content")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +89,9 @@ class ToolResult:
     rendered as JSON (an agent adapted from Pydantic AI gives its model the value itself, as
     Pydantic AI does; others the JSON text); ``"retry"``, the tool asked
     the model to try again (Pydantic AI's ``ModelRetry``); ``"invalid"``, the arguments did not
-    validate. Both are shown to the model as Pydantic AI shows a retried call.
+    validate. Both are shown to the model as Pydantic AI shows a retried call. ``"content"``, the
+    JSON of content that holds files (an MCP tool's image, say; see
+    :class:`~threads_celery.definitions.tools.ToolContent`), given to the model as those parts.
     """
 
     call_id: str

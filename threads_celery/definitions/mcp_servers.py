@@ -27,6 +27,7 @@ The ``mcp`` package (the official MCP Python SDK) is needed only by agents that 
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
@@ -44,7 +45,7 @@ from pydantic import ValidationError
 from threads_celery.decisions.effects import Reconcile
 from threads_celery.definitions.mcp_sessions import POOL
 from threads_celery.definitions.schema_tools import EffectChoice, SchemaTool, ToolArguments, schema_tool, stated_effect
-from threads_celery.definitions.tools import RESERVED_TOOL_NAMES, ToolArgumentsError
+from threads_celery.definitions.tools import RESERVED_TOOL_NAMES, ToolArgumentsError, ToolContent
 from threads_celery.exceptions import ConfigError, EffectUnknown
 
 if TYPE_CHECKING:
@@ -357,10 +358,9 @@ class MCPServer:
                     f"MCP server {self.name!r} {why} during a call of {remote_name!r}, so whether the tool "
                     "acted is unknown"
                 ) from None
-        text = render_call_result(result)
         if result.is_error:
-            raise MCPToolFailed(text or f"{remote_name} failed on the MCP server")
-        return text
+            raise MCPToolFailed(render_call_result(result) or f"{remote_name} failed on the MCP server")
+        return call_result_content(result)
 
 
 async def _ping(client: Client) -> None:
@@ -375,8 +375,48 @@ def _shown_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
+def call_result_content(result: CallToolResult) -> str:
+    """What the model is given of an MCP tool's result, as Pydantic AI gives it: text as text (its
+    structured content as JSON when it has no text), and a result with anything but text as its
+    parts (:class:`~threads_celery.definitions.tools.ToolContent`): an image or audio as a file
+    with its bytes, an embedded resource as its text (or a file, for a blob), a resource link as its
+    URI."""
+    blocks = list(result.content)
+    if all(getattr(block, "type", None) == "text" for block in blocks):
+        return render_call_result(result)
+    parts = [_block_content(block) for block in blocks]
+    return ToolContent.of(parts[0] if len(parts) == 1 else parts)
+
+
+def _block_content(block: Any) -> Any:
+    """One content block of an MCP result as a part of Pydantic AI's tool-return content."""
+    from pydantic_ai.messages import BinaryContent  # the pydantic-ai the agent's model runs on
+
+    kind = getattr(block, "type", None)
+    if kind == "text":
+        text = str(block.text)
+        if text.startswith(("[", "{")):  # JSON text is given as the data it holds, as Pydantic AI does
+            try:
+                return json.loads(text)
+            except ValueError:
+                pass
+        return text
+    if kind in ("image", "audio"):
+        return BinaryContent.narrow_type(BinaryContent(data=base64.b64decode(block.data), media_type=block.mime_type))
+    if kind == "resource":
+        resource = block.resource
+        if getattr(resource, "blob", None) is not None:
+            media_type = getattr(resource, "mime_type", None) or "application/octet-stream"
+            return BinaryContent.narrow_type(BinaryContent(data=base64.b64decode(resource.blob), media_type=media_type))
+        return str(getattr(resource, "text", ""))
+    if kind == "resource_link":
+        return str(block.uri)
+    return f"[{kind} content]"
+
+
 def render_call_result(result: CallToolResult) -> str:
-    """What the model sees of an MCP tool's result: its text, else its structured content as JSON."""
+    """An MCP tool's result as text: its text, else its structured content as JSON (an error's
+    message; a result with more than text is given to the model by :func:`call_result_content`)."""
     texts: list[str] = []
     others: list[str] = []
     for block in result.content:

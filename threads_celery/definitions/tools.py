@@ -315,6 +315,37 @@ def render_result(value: Any) -> str:
 RETURNED_JSON = {"threads_celery": "returned_json"}
 
 
+class ToolContent(str):
+    """A tool's result that holds files (images, audio, documents) beside text: Pydantic AI's
+    tool-return content as its JSON (each file with its bytes in base64), which the model is
+    given as those parts (``BinaryContent`` for a file), not as text. Build it with :meth:`of`.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, value: Any) -> ToolContent:
+        """The content ``value`` (a string, a ``BinaryContent``, JSON data, or a list of them)."""
+        from pydantic_ai.messages import tool_return_content_ta  # only for tools that return files
+
+        return cls(tool_return_content_ta.dump_json(value).decode())
+
+    @staticmethod
+    def parts(text: str) -> Any:
+        """The content a stored result's ``text`` holds, files as ``BinaryContent`` again."""
+        from pydantic_ai.messages import tool_return_content_ta
+
+        return tool_return_content_ta.validate_json(text)
+
+
+def result_kind(value: Any) -> str | None:
+    """The ``kind`` of a tool's result (see :class:`~threads_celery.records.ToolResult`): None for
+    text, ``"content"`` for :class:`ToolContent`, ``"json"`` for any other value."""
+    if isinstance(value, ToolContent):
+        return "content"
+    return None if isinstance(value, str) else "json"
+
+
 def shorten_for_model(content: str, max_bytes: int) -> str | None:
     """``content`` cut to ``max_bytes`` of UTF-8 with a note saying so; None when it fits."""
     encoded = content.encode("utf-8", errors="surrogatepass")

@@ -40,7 +40,7 @@ from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.context import ToolContext
 from threads_celery.definitions.hooks import Failed, Stop
 from threads_celery.definitions.model_strings import check_model_package
-from threads_celery.definitions.tools import Tool, ToolArgumentsError, ToolOutputError, render_result
+from threads_celery.definitions.tools import Tool, ToolArgumentsError, ToolOutputError, render_result, result_kind
 from threads_celery.definitions.variables import declared
 from threads_celery.exceptions import (
     AgentCodeFailed,
@@ -452,7 +452,7 @@ class Runtime:
                     )
                 value = tool.check_output(value)
                 content, is_error = render_result(redact_value(value, env.revealed)), False
-                kind = None if isinstance(value, str) else "json"
+                kind = result_kind(value)
             except pauses.PausedPastLease:
                 if tool.is_async:
                     models.cancel_pending()

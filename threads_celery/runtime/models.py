@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from threads_celery.definitions.context import at_run_step
 from threads_celery.definitions.model_strings import resolve_model
-from threads_celery.definitions.tools import RETURNED_JSON, Tool
+from threads_celery.definitions.tools import RETURNED_JSON, Tool, ToolContent
 from threads_celery.records import Message
 
 _loops = threading.local()
@@ -189,7 +189,7 @@ class ModelHistory:
                 self._pending.append(
                     ToolReturnPart(
                         tool_name=result.name,
-                        content=result.content,
+                        content=_content(result.content) if result.kind == "content" else result.content,
                         tool_call_id=result.call_id,
                         outcome="failed" if result.is_error else "success",
                         # A value the tool returned, rendered as JSON: an agent that gives models
@@ -199,6 +199,14 @@ class ModelHistory:
                 )
             else:
                 self._pending.append(UserPromptPart(content=message.text))
+
+
+def _content(text: str) -> Any:
+    """A stored result that holds files, as the parts it stands for (its text if it cannot be read)."""
+    try:
+        return ToolContent.parts(text)
+    except ValueError:
+        return text
 
 
 def tool_definitions(tools: Sequence[Tool]) -> list[Any]:

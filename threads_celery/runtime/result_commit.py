@@ -42,8 +42,9 @@ def commit_executed(
     arrives after another worker took the call over from being written.
     """
     # An output tool's successful result is the run's output, which the model never reads back
-    # (it sees "Final result processed."): kept whole.
-    whole = tool is not None and tool.gives_output and not is_error
+    # (it sees "Final result processed."), and files are given to the model as files, whole (as
+    # Pydantic AI gives them): neither is cut.
+    whole = (tool is not None and tool.gives_output and not is_error) or kind == "content"
     shortened = None if whole else shorten_for_model(content, worker.settings.max_tool_result_bytes)
     if shortened is not None:
         # Kept whole first (rewritten as it is if the call runs again), shown shortened.
