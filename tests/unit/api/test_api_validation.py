@@ -31,6 +31,7 @@ from threads_celery.exceptions import (
     ConfigError,
     FenceLost,
     InvalidArguments,
+    ModelUnavailable,
     PayloadTooLarge,
     RunNotFound,
     StoreUnavailable,
@@ -281,6 +282,11 @@ LIBRARY_ERRORS = [
     (StoreUnavailable("cannot reach the database at postgresql://u:pw-secret@db/x"), 503, "store_unavailable"),
     (BrokerUnavailable("cannot reach the broker at redis://:pw-secret@r:6379/0"), 503, "broker_unavailable"),
     (ConfigError("thread 't' belongs to agent 'b', not 'a'"), 409, "conflict"),
+    (
+        ModelUnavailable("model 'openai:gpt-4o-mini' needs the 'openai' extra: pip install 'threads-celery[openai]'"),
+        409,
+        "model_unavailable",
+    ),
     (FenceLost("run_1", 3), 500, "internal_error"),  # a library error with no mapping is internal
     (RuntimeError("pw-secret in a bug"), 500, "internal_error"),
 ]
