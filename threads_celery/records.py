@@ -184,10 +184,25 @@ class Run:
     #: The step whose worker process was last lost running it, and how many times in a row.
     lost_step: int | None = None
     lost_times: int = 0
+    #: The step whose attempts were voided after they may have reached the provider, and how many.
+    voided_step: int | None = None
+    voided_requests: int = 0
 
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    def voided(self, step: int) -> int:
+        """The voided attempts of model ``step`` this row records (its count is another step's, else)."""
+        return self.voided_requests if self.voided_step == step else 0
+
+    def voided_after_claim(self, step: int) -> int:
+        """The voided attempts of ``step`` once a claim of it commits, this row being the run as the
+        claim found it. A lease still named on it (expired: the claim could not have taken it
+        else) is an attempt of the step that neither committed nor gave its lease back: its worker
+        died or stalled past the lease, after its request may have reached the provider. The claim
+        counts it; the store's claim statements write the same count."""
+        return self.voided(step) + (1 if self.lease_owner is not None else 0)
 
 
 @dataclass(frozen=True, slots=True)

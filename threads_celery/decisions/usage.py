@@ -15,6 +15,11 @@ day are read from the ledger, so limits hold across workers, retries and restart
   ``parked`` for a person (``on_limit="ask"``), who lets it go on with ``Threads.allow_usage``:
   usage is then counted again from that moment.
 - :func:`limit_reached` is the decision: a pure function of the totals and the limits.
+- A step's attempts that the provider may have billed and the run threw away count too: an
+  attempt whose worker died or lost its lease while it held the step, or whose answer could
+  not be stored (:meth:`threads_celery.records.Run.voided_after_claim`). The step's usage
+  counts each as one more request, with the tokens of the attempt that committed (the same
+  prompt; a reply as long): what you may have been charged, never less.
 """
 
 from __future__ import annotations

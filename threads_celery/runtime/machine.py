@@ -94,6 +94,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("threads_celery.runtime.machine")
 
 
+class _Answering:
+    """Whether the provider began to answer a step's request: a part of its reply arrived, or
+    the whole of it. A request it answered is billed, even if the attempt fails after."""
+
+    __slots__ = ("_feed", "answered")
+
+    def __init__(self, feed: models.OnStream) -> None:
+        self._feed = feed
+        self.answered = False
+
+    def feed(self, event: models.StreamEvent) -> None:
+        self.answered = True
+        self._feed(event)
+
+
 # -- the machine -----------------------------------------------------------------------------
 
 
@@ -227,7 +242,8 @@ class Runtime:
         starts = ToolCallStarts(
             agent.runtime_tools, lambda started: self._tool_call_started(run, step, agent, started, held)
         )
-        feed = held.feeding(starts.feed)
+        answering = _Answering(held.feeding(starts.feed))
+        feed = answering.feed
         live = live_stream.open_step_stream(self, run, step, fence, agent)
         on_stream = feed if live is None else live_stream.both(feed, live)
         try:
@@ -245,6 +261,7 @@ class Runtime:
                     converted=history.model_history(),
                     run_step=step + 1,
                 )
+                answering.answered = True
             starts.finish()
             if live is not None:
                 live_stream.close(live)
@@ -258,8 +275,11 @@ class Runtime:
             if live is not None:
                 live_stream.void(live)
             held.flush()
-            ended = provider_retry.provider_failed(self, run, fence, step, exc)
-            return ended if ended is not None else provider_retry.step_failed(self, run, fence, step, attempt, exc)
+            billed = answering.answered
+            ended = provider_retry.provider_failed(self, run, fence, step, exc, billed=billed)
+            if ended is not None:
+                return ended
+            return provider_retry.step_failed(self, run, fence, step, attempt, exc, billed=billed)
         used = int(turn.usage.get("input_tokens", 0)) + int(turn.usage.get("output_tokens", 0))
         self.rate_limiter.spend_tokens(provider, used, self.clock())
         try:
@@ -268,7 +288,7 @@ class Runtime:
             raise
         except Exception as exc:  # noqa: BLE001 - what the model sent could not be stored: ask again, then end the run
             held.flush()
-            return provider_retry.step_failed(self, run, fence, step, attempt, exc)
+            return provider_retry.step_failed(self, run, fence, step, attempt, exc, billed=True)
 
     def _tool_call_started(
         self, run: Run, step: int, agent: Agent, started: ToolCallStarted, held: HeldStartedEvents

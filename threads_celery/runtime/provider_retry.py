@@ -30,6 +30,15 @@ class Throttled(Ledger, Protocol):
     def rate_limiter(self) -> RateLimiter: ...
 
 
+def _released(run: Run, step: int | None) -> dict[str, object]:
+    """The columns that give a run's lease back; with ``step``, after an attempt of that model
+    step the provider answered (so billed) and the run throws away: its usage counts it."""
+    values: dict[str, object] = {"lease_owner": None, "lease_expires_at": None}
+    if step is not None:
+        values.update(voided_step=step, voided_requests=run.voided_after_claim(step) + 1)
+    return values
+
+
 def release_and_retry(
     ledger: Ledger,
     run: Run,
@@ -38,11 +47,13 @@ def release_and_retry(
     reason: str,
     *,
     event: dict[str, object] | None = None,
+    billed_step: int | None = None,
 ) -> None:
     """Give the run's lease back (so the retry, on any worker, claims at once), note the wait in
-    the thread's log, and raise RetryLater: a Celery retry with a countdown holds no worker slot."""
+    the thread's log, and raise RetryLater: a Celery retry with a countdown holds no worker slot.
+    ``run`` is the run as its claim found it; ``billed_step``: see :func:`_released`."""
     with ledger.store.transaction() as tx:
-        if tx.advance_run(run.id, fence=fence, now=ledger.clock(), lease_owner=None, lease_expires_at=None) is None:
+        if tx.advance_run(run.id, fence=fence, now=ledger.clock(), **_released(run, billed_step)) is None:
             raise FenceLost(run.id, fence)
         if event is not None:
             tx.append_event(run.thread_id, run.id, RETRY_EVENT, event, ledger.clock())
@@ -62,10 +73,11 @@ def wait_for_window(throttled: Throttled, run: Run, fence: int, provider: str) -
         release_and_retry(throttled, run, fence, wait, f"{provider} rate limit: waiting for the next window")
 
 
-def provider_failed(worker: Worker, run: Run, fence: int, step: int, exc: Exception) -> str | None:
+def provider_failed(worker: Worker, run: Run, fence: int, step: int, exc: Exception, *, billed: bool) -> str | None:
     """Wait out a transient provider failure (429, 5xx, timeout) for at most the configured time.
 
-    Returns None when the failure is not transient (the attempt-based :func:`step_failed` applies);
+    ``billed``: the provider had begun to answer (a reply cut off mid-stream): the attempt's
+    request counts in the step's usage. Returns None when the failure is not transient (the attempt-based :func:`step_failed` applies);
     raises RetryLater to try again; returns what happened when the run ended ``error``.
     """
     now: datetime = worker.clock()
@@ -103,13 +115,17 @@ def provider_failed(worker: Worker, run: Run, fence: int, step: int, exc: Except
             "run_id": run.id, "step": step, "status": failure.status, "retry_in_s": round(decision.countdown, 3),
             "failures": failures, "first_failed_at": first_failed_at.isoformat(), "reason": reason,
         },
+        billed_step=step if billed else None,
     )  # fmt: skip
     return None  # pragma: no cover - release_and_retry raised
 
 
-def step_failed(worker: Worker, run: Run, fence: int, step: int, attempt: int, exc: Exception) -> str:
+def step_failed(
+    worker: Worker, run: Run, fence: int, step: int, attempt: int, exc: Exception, *, billed: bool = False
+) -> str:
     """A model step failed (no transient HTTP answer, or its reply could not be stored): retry it
-    with backoff while it has retries (raising RetryLater), else end the run ``error``."""
+    with backoff while it has retries (raising RetryLater), else end the run ``error``.
+    ``billed``: the provider had answered the attempt, so its request counts in the step's usage."""
     reason = describe_exception(exc, ())
     decision = decide_model_step_retry(
         attempt=attempt,
@@ -123,7 +139,7 @@ def step_failed(worker: Worker, run: Run, fence: int, step: int, attempt: int, e
         return f"error: {reason}"
     # Give the lease back so the retry (on any worker) can claim at once.
     with worker.store.transaction() as tx:
-        if tx.advance_run(run.id, fence=fence, now=worker.clock(), lease_owner=None, lease_expires_at=None) is None:
+        if tx.advance_run(run.id, fence=fence, now=worker.clock(), **_released(run, step if billed else None)) is None:
             raise FenceLost(run.id, fence)
     log.warning("run %s step %d failed (attempt %d), retrying: %s", run.id, step, attempt + 1, reason)
     raise RetryLater(decision.countdown, reason, failed=True)

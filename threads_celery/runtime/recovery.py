@@ -41,7 +41,14 @@ def reconcile_tick(worker: Worker, *, limit: int = 500) -> dict[str, int]:
                 if call is not None
                 else runs.step_entry(run, run.step, run.agent, step_queue(worker.registry, run.agent))
             )
-            tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None)
+            if call is None:
+                # A model step's attempt that may have reached the provider: its usage counts it.
+                tx.advance_run(
+                    run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None,
+                    voided_step=run.step, voided_requests=run.voided_after_claim(run.step),
+                )  # fmt: skip
+            else:
+                tx.advance_run(run.id, fence=run.fence, now=now, lease_owner=None, lease_expires_at=None)
             tx.insert_outbox(entry, now)
             redispatched.append(entry)
             log.warning("run %s: lease of %s expired; re-dispatching %s", run.id, run.lease_owner, entry.key)

@@ -53,7 +53,7 @@ def commit_step(
         for i, requested in enumerate(turn.calls)
     ]
     plan = batches.plan_groups([_may_run_concurrently(worker, run, agent, t) for _, _, t in calls])
-    usage = _usage(worker, agent, turn)
+    usage = _usage(worker, agent, turn, 1 + run.voided_after_claim(step))
     asked = tuple(ToolCall(id=r.call_id, name=r.name, args=r.args, effect_key=key) for key, r, _ in calls)
     following = after_reply(len(calls))
     entries: list[OutboxEntry] = []
@@ -173,9 +173,11 @@ def _signal_parent(tx: Tx, run: Run, turn: models.ModelTurn, now: datetime, call
     )
 
 
-def _usage(worker: Worker, agent: Agent, turn: models.ModelTurn) -> StepUsage:
-    input_tokens = int(turn.usage.get("input_tokens", 0))
-    output_tokens = int(turn.usage.get("output_tokens", 0))
+def _usage(worker: Worker, agent: Agent, turn: models.ModelTurn, requests: int) -> StepUsage:
+    """The step's usage: ``requests`` attempts (those voided before this one included), each
+    counted with this one's tokens (the same prompt; a reply as long)."""
+    input_tokens = int(turn.usage.get("input_tokens", 0)) * requests
+    output_tokens = int(turn.usage.get("output_tokens", 0)) * requests
     identity = agent.model_identity()
     return StepUsage(
         agent=agent.name,
@@ -183,6 +185,7 @@ def _usage(worker: Worker, agent: Agent, turn: models.ModelTurn) -> StepUsage:
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         cost=worker.settings.model_prices.cost((identity, turn.model_name), input_tokens, output_tokens),
+        requests=requests,
     )
 
 
@@ -197,6 +200,7 @@ def _record_usage(tx: Tx, run: Run, step: int, usage: StepUsage, now: datetime) 
         output_tokens=usage.output_tokens,
         cost=usage.cost,
         now=now,
+        requests=usage.requests,
     )
 
 

@@ -317,6 +317,7 @@ class OwnOperations:
             params = {
                 "run_id": run.id,
                 "thread_id": run.thread_id,
+                "step": run.step,
                 "step_key": step_key,
                 "fence": run.fence,
                 "owner": owner,
@@ -333,6 +334,8 @@ class OwnOperations:
                 return None
             fence = tx.claim_run(run.id, fence=run.fence, owner=owner, lease_until=lease_until, now=now)
             if fence is not None:
+                if current.lease_owner is not None:  # what CLAIM_STEP_PG's _COUNT_VOIDED writes
+                    tx.count_voided(run.id, run.step, current.voided_after_claim(run.step))
                 tx.delete_outbox(step_key)
                 if was_queued:
                     tx.append_event(run.thread_id, run.id, "run", payload, now)
@@ -442,13 +445,15 @@ def _entry_json(entry: OutboxEntry) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class StepUsage:
-    """One model call's usage, as the step records it."""
+    """One model step's usage, as the step records it: its requests (the one that committed and
+    those voided before it, see :meth:`~threads_celery.records.Run.voided_after_claim`) and their tokens."""
 
     agent: str
     model: str
     input_tokens: int
     output_tokens: int
     cost: float | None
+    requests: int = 1
 
 
 @dataclass(frozen=True)
@@ -524,6 +529,7 @@ def _reply_params(reply: Reply) -> dict[str, Any]:
         "now": reply.now,
         "agent": reply.usage.agent,
         "model": reply.usage.model[:255],
+        "requests": reply.usage.requests,
         "input_tokens": reply.usage.input_tokens,
         "output_tokens": reply.usage.output_tokens,
         "cost": reply.usage.cost,
@@ -552,6 +558,7 @@ def _step_and_message(tx: Tx, reply: Reply) -> int | None:
         output_tokens=usage.output_tokens,
         cost=usage.cost,
         now=reply.now,
+        requests=usage.requests,
     )
     tx.insert_message(
         thread_id=reply.thread_id,

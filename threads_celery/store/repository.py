@@ -284,6 +284,11 @@ class Tx(
             {"b_id": run_id, "b_fence": fence, "b_owner": owner, "b_until": lease_until, "b_now": now, "b_now2": now},
         ).scalar()
 
+    def count_voided(self, run_id: str, step: int, voided: int) -> None:
+        """Record that ``voided`` attempts of ``run_id``'s model ``step`` were voided after they may
+        have reached the provider (see :func:`~threads_celery.decisions.usage.voided_after_claim`)."""
+        self.conn.execute(update(runs).where(runs.c.id == run_id).values(voided_step=step, voided_requests=voided))
+
     def count_lost_step(self, run_id: str, step: int, *, owner: str, now: datetime) -> None:
         """The worker process ``owner`` running ``run_id``'s model ``step`` was lost: one more time
         in a row for that step (a loss while running another step starts the count again), and

@@ -54,6 +54,8 @@ def run_from_mapping(m: RowMapping | Mapping[str, Any]) -> Run:
         traceparent=m.get("traceparent"),
         lost_step=m.get("lost_step"),
         lost_times=m.get("lost_times") or 0,
+        voided_step=m.get("voided_step"),
+        voided_requests=m.get("voided_requests") or 0,
     )
 
 

@@ -151,6 +151,11 @@ runs = Table(
     # The step whose worker process was last lost running it, and how many times (migration 0011).
     Column("lost_step", Integer, nullable=True),
     Column("lost_times", Integer, nullable=False, default=0, server_default="0"),
+    # The step whose attempts were voided after they may have reached the provider (a worker
+    # that died or lost its lease holding the step, a reply that could not be stored), and how
+    # many: the provider billed them, so the step's usage counts them (migration 0012).
+    Column("voided_step", Integer, nullable=True),
+    Column("voided_requests", Integer, nullable=False, default=0, server_default="0"),
     Index(None, "thread_id", "created_at"),
     Index(None, "status", "lease_expires_at"),
     # The console's run list: newest first, by agent or status (migration 0009).

@@ -212,7 +212,8 @@ _STEP_USAGE = """), u AS (
     INSERT INTO model_usage (run_id, step, thread_id, agent, model, requests, input_tokens, output_tokens,
         cost, created_at)
     SELECT CAST(:run_id AS varchar), :step, CAST(:thread_id AS varchar), CAST(:agent AS varchar),
-        CAST(:model AS varchar), 1, :input_tokens, :output_tokens, CAST(:cost AS double precision), :now
+        CAST(:model AS varchar), CAST(:requests AS integer), :input_tokens, :output_tokens,
+        CAST(:cost AS double precision), :now
     FROM r
 ), """
 
@@ -336,6 +337,13 @@ SELECT fence FROM r
 """
 ).bindparams(bindparam("now", type_=UTCDateTime()), bindparam("until", type_=UTCDateTime()))
 
+#: A step's claim counts the attempt it takes over from (a lease still named on the run: its
+#: worker died or stalled holding the step, see ``Run.voided_after_claim``) as a
+#: voided one of ``:step``, which the step's usage will count. Read before the update: the row's old values.
+_COUNT_VOIDED = """voided_requests = CASE WHEN runs.lease_owner IS NULL THEN runs.voided_requests
+            WHEN runs.voided_step = :step THEN runs.voided_requests + 1 ELSE 1 END,
+        voided_step = CASE WHEN runs.lease_owner IS NULL THEN runs.voided_step ELSE :step END"""
+
 #: PostgreSQL: a model step's claim (the run's lease and fence, the step's outbox row consumed,
 #: and for a run that was queued its "running" event) as one statement, in autocommit. The run
 #: changes only if its fence still holds and no other worker's lease is live (``lease_held``);
@@ -344,7 +352,10 @@ CLAIM_STEP_PG = text(
     """
 WITH r AS (
     UPDATE runs SET fence = fence + 1, status = 'running', lease_owner = CAST(:owner AS varchar),
-        lease_expires_at = :until, started_at = coalesce(started_at, :now), updated_at = :now
+        lease_expires_at = :until, started_at = coalesce(started_at, :now), updated_at = :now,
+        """
+    + _COUNT_VOIDED
+    + """
     WHERE id = CAST(:run_id AS varchar) AND fence = :fence
         AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= :now)
     RETURNING fence
@@ -517,7 +528,10 @@ WITH old AS (
     FOR UPDATE
 ), r AS (
     UPDATE runs SET fence = runs.fence + 1, status = 'running', lease_owner = CAST(:owner AS varchar),
-        lease_expires_at = :until, started_at = coalesce(runs.started_at, :now), updated_at = :now
+        lease_expires_at = :until, started_at = coalesce(runs.started_at, :now), updated_at = :now,
+        """
+        + _COUNT_VOIDED
+        + """
     FROM old WHERE runs.id = old.id
     RETURNING """
         + ", ".join(_RUN_TEXT_AS_READ.get(name, f"old.{name}") for name in _RUN_COLUMNS)

@@ -31,8 +31,10 @@ class UsageQueries:
         output_tokens: int,
         cost: float | None,
         now: datetime,
+        requests: int = 1,
     ) -> None:
-        """Record one committed model call (the step's transaction holds it: once per step)."""
+        """Record a committed model step's usage (the step's transaction holds it: once per step):
+        ``requests`` counts the attempts the provider may have billed, voided ones included."""
         self.conn.execute(
             _INSERT_USAGE,
             {
@@ -41,13 +43,20 @@ class UsageQueries:
                 "thread_id": thread_id,
                 "agent": agent,
                 "model": model[:255],
-                "requests": 1,
+                "requests": requests,
                 "input_tokens": input_tokens,
                 "output_tokens": output_tokens,
                 "cost": cost,
                 "created_at": now,
             },
         )
+
+    def has_usage(self, run_id: str, step: int) -> bool:
+        """Whether ``run_id``'s model ``step`` has its usage recorded (an attempt of it committed)."""
+        found = self.conn.execute(
+            select(model_usage.c.step).where(model_usage.c.run_id == run_id, model_usage.c.step == step)
+        ).first()
+        return found is not None
 
     def usage_totals(
         self,

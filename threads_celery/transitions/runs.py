@@ -191,6 +191,10 @@ def activate(tx: Tx, run: Run, now: datetime) -> OutboxEntry:
     return entry
 
 
+#: The model name a run's usage row has for the voided attempts of a step that never committed.
+VOIDED_MODEL = "(voided attempts)"
+
+
 def finish(
     tx: Tx,
     run: Run,
@@ -206,8 +210,16 @@ def finish(
         raise ValueError(f"{status!r} is not a terminal status")
     # The run, then the thread (LOCK_ORDER); the thread before the release: a start racing it
     # must either see the thread idle or be seen here as queued, never neither.
-    tx.get_run(run.id, lock=True)
+    current = tx.get_run(run.id, lock=True)
     tx.get_thread(run.thread_id, lock=True)
+    voided = current.voided(current.step) if current is not None else 0
+    if current is not None and voided and not tx.has_usage(run.id, current.step):
+        # Attempts of the step the run ends in that may have been billed, and no attempt that
+        # committed to count them with: their requests (their tokens are not known).
+        tx.record_usage(
+            run_id=run.id, step=current.step, thread_id=run.thread_id, agent=run.agent, model=VOIDED_MODEL,
+            input_tokens=0, output_tokens=0, cost=None, now=now, requests=voided,
+        )  # fmt: skip
     moved = tx.advance_run(
         run.id,
         fence=fence,
