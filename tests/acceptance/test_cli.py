@@ -243,8 +243,11 @@ def test_events_replays_a_thread_as_json_lines_from_a_cursor_and_as_a_live_view(
     [
         ("no_such_module:agent", "cannot import agent module 'no_such_module'"),
         ("missing.py:agent", "no such file"),
-        (f"{REPO / 'examples' / 'demo.py'}:get_weather", "is not an Agent"),
-        (f"{REPO / 'examples' / 'demo.py'}:nothing_here", "is not an Agent"),
+        (f"{REPO / 'examples' / 'demo.py'}:get_weather", "'get_weather' in "),
+        (
+            f"{REPO / 'examples' / 'demo.py'}:agnt",
+            f"there is no attribute 'agnt' in {REPO / 'examples' / 'demo.py'} (the Agents it has: agent)",
+        ),
     ],
 )
 def test_a_bad_agent_spec_exits_2_with_one_clear_line(tmp_path: Path, spec: str, expected: str) -> None:

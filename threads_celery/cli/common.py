@@ -118,7 +118,7 @@ def load_agent(spec: str) -> Agent:
 
     module_spec = resolve_spec(spec)
     try:
-        agents = import_agents(module_spec)
+        agents = import_agents(module_spec, shown=spec.strip().partition(":")[0])
     except ThreadsError:
         raise
     except Exception as exc:  # the user's module failed while importing: say where, briefly

@@ -401,9 +401,12 @@ class AgentRegistry:
         return loaded
 
 
-def import_agents(spec: str) -> list[Agent]:
-    """The agents named by ``module:attribute``, or every top-level Agent in ``module``."""
+def import_agents(spec: str, *, shown: str | None = None) -> list[Agent]:
+    """The agents named by ``module:attribute``, or every top-level Agent in ``module``.
+
+    ``shown`` is how messages name the module (the path the user wrote, ``examples/demo.py``)."""
     module_name, _, attribute = spec.partition(":")
+    where = shown or f"module {module_name!r}"
     # `celery -A tasks worker` does not put the working directory on the path; agents usually
     # live in the project the worker is started from.
     if os.getcwd() not in sys.path:
@@ -415,13 +418,18 @@ def import_agents(spec: str) -> list[Agent]:
     except Exception as exc:  # a module that fails while importing is the same mistake, found at start-up
         raise ConfigError(f"cannot import agent module {module_name!r}: {type(exc).__name__}: {exc}") from exc
     if attribute:
-        value = getattr(module, attribute, None)
+        missing = object()
+        value = getattr(module, attribute, missing)
         if isinstance(value, type) and issubclass(value, Agent):
             value = value()
         if not isinstance(value, Agent):
-            raise ConfigError(f"{spec!r} is not an Agent (got {type(value).__name__})")
+            named = [name for name, v in vars(module).items() if isinstance(v, Agent)]
+            has = f"the Agents it has: {', '.join(named)}" if named else "it has no Agent at its top level"
+            if value is missing:
+                raise ConfigError(f"there is no attribute {attribute!r} in {where} ({has})")
+            raise ConfigError(f"{attribute!r} in {where} is not an Agent but of type {type(value).__name__} ({has})")
         return [value]
     agents = [v for v in vars(module).values() if isinstance(v, Agent)]
     if not agents:
-        raise ConfigError(f"module {module_name!r} defines no Agent at its top level")
+        raise ConfigError(f"{where} defines no Agent at its top level")
     return agents

@@ -34,6 +34,12 @@ def parse_database_url(raw: str, *, source: str = "database URL") -> URL:
             "postgresql://user@host:5432/dbname or sqlite:///path/to/file.db)"
         ) from None
     backend = url.get_backend_name()
+    if backend == "postgres":
+        # postgres:// is what Heroku, Render, Fly and many a PaaS hand out; SQLAlchemy no longer
+        # knows the name. It means postgresql://, and is read so.
+        _, plus, driver = url.drivername.partition("+")
+        url = url.set(drivername="postgresql" + plus + driver)
+        backend = url.get_backend_name()
     if backend == "postgresql":
         if url.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
             url = url.set(drivername="postgresql+psycopg")
@@ -44,7 +50,10 @@ def parse_database_url(raw: str, *, source: str = "database URL") -> URL:
         return url
     if backend == "sqlite":
         return url
-    raise ConfigError(f"{source} uses {backend!r}; threads-celery stores in PostgreSQL or SQLite")
+    raise ConfigError(
+        f"{source} uses {backend!r}; threads-celery stores in PostgreSQL or SQLite: write "
+        "postgresql://user@host:5432/dbname or sqlite:///path/to/file.db"
+    )
 
 
 def safe_url(url: URL | str) -> str:

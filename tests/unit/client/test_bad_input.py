@@ -142,6 +142,21 @@ def test_a_malformed_database_url_is_a_config_error_naming_the_variable(url: str
         Threads(database_url=url, broker_url="memory://")
 
 
+@pytest.mark.parametrize("scheme", ["postgres", "postgres+psycopg", "postgresql", "postgresql+psycopg2"])
+def test_postgres_urls_as_hosting_providers_write_them_mean_postgresql(scheme: str) -> None:
+    from threads_celery.store import parse_database_url
+
+    url = parse_database_url(f"{scheme}://ann:pw@db.example:5432/ledger")
+    assert url.drivername == "postgresql+psycopg" and url.database == "ledger" and url.password == "pw"
+
+
+def test_a_database_url_of_another_kind_says_what_to_write_instead() -> None:
+    from threads_celery.store import parse_database_url
+
+    with pytest.raises(ConfigError, match=r"uses 'mysql'.*write postgresql://user@host:5432/dbname or sqlite:///"):
+        parse_database_url("mysql://x/y")
+
+
 def test_a_malformed_database_url_from_the_environment_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("THREADS_DATABASE_URL", "not a url")
     monkeypatch.setenv("THREADS_BROKER_URL", "memory://")

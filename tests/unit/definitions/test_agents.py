@@ -317,9 +317,9 @@ def test_import_agents_of_an_agent_class_instantiates_it(agent_modules: str) -> 
 
 
 def test_import_agents_of_something_else_is_a_config_error(agent_modules: str) -> None:
-    with pytest.raises(ConfigError, match="is not an Agent"):
+    with pytest.raises(ConfigError, match=r"'not_an_agent' in module '.*defs' is not an Agent but of type"):
         import_agents(f"{agent_modules}.defs:not_an_agent")
-    with pytest.raises(ConfigError, match="is not an Agent"):
+    with pytest.raises(ConfigError, match=r"there is no attribute 'missing' in module '.*defs' \(the Agents it has: "):
         import_agents(f"{agent_modules}.defs:missing")
 
 
