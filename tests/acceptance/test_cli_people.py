@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -16,11 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from tests.support.processes import THREADS_CELERY, ManagedProcess
+from tests.support.processes import THREADS_CELERY, ManagedProcess, free_port
 from tests.support.waiting import eventually
 from threads_celery.cli.app import app
 
@@ -174,7 +177,31 @@ def test_a_call_awaiting_approval_is_listed_approved_denied_and_the_run_continue
     assert not (tmp_path / ".threads-celery" / "demo-outbox.jsonl").exists()  # the email never went out
 
 
-def test_without_agent_an_approval_is_recorded_and_the_command_says_how_to_continue(tmp_path: Path) -> None:
+def named_command(text: str, command: str) -> list[str]:
+    """The ``threads-celery <command> ...`` a message names, as arguments (up to the closing backquote or the end)."""
+    match = re.search(rf"threads-celery {command} [^`\n]*", text)
+    assert match is not None, f"no `threads-celery {command}` in:\n{text}"
+    return shlex.split(match[0])[1:]
+
+
+def test_a_parked_run_says_the_command_that_approves_its_call_and_continues_it_here(tmp_path: Path) -> None:
+    started = cli("run", DEMO, "plan a dinner in Lisbon", cwd=tmp_path)
+    assert started.returncode == 3, explain(started)
+    [booking] = pending(tmp_path)
+    # The command it names is pasted as it is: it approves and runs the booking here; the email
+    # then waits, and that message names the next command, which takes the run to its end.
+    command = named_command(started.stderr, "approve")
+    assert booking["effect_key"] in command and "--agent" in command, started.stderr
+    approved = cli(*command, cwd=tmp_path)
+    assert approved.returncode == 3, explain(approved)
+    assert "TBL-" in approved.stdout and "send_email(" in approved.stdout
+    finished = cli(*named_command(approved.stderr, "approve"), cwd=tmp_path)
+    assert finished.returncode == 0, explain(finished)
+    assert "Your evening in Lisbon is planned." in finished.stdout and "✔ completed" in finished.stdout
+    assert pending(tmp_path) == []
+
+
+def test_without_agent_an_approval_is_recorded_and_the_command_it_names_continues_the_run(tmp_path: Path) -> None:
     started = cli("run", DEMO, "plan a dinner in Rome", "--json", cwd=tmp_path)
     assert started.returncode == 3, explain(started)
     run_id = json.loads(started.stdout)["run_id"]
@@ -182,8 +209,7 @@ def test_without_agent_an_approval_is_recorded_and_the_command_says_how_to_conti
 
     approved = cli("approve", booking["effect_key"], "--principal", "alice", cwd=tmp_path)
     assert approved.returncode == 0, explain(approved)
-    assert "approved" in approved.stdout and "--agent MODULE:AGENT" in approved.stderr
-
+    assert "approved" in approved.stdout
     assert pending(tmp_path) == []  # approved: it waits for a worker now, not for a person
     assert shown(run_id, tmp_path)["status"] == "running"
     again = cli("approve", booking["effect_key"], "--principal", "alice", cwd=tmp_path)
@@ -191,6 +217,81 @@ def test_without_agent_an_approval_is_recorded_and_the_command_says_how_to_conti
     assert (
         again.stderr.startswith("error: ") and "is pending, not awaiting_approval; nothing was changed" in again.stderr
     )
+
+    # The command the message names, with the agent filled in, runs the booking here.
+    command = named_command(approved.stderr, "resume")
+    assert command[:2] == ["resume", run_id] and command[2:] == ["--agent", "MODULE:AGENT"], approved.stderr
+    resumed = cli(*command[:3], DEMO, "--approve", cwd=tmp_path)
+    assert resumed.returncode == 0, explain(resumed)
+    assert "TBL-" in resumed.stdout and "Your evening in Rome is planned." in resumed.stdout
+    run = shown(run_id, tmp_path)
+    assert run["status"] == "completed", run
+    assert [c["name"] for m in run["messages"] for c in m["tool_calls"]] == ["get_weather", "book_table", "send_email"]
+
+
+def test_the_same_approval_again_with_agent_continues_the_run_instead_of_refusing(tmp_path: Path) -> None:
+    started = cli("run", DEMO, "plan a dinner in Oslo", "--json", cwd=tmp_path)
+    run_id = json.loads(started.stdout)["run_id"]
+    [booking] = pending(tmp_path)
+    assert cli("approve", booking["effect_key"], "--principal", "alice", cwd=tmp_path).returncode == 0
+
+    continued = cli("approve", booking["effect_key"], "--principal", "alice", "--agent", DEMO, cwd=tmp_path)
+    # The booking runs here; the email then asks in turn (exit 3).
+    assert continued.returncode == 3, explain(continued)
+    assert f"{booking['effect_key']} (book_table) was approved already, by alice" in continued.stdout
+    assert "TBL-" in continued.stdout and "send_email(" in continued.stdout
+    [email] = pending(tmp_path)
+    assert email["tool"] == "send_email" and email["run_id"] == run_id
+    # A different decision on a call already decided is still refused.
+    denied = cli("deny", booking["effect_key"], "--reason", "no", "--agent", DEMO, cwd=tmp_path)
+    assert denied.returncode == 2 and "nothing was changed" in denied.stderr, explain(denied)
+
+
+def test_a_call_approved_through_the_embedded_api_continues_a_run_the_cli_started(tmp_path: Path) -> None:
+    started = cli("run", DEMO, "plan a dinner in Madrid", "--json", cwd=tmp_path)
+    assert started.returncode == 3, explain(started)
+    run_id = json.loads(started.stdout)["run_id"]
+    port = free_port()
+    api = ManagedProcess(
+        "api",
+        [THREADS_CELERY, "api", "--embedded", "--port", str(port)],
+        env=cli_env(THREADS_API_TOKENS="people-token", THREADS_AGENTS=DEMO),
+        log_path=tmp_path / "api.log",
+        cwd=tmp_path,
+    )
+    api.start()
+    base, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer people-token"}
+    try:
+        eventually(lambda: _answers(f"{base}/healthz"), timeout=60, what="the API answering", detail=api.log_tail)
+
+        def approve_the(tool: str) -> None:
+            call = eventually(
+                lambda: [c for c in httpx.get(f"{base}/v1/runs/{run_id}/pending", headers=auth).json()
+                         if c["tool"] == tool and c["status"] == "awaiting_approval"],
+                timeout=60, interval=0.2, what=f"{tool} awaiting approval", detail=api.log_tail,
+            )[0]  # fmt: skip
+            answer = httpx.post(f"{base}/v1/calls/{call['effect_key']}/approve", json={}, headers=auth)
+            assert answer.status_code == 200, answer.text
+
+        approve_the("book_table")
+        approve_the("send_email")  # asked for only once the booking ran: in the API's worker
+
+        def completed() -> dict[str, Any] | None:
+            run: dict[str, Any] = httpx.get(f"{base}/v1/runs/{run_id}", headers=auth).json()
+            assert run["status"] not in ("error", "aborted"), run
+            return run if run["status"] == "completed" else None
+
+        run = eventually(completed, timeout=60, interval=0.2, what=f"run {run_id} completing", detail=api.log_tail)
+        assert "Your evening in Madrid is planned." in run["output"]
+    finally:
+        api.terminate(timeout=20)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -310,6 +411,7 @@ def test_help_of_each_people_command_shows_examples() -> None:
         ("approve", "threads-celery approve run_3f2a...:1:0 --principal alice"),
         ("deny", 'threads-celery deny run_3f2a...:2:0 --reason "no emails on weekends"'),
         ("resolve", "threads-celery resolve run_3f2a...:2:0 assume_not_done --principal alice"),
+        ("resume", "threads-celery resume run_3f2a... --agent examples/demo.py:agent"),
         ("events", "threads-celery events thread_9c1e... --follow"),
     ]:
         result = in_process(command, "--help")

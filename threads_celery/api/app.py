@@ -376,7 +376,8 @@ def app_from_environment(*, embedded: bool = False) -> FastAPI:
     it is refused (``ConfigError``) unless ``embedded`` asks for the embedded SQLite store and its
     in-process worker. A database is used as it is, never migrated here: one that is not at the
     latest migration is refused, as worker and Beat refuse it. The agents of ``THREADS_AGENTS``
-    are loaded so that approvals with edited arguments can be validated against the tool's schema.
+    are loaded so that approvals with edited arguments can be validated against the tool's schema;
+    embedded, its in-process worker starts with them, so that the runs a decision continues go on.
     """
     env = os.environ
     # Refuse a misconfigured API before opening any connection.
@@ -401,6 +402,10 @@ def app_from_environment(*, embedded: bool = False) -> FastAPI:
         check_models(agents)
         for agent in agents:
             threads.register(agent)
+        if threads.is_embedded and agents:
+            # This process is the only worker of its store: a call approved here (or a variable
+            # set, a park resolved) runs here at once, also in runs that another command started.
+            threads.start_worker()
         return create_api(threads, env=env, close_threads_on_shutdown=True)
     except BaseException:
         threads.close()

@@ -31,7 +31,7 @@ import sys
 import typer
 
 from threads_celery.cli.people import approve, deny, parked, resolve
-from threads_celery.cli.run import run
+from threads_celery.cli.run import resume, run
 from threads_celery.cli.runs import events, runs_app, usage_command
 from threads_celery.cli.service import PASS_THROUGH, api, beat, db_app, flower, worker
 
@@ -77,6 +77,7 @@ def main() -> None:
 
 # The commands, in the order `threads-celery --help` lists them (groups of sub-commands come last).
 app.command()(run)
+app.command()(resume)
 app.command()(parked)
 app.command()(approve)
 app.command()(deny)

@@ -41,7 +41,7 @@ from threads_celery.exceptions import CallNotFound
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
-    from threads_celery.records import Run
+    from threads_celery.records import CallRow, Run
     from threads_celery.transitions.pending import PendingCall
 
 
@@ -119,17 +119,11 @@ def parked(
             overflow="ellipsis",
             no_wrap=True,
         )
-        out.print(
-            Text.assemble(("    run     ", "dim"), (f"{c.run_id}  (thread {c.thread_id})", "dim")),
-            overflow="ellipsis",
-            no_wrap=True,
-        )
+        # Ids are never cut (they are what the other commands take): each on a line of its own.
+        out.print(Text.assemble(("    run     ", "dim"), (c.run_id, "dim")), soft_wrap=True)
+        out.print(Text.assemble(("    thread  ", "dim"), (c.thread_id, "dim")), soft_wrap=True)
         if c.kind == "child":
-            out.print(
-                Text.assemble(("    child   ", "dim"), (f"{c.agent}  via {c.via}", "dim")),
-                overflow="ellipsis",
-                no_wrap=True,
-            )
+            out.print(Text.assemble(("    child   ", "dim"), (f"{c.agent}  via {c.via}", "dim")), soft_wrap=True)
     runs = sorted({c.run_id for c in calls})
     err.print(
         f"{len(calls)} call{'s' if len(calls) != 1 else ''} in {len(runs)} run{'s' if len(runs) != 1 else ''}",
@@ -183,7 +177,15 @@ def approve(
         remembered = f"; {call.tool if call else 'this tool'} is now always allowed on its thread" if always else ""
         return f"✓ approved {effect_key} ({call.tool if call else 'call'}) as {principal}{edited}{remembered}"
 
-    raise typer.Exit(_decide(effect_key, act, agent_spec=agent, db=db, timeout=timeout))
+    def approved_already(call: CallRow) -> str | None:
+        # The same approval again (its run left waiting for a worker): continue, don't refuse.
+        if call.approved_by is None or call.status in ("awaiting_approval", "denied") or override is not None:
+            return None
+        return f"✓ {effect_key} ({call.tool}) was approved already, by {call.approved_by}"
+
+    raise typer.Exit(
+        _decide(effect_key, act, agent_spec=agent, db=db, timeout=timeout, decided_already=approved_already)
+    )
 
 
 @friendly_errors
@@ -329,8 +331,14 @@ def _decide(
     agent_spec: str | None,
     db: Path | None,
     timeout: float,
+    decided_already: Callable[[CallRow], str | None] | None = None,
 ) -> int:
-    """Record a decision; embedded with ``--agent``, continue the run here. Returns the exit code."""
+    """Record a decision; embedded with the run's agent loaded (``--agent`` or THREADS_AGENTS),
+    continue the run here. Returns the exit code.
+
+    ``decided_already`` says (as the line to print) that the call carries this very decision
+    already: embedded, the run is then continued instead of the decision being refused.
+    """
     if embedded_db_missing(db) is not None:
         raise CallNotFound(effect_key)
     agent = load_agent(agent_spec) if agent_spec else None
@@ -341,12 +349,22 @@ def _decide(
         elif threads.settings.agents:
             threads.registry.load(resolve_spec(s) for s in threads.settings.agents)  # for --args checks
         call = next((c for c in threads.parked() if c.effect_key == effect_key), None)
+        run_id = call.run_id if call is not None else None
+        done: str | None = None
+        if call is None and threads.is_embedded and decided_already is not None:
+            with threads.store.read() as tx:
+                found = tx.get_call_and_run(effect_key)
+            if found is not None and not found[1].is_terminal:
+                done = decided_already(found[0])
+                run_id = found[1].id if done is not None else None
         # A child run's call: continue (and watch) the run at the top of its tree, which is
         # the one the person started and waits on.
-        run = _top_run(threads, threads.get_run(call.run_id)) if call is not None else None
-        here = threads.is_embedded and agent is not None and run is not None
-        if here and run is not None and run.agent not in threads.registry:
+        run = _top_run(threads, threads.get_run(run_id)) if run_id is not None else None
+        if agent is not None and run is not None and run.agent not in threads.registry:
             raise UsageError(f"run {run.id} belongs to agent {run.agent!r}, which {agent_spec!r} does not load")
+        here = threads.is_embedded and run is not None and run.agent in threads.registry
+        if not here:
+            done = None  # nothing to continue here: the decision is refused as it stands (act says why)
         view = RunView(run_id=run.id, agent=run.agent) if run is not None else None
         if here and view is not None and run is not None:
             # Before deciding: the tasks the decision publishes come to this worker, and what
@@ -354,19 +372,23 @@ def _decide(
             threads.start_worker()
             view.add_events(threads.events(run.thread_id))
             view.take_settled()
-        out.print(act(threads, call), style="green", soft_wrap=True)
+        out.print(done if done is not None else act(threads, call), style="green", soft_wrap=True)
         if run is None or view is None:
             return EXIT_OK
         if here:
+            # What an earlier decision, taken where no worker ran, left in the ledger runs here too.
+            threads.pick_up(run.id)
             out.print(Text.assemble(("▶ continuing ", "bold magenta"), (run.agent, "bold"), (f"  {run.id}", "dim")))
             return watch_to_end(
                 threads, threads.registry.get(run.agent), run.id, run.thread_id, view,
-                timeout=timeout, approve=False, as_json=False, header=False,
+                timeout=timeout, approve=False, as_json=False, header=False, agent_spec=agent_spec,
             )  # fmt: skip
         if threads.is_embedded:
             err.print(
-                f"recorded. Embedded, no worker runs between commands: continue run {run.id} with "
-                "--agent MODULE:AGENT (it runs here), or from a process that loads its agent.",
+                f"recorded. Embedded, no worker runs between commands: continue run {run.id} here with "
+                f"`threads-celery resume {run.id} --agent MODULE:AGENT` (the module and attribute of agent "
+                f"{run.agent!r}), or from a process that loads its agent (`threads-celery api --embedded` "
+                "with THREADS_AGENTS).",
                 style="yellow",
                 soft_wrap=True,
             )

@@ -9,6 +9,7 @@ command's exit code.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -24,8 +25,10 @@ from threads_celery.cli.common import (
     EXIT_RUN_FAILED,
     EXIT_TIMEOUT,
     EmbeddedDb,
+    UsageError,
     agent_tool_run_to_json,
     agent_tool_runs_of,
+    embedded_db_missing,
     err,
     friendly_errors,
     load_agent,
@@ -38,6 +41,7 @@ from threads_celery.cli.common import (
 from threads_celery.cli.live import NEEDS_A_PERSON, RunView, format_args, is_narration
 from threads_celery.cli.watch import follow_run
 from threads_celery.definitions.variables import check_secret_key
+from threads_celery.exceptions import RunNotFound
 from threads_celery.records import TERMINAL_STATUSES, AgentToolRun, Run
 
 if TYPE_CHECKING:
@@ -107,8 +111,67 @@ def run(
         handle = threads.start(agent, message, thread_id=thread)
         view = RunView(run_id=handle.run_id, agent=agent.name)
         code = watch_to_end(
-            threads, agent, handle.run_id, handle.thread_id, view, timeout=timeout, approve=approve, as_json=as_json
-        )
+            threads, agent, handle.run_id, handle.thread_id, view, timeout=timeout, approve=approve,
+            as_json=as_json, agent_spec=agent_spec,
+        )  # fmt: skip
+    finally:
+        threads.close()
+    raise typer.Exit(code)
+
+
+@friendly_errors
+def resume(
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run to continue.", show_default=False)],
+    agent_spec: Annotated[
+        str,
+        typer.Option(
+            "--agent",
+            metavar="MODULE:AGENT",
+            help="The run's agent (a module or .py file and the attribute holding it), as `run` took it.",
+            show_default=False,
+        ),
+    ],
+    db: EmbeddedDb = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the run to end.")] = 300.0,
+    approve: Annotated[
+        bool, typer.Option("--approve", "-y", help="Approve every tool call the run asks approval for from here on.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the live view.")] = False,
+) -> None:
+    """Continue a run here and watch it until it ends.
+
+    Embedded, no worker runs between commands: a decision recorded without --agent (`approve`,
+    `deny`, `resolve`), or a command that stopped while its run went on, leaves the run's next
+    task in the ledger. This runs it in this process, and the rest of the run after it. With
+    PostgreSQL and a broker the workers carry runs on, and this only watches. Exit codes as `run`.
+
+    \b
+      threads-celery resume run_3f2a... --agent examples/demo.py:agent
+      threads-celery resume run_3f2a... --agent myapp.agents:planner --approve
+    """
+    if embedded_db_missing(db) is not None:
+        raise RunNotFound(run_id)
+    check_secret_key()  # its in-process worker refuses a malformed key as a worker does
+    agent = load_agent(agent_spec)
+    threads = open_threads(db)
+    try:
+        run = threads.get_run(run_id)
+        if run.agent != agent.name:
+            raise UsageError(f"run {run.id} belongs to agent {run.agent!r}, not to {agent_spec!r} ({agent.name!r})")
+        threads.registry.add(agent)
+        view = RunView(run_id=run.id, agent=run.agent)
+        if threads.is_embedded and not run.is_terminal:
+            # What the view holds now was shown when the run stopped; only what comes next is printed.
+            threads.start_worker()
+            view.add_events(threads.events(run.thread_id))
+            view.take_settled()
+            threads.pick_up(run.id)
+        if not as_json and not run.is_terminal:
+            out.print(Text.assemble(("▶ continuing ", "bold magenta"), (run.agent, "bold"), (f"  {run.id}", "dim")))
+        code = watch_to_end(
+            threads, agent, run.id, run.thread_id, view, timeout=timeout, approve=approve, as_json=as_json,
+            header=False, agent_spec=agent_spec,
+        )  # fmt: skip
     finally:
         threads.close()
     raise typer.Exit(code)
@@ -125,8 +188,12 @@ def watch_to_end(
     approve: bool,
     as_json: bool,
     header: bool = True,
+    agent_spec: str | None = None,
 ) -> int:
-    """Watch a run until it stops, print where it stopped (or its JSON), and return the exit code."""
+    """Watch a run until it stops, print where it stopped (or its JSON), and return the exit code.
+
+    ``agent_spec`` (how the command was told the agent) goes into the command a stopped run's
+    message names, so that it can be pasted as it is."""
     deadline = time.monotonic() + timeout
     try:
         final = _watch(
@@ -165,10 +232,9 @@ def watch_to_end(
                 soft_wrap=True,
             )
         if final.status in NEEDS_A_PERSON:
-            hint = " (re-run with --approve to approve its calls)" if final.status == "awaiting_approval" else ""
             err.print(
-                f"run {final.id} is {final.status.replace('_', ' ')}; it resumes once a person decides{hint}. "
-                "See `threads-celery parked`.",
+                f"run {final.id} is {final.status.replace('_', ' ')}; it resumes once a person decides. "
+                + how_to_decide(threads, final, agent_spec),
                 style="yellow",
                 soft_wrap=True,
             )
@@ -182,6 +248,28 @@ def watch_to_end(
     if child_asks:
         return EXIT_NEEDS_A_PERSON
     return EXIT_TIMEOUT if timed_out else exit_code_for(final.status)
+
+
+def how_to_decide(threads: Threads, run: Run, agent_spec: str | None) -> str:
+    """The command that answers what ``run`` waits for, to paste as it is.
+
+    Embedded, no worker runs between commands: the command names the agent, so that it
+    continues the run in its own process after the decision.
+    """
+    calls = [c for c in threads.pending(run.id) if c.status == run.status]
+    agent = f" --agent {shlex.quote(agent_spec)}" if agent_spec and threads.is_embedded else ""
+    if run.status == "awaiting_approval" and calls:
+        command = f"threads-celery approve {calls[0].effect_key} --principal {shlex.quote(principal_of_this_user())}"
+        more = f" ({len(calls) - 1} more: `threads-celery parked --run {run.id}`)" if len(calls) > 1 else ""
+        return (
+            f"Re-run with --approve to approve its calls as they come, or approve this one with: {command}{agent}{more}"
+        )
+    if run.status == "parked" and calls:
+        return (
+            f"See `threads-celery parked --run {run.id}`, then settle it with: threads-celery resolve "
+            f"{calls[0].effect_key} assume_done|assume_not_done --principal {shlex.quote(principal_of_this_user())}{agent}."
+        )
+    return f"See `threads-celery parked --run {run.id}`."
 
 
 def background_children(threads: Threads, run: Run) -> list[AgentToolRun]:

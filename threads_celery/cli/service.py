@@ -244,7 +244,8 @@ def api(
     Routes under /v1 need `Authorization: Bearer <token>` with a token from THREADS_API_TOKENS
     (comma-separated); set THREADS_API_AUTH=off only behind something that authenticates.
     THREADS_AGENTS names the agents whose tool schemas approvals with edited arguments are checked
-    against. OpenAPI at /openapi.json; /healthz and /readyz are open. The operations console is
+    against; with --embedded, its in-process worker runs them, so that a decision taken here
+    continues its run. OpenAPI at /openapi.json; /healthz and /readyz are open. The operations console is
     at /console (sign in with one of the tokens; THREADS_CONSOLE=0 turns it off).
 
     \b
@@ -259,6 +260,11 @@ def api(
     import uvicorn
 
     from threads_celery.api.app import app_from_environment
+
+    # As the worker takes them: a spec may name a file (examples/demo.py:agent).
+    specs = [s for s in os.environ.get("THREADS_AGENTS", "").split(",") if s.strip()]
+    if specs:
+        os.environ["THREADS_AGENTS"] = ",".join(resolve_spec(s) for s in specs)
 
     api_app = app_from_environment(embedded=embedded)  # here, not in uvicorn: a bad configuration is one red line
     uvicorn.run(api_app, host=host, port=port, log_level=loglevel.lower(), proxy_headers=True)

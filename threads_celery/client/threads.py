@@ -477,6 +477,40 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
             self._cancel_awaited_children(run, reason)
         return run
 
+    def pick_up(self, run_id: str) -> int:
+        """Embedded: run here the tasks that run ``run_id`` and its child runs wait on, and return
+        how many were handed to this process's worker (started if need be).
+
+        An embedded process's tasks travel in its own memory: a decision recorded by a process
+        that had no worker (``threads-celery approve`` without ``--agent``), or a process that
+        stopped mid-run, leaves its next tasks only in the ledger's outbox, where the reconcile
+        backbone would find them after a grace. This publishes them now. Publishing a task twice
+        is safe (each decides from the ledger), so a row another live process still holds costs
+        nothing but a skipped task. Register the run's agents first: a task of an agent this
+        process does not know fails. With a broker, the workers and Beat carry runs on: 0.
+        """
+        if not self.is_embedded:
+            return 0
+        with self.store.read() as tx:
+            root = tx.get_run(run_id)
+            if root is None:
+                raise RunNotFound(run_id)
+            run_ids, agent_tool_ids, threads = [root.id], [], [(root.thread_id, root.id)]
+            while threads:  # the tree of child runs, breadth first
+                thread_id, parent = threads.pop(0)
+                for row in tx.list_agent_tool_runs(thread_id):
+                    if row.parent_run_id != parent or row.run_id in agent_tool_ids:
+                        continue
+                    agent_tool_ids.append(row.run_id)
+                    if row.child_run_id is not None and row.child_thread_id is not None:
+                        run_ids.append(row.child_run_id)
+                        threads.append((row.child_thread_id, row.child_run_id))
+            entries = tx.outbox_of_runs(run_ids, agent_tool_ids)
+        if entries:
+            self.start_worker()
+            self.publisher(entries)
+        return len(entries)
+
     def _cancel_awaited_children(self, run: Run, reason: str) -> None:
         """A cancelled run's awaited agent-tool children stop with it; detached ones outlive it."""
         with self.store.read() as tx:

@@ -8,10 +8,10 @@ read_only call keeps it alive), any other task's a step grace.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Connection
 
 from threads_celery.records import OutboxEntry
@@ -86,6 +86,23 @@ class OutboxQueries:
                 )
             )
         return entries
+
+    def outbox_of_runs(self, run_ids: Sequence[str], agent_tool_run_ids: Sequence[str] = ()) -> list[OutboxEntry]:
+        """The rows waiting for these runs: their steps' (``step:<run>:<n>``) and calls'
+        (``<run>:<step>:<index>``), and the finish deliveries of these agent-tool runs
+        (``deliver:<id>:<status>``), oldest first."""
+        prefixes = [p for r in run_ids for p in (f"step:{r}:", f"{r}:")]
+        prefixes += [f"deliver:{a}:" for a in agent_tool_run_ids]
+        if not prefixes:
+            return []
+        rows = self.conn.execute(
+            select(outbox)
+            .where(or_(*(outbox.c.key.startswith(p, autoescape=True) for p in prefixes)))
+            .order_by(outbox.c.created_at, outbox.c.key)
+        )
+        return [
+            OutboxEntry(key=r.key, task=r.task, args=tuple(r.args), queue=r.queue, argsrepr=r.argsrepr) for r in rows
+        ]
 
     def touch_outbox(self, key: str, now: datetime) -> None:
         """A running read_only call is alive: push its row's due time forward."""
