@@ -153,6 +153,9 @@ def test_a_call_awaiting_approval_is_listed_approved_denied_and_the_run_continue
         and "book_table" in listed.stdout
         and "awaiting_approval" in listed.stdout
     )
+    # At 80 columns the ids the other commands take are printed whole.
+    narrow = cli("parked", cwd=tmp_path, COLUMNS="80")
+    assert booking["effect_key"] in narrow.stdout and run_id in narrow.stdout, explain(narrow)
 
     approved = cli("approve", booking["effect_key"], "--principal", "alice", "--agent", DEMO, cwd=tmp_path)
     # The booking ran here; the email then asks for approval in turn: exit 3 again.
@@ -175,6 +178,14 @@ def test_a_call_awaiting_approval_is_listed_approved_denied_and_the_run_continue
     results = {m["tool_result"]["name"]: m["tool_result"] for m in run["messages"] if m["tool_result"]}
     assert results["send_email"]["is_error"] and results["send_email"]["content"] == "denied: no emails today"
     assert not (tmp_path / ".threads-celery" / "demo-outbox.jsonl").exists()  # the email never went out
+
+    # A replay says who answered each call, as the live view did.
+    replayed = cli("runs", "show", run_id, cwd=tmp_path)
+    assert "✓ approved by alice" in replayed.stdout and "✗ denied" in replayed.stdout, explain(replayed)
+    followed = cli("events", run["thread_id"], cwd=tmp_path)
+    assert "✓ approved by alice" in followed.stdout and "✗ denied" in followed.stdout, explain(followed)
+    listed_narrow = cli("runs", "list", cwd=tmp_path, COLUMNS="80")
+    assert run_id in listed_narrow.stdout, explain(listed_narrow)
 
 
 def named_command(text: str, command: str) -> list[str]:

@@ -45,7 +45,7 @@ from threads_celery.cli.live_format import (
     shorten,
 )
 from threads_celery.cli.live_partial import PartialTurn
-from threads_celery.records import TERMINAL_STATUSES, Event, Message, Run, ToolCall, ToolResult
+from threads_celery.records import TERMINAL_STATUSES, CallTimelineEntry, Event, Message, Run, ToolCall, ToolResult
 
 # -- what the view holds ----------------------------------------------------------------------
 
@@ -120,6 +120,18 @@ class _TurnEntry:
 _Entry = _UserEntry | _TurnEntry | _NoteEntry
 
 
+def answer_note(call: CallTimelineEntry) -> tuple[str, str] | None:
+    """The note (and its style) saying who answered ``call`` and how; None if nobody did."""
+    if call.resolution == "denied":
+        return (f"✗ denied by {call.resolved_by}" if call.resolved_by else "✗ denied", "red")
+    if call.resolution is not None:
+        by = f" by {call.resolved_by}" if call.resolved_by else ""
+        return (f"✓ resolved {call.resolution}{by}", "green")
+    if call.approved_by:
+        return (f"✓ approved by {call.approved_by}", "green")
+    return None
+
+
 def is_narration(message: Message) -> bool:
     """A narrated milestone of a background child: an assistant status line, no model turn."""
     return message.role == "assistant" and (message.meta or {}).get("source") == "agent-tool-milestone"
@@ -164,6 +176,9 @@ class RunView:
         self._lock = threading.RLock()
         #: The model turn being written, from the live deltas when the view is fed them.
         self.partial = PartialTurn()
+        #: Notes on calls a person answered (who approved, denied or resolved them), by effect
+        #: key: shown under each call as it is added (see :meth:`note_answers`).
+        self._answers: dict[str, tuple[str, str]] = {}
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -187,6 +202,9 @@ class RunView:
                 turn = _TurnEntry(self._turns, message.text, [_CallEntry(c) for c in message.tool_calls])
                 for entry in turn.calls:
                     self._calls[entry.call.id] = entry
+                    answered = self._answers.get(entry.call.effect_key)
+                    if answered is not None:
+                        entry.notes.append(Text(f"    {answered[0]}", style=answered[1]))
                 self._entries.append(turn)
             elif message.tool_result is not None:
                 called = self._calls.get(message.tool_result.call_id)
@@ -309,6 +327,16 @@ class RunView:
             if child_run_id == prefix or child_run_id.startswith(prefix + ":"):
                 return entry
         return None
+
+    def note_answers(self, calls: Iterable[CallTimelineEntry]) -> None:
+        """Show, under each of ``calls`` a person answered, who did and how (the ledger's
+        ``approved_by``, ``resolved_by``): what a live ``threads-celery run`` notes as it
+        answers, for a replay. Call it before the calls' messages are added."""
+        with self._lock:
+            for call in calls:
+                note = answer_note(call)
+                if note is not None:
+                    self._answers[call.effect_key] = note
 
     def note_call(self, effect_key: str, note: str, *, style: str = "green") -> bool:
         """Show ``note`` under a call (e.g. who approved it). False if the view has no such call."""
@@ -566,6 +594,7 @@ __all__ = [
     "STOP_STATUSES",
     "ChildRun",
     "RunView",
+    "answer_note",
     "format_args",
     "format_result",
     "message_from_event",

@@ -33,6 +33,10 @@ from threads_celery.exceptions import RunNotFound, ThreadNotFound
 from threads_celery.records import ACTIVE_STATUSES, TERMINAL_STATUSES, Event, Run, UsageTotals
 
 ALL_STATUSES = sorted(ACTIVE_STATUSES | TERMINAL_STATUSES)
+#: Columns ``runs list`` needs beside its ids and statuses for a table (agent, took, some input).
+TABLE_ROOM = 36
+#: The thread's runs whose answered calls a replay notes (the newest ones).
+REPLAYED_RUNS = 1000
 
 runs_app = typer.Typer(
     help=(
@@ -77,17 +81,35 @@ def runs_list(
     if not found:
         out.print("no runs", style="dim")
         return
+    id_width = max(len(r.id) for r in found)
+    status_width = max(len(r.status) for r in found)
+    if out.width < id_width + status_width + TABLE_ROOM:
+        # Too narrow for a table that keeps every id whole: one block per run, the id on a line
+        # of its own (never cut: it is what the other commands take).
+        for r in found:
+            out.print(Text(r.id, style="bold"), soft_wrap=True)
+            took = _took(r)
+            out.print(
+                Text.assemble(
+                    "    ", (r.status, STATUS_STYLES.get(r.status, "")), "  ", r.agent, (f"  {took}" if took else "")
+                ),
+                soft_wrap=True,
+            )
+            out.print(
+                Text.assemble(("    input  ", "dim"), " ".join(r.input.split())), overflow="ellipsis", no_wrap=True
+            )
+        return
     wide = out.width >= 110  # a narrow terminal drops the creation time rather than squeeze the ids
     table = Table(box=None, header_style="bold", pad_edge=False)
-    table.add_column("run", no_wrap=True, min_width=max(len(r.id) for r in found))
-    table.add_column("status", no_wrap=True, min_width=max(len(r.status) for r in found))
+    table.add_column("run", no_wrap=True, overflow="fold", min_width=id_width)
+    table.add_column("status", no_wrap=True, min_width=status_width)
     table.add_column("agent", no_wrap=True, min_width=min(16, max(len(r.agent) for r in found)))
     if wide:
         table.add_column("created", no_wrap=True, min_width=14)
     table.add_column("took", no_wrap=True, justify="right", min_width=5)
     table.add_column("input", overflow="ellipsis", no_wrap=True, ratio=1)
     for r in found:
-        took = f"{(r.finished_at - r.created_at).total_seconds():.1f}s" if r.finished_at and r.created_at else ""
+        took = _took(r)
         created = [r.created_at.strftime("%m-%d %H:%M:%S") if r.created_at else ""] if wide else []
         table.add_row(
             r.id,
@@ -98,6 +120,12 @@ def runs_list(
             Text(" ".join(r.input.split())),
         )
     out.print(table)
+
+
+def _took(run: Run) -> str:
+    if run.finished_at is None or run.created_at is None:
+        return ""
+    return f"{(run.finished_at - run.created_at).total_seconds():.1f}s"
 
 
 @runs_app.command("show")
@@ -123,6 +151,8 @@ def runs_show(
         usage = threads.usage(run_id=run_id)
         # This run's own part of its thread: the turns, calls and totals of the run asked for.
         history = [event for event in threads.events(found.thread_id) if event.run_id == found.id]
+        with threads.store.read() as tx:
+            answered = tx.call_timeline(found.id, preview_chars=0)
         children = agent_tool_runs_of(threads, found.thread_id) if as_json else []
         messages = threads.messages(found.thread_id) if as_json else []
     finally:
@@ -139,6 +169,7 @@ def runs_show(
     out.print(run_summary(found, usage))
     out.print()
     view = RunView(agent=found.agent)
+    view.note_answers(answered)  # who approved, denied or resolved its calls, as a live run says
     view.add_events(history)
     view.update(found)
     out.print(view.render())
@@ -258,6 +289,9 @@ def events(
             return
         view = RunView(thread_id=thread_id)
         view.last_event_seq = after
+        with threads.store.read() as tx:  # who approved, denied or resolved the thread's calls
+            for run in threads.runs(thread_id=thread_id, limit=REPLAYED_RUNS):
+                view.note_answers(tx.call_timeline(run.id, preview_chars=0))
         out.print(view.render_header())
         with contextlib.suppress(KeyboardInterrupt):
             follow_thread(threads, thread_id, console=out, view=view, follow=follow, timeout=timeout)
