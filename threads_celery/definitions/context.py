@@ -11,6 +11,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from threads_celery.exceptions import ConfigError
+from threads_celery.records import UsageTotals
 from threads_celery.settings import Settings
 from threads_celery.workspace import sandbox
 from threads_celery.workspace.files import FilesQuota, ThreadFiles
@@ -69,6 +70,8 @@ class ToolContext:
         model_retries: Callable[[], int] | None = None,
         run_step: int = 0,
         retried_in_reply: Callable[[], list[str]] | None = None,
+        usage: Callable[[], tuple[UsageTotals, int]] | None = None,
+        count_usage: Callable[[int, int, int], None] | None = None,
     ) -> None:
         self.effect_key = effect_key
         self.run_id = run_id
@@ -91,6 +94,8 @@ class ToolContext:
         #: first request): Pydantic AI's ``ctx.run_step`` in a tool.
         self.run_step = run_step
         self._retried_in_reply = retried_in_reply
+        self._usage = usage
+        self._count_usage = count_usage
 
     @property
     def model_retries(self) -> int:
@@ -103,6 +108,23 @@ class ToolContext:
         """The tools whose calls earlier in this model reply were asked to retry (``ModelRetry``, or
         arguments that did not validate), in order. Read from the run's messages when asked."""
         return self._retried_in_reply() if self._retried_in_reply is not None else []
+
+    def run_usage(self) -> tuple[UsageTotals, int]:
+        """What this run has used of its models up to the reply that asked for this call (its
+        requests and tokens, as ``threads.usage(run_id=...)`` counts them), and how many of its
+        tool calls of earlier turns succeeded: Pydantic AI's ``ctx.usage`` in a tool. Read from
+        the ledger when asked."""
+        return self._usage() if self._usage is not None else (UsageTotals(), 0)
+
+    def count_usage(self, *, requests: int, input_tokens: int = 0, output_tokens: int = 0) -> None:
+        """Count model requests this call made itself (a delegate agent it ran, a model it asked
+        directly) in the run's usage, with the model step whose reply asked for the call; priced as
+        the agent's model. Each call of this counts once more: call it after the requests, with
+        what they used."""
+        if requests < 0 or input_tokens < 0 or output_tokens < 0:
+            raise ValueError("usage counts are not negative")
+        if self._count_usage is not None and (requests or input_tokens or output_tokens):
+            self._count_usage(requests, input_tokens, output_tokens)
 
     def heartbeat(self) -> bool:
         """Extend this call's lease. Returns False if the run moved on without this worker."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import dataclasses
 import hashlib
 import importlib
@@ -302,14 +303,16 @@ def _run_context(
     call_key: str | None = None,
     retry: int = 0,
     run_step: int | None = None,
+    usage: RunUsage | None = None,
 ) -> Any:
     """The ``RunContext`` the agent's code is given; ``run_step`` defaults to the model request
-    being made now (see :func:`~threads_celery.definitions.context.current_run_step`)."""
+    being made now (see :func:`~threads_celery.definitions.context.current_run_step`), ``usage``
+    to none used."""
     model = agent.model.inner if isinstance(agent.model, DurableModel) else agent.model
     return RunContext(
         deps=agent.built_deps(),
         model=model,
-        usage=RunUsage(),
+        usage=RunUsage() if usage is None else usage,
         tool_name=tool_name,
         tool_call_id=call_key,
         retry=retry,
@@ -318,6 +321,18 @@ def _run_context(
 
 
 # -- tools ----------------------------------------------------------------------------------------
+
+
+def _usage_so_far(ctx: Any) -> RunUsage:
+    """The run's usage up to the reply that asked for this call, as Pydantic AI's ``ctx.usage``
+    holds it in a tool: its requests and tokens, and its earlier turns' tool calls that succeeded."""
+    totals, tool_calls = ctx.run_usage()
+    return RunUsage(
+        requests=totals.requests,
+        input_tokens=totals.input_tokens,
+        output_tokens=totals.output_tokens,
+        tool_calls=tool_calls,
+    )
 
 
 def _durable_tool(
@@ -337,14 +352,26 @@ def _durable_tool(
         return validated
 
     async def execute(arguments: ToolArguments, ctx: Any) -> Any:
+        usage = _usage_so_far(ctx) if schema.takes_ctx else RunUsage()
+        before = copy.copy(usage)
         run_ctx = _run_context(
             holder["agent"],
             tool_name=pai_tool.name,
             call_key=ctx.effect_key,
             retry=ctx.model_retries,
             run_step=ctx.run_step,
+            usage=usage,
         )
-        return await schema.call(arguments.values, run_ctx)
+        try:
+            return await schema.call(arguments.values, run_ctx)
+        finally:
+            # What the tool added to ctx.usage (a delegate agent run with usage=ctx.usage) was
+            # billed: the run counts it, as Pydantic AI's does, also when the tool then raised.
+            ctx.count_usage(
+                requests=max(usage.requests - before.requests, 0),
+                input_tokens=max(usage.input_tokens - before.input_tokens, 0),
+                output_tokens=max(usage.output_tokens - before.output_tokens, 0),
+            )
 
     return schema_tool(
         name=pai_tool.name,

@@ -52,7 +52,7 @@ from threads_celery.exceptions import (
     StoreUnavailable,
     UnknownAgent,
 )
-from threads_celery.records import CallRow, Run
+from threads_celery.records import CallRow, Run, UsageTotals
 from threads_celery.redaction import install_log_redaction, redact_text, redact_value, redacting, secrets_active
 from threads_celery.runtime import (
     batches,
@@ -453,6 +453,8 @@ class Runtime:
             retried_in_reply=lambda: retried_in_last_reply(
                 self.history.load(self.store, run.thread_id).messages, run.id
             ),
+            usage=lambda: self._usage_before(run.id, call.step),
+            count_usage=lambda *spent: self._count_call_usage(run, call.step, agent, *spent),
         )
         install_log_redaction()
         # A secret the tool reads is redacted from this process's logs and stdout while it runs,
@@ -605,6 +607,24 @@ class Runtime:
                 # tool's own heartbeat) resets its no-progress window.
                 child_signal(tx, agent_tool_run_id, now)
             return True
+
+    def _usage_before(self, run_id: str, step: int) -> tuple[UsageTotals, int]:
+        with self.store.read() as tx:
+            return tx.usage_before(run_id, step)
+
+    def _count_call_usage(
+        self, run: Run, step: int, agent: Agent, requests: int, input_tokens: int, output_tokens: int
+    ) -> None:
+        """Count what a call of ``step`` spent on models of its own in the run's usage, at once:
+        the provider billed it whether or not the call's result commits."""
+        identity = agent.model_identity()
+        with self.store.transaction() as tx:
+            tx.add_step_usage(
+                run_id=run.id, step=step, thread_id=run.thread_id, agent=agent.name, model=identity,
+                requests=requests, input_tokens=input_tokens, output_tokens=output_tokens,
+                cost=self.settings.model_prices.cost((identity,), input_tokens, output_tokens),
+                now=self.clock(),
+            )  # fmt: skip
 
     def _is_cancelled(self, run_id: str) -> bool:
         with self.store.read() as tx:
