@@ -130,9 +130,36 @@ def strategy_agent(log: Log) -> Agent[None, Query]:
     return agent
 
 
+def delegating_agent(log: Log) -> Agent[None, str]:
+    """flight_booking's shape: a tool reads ctx.usage and runs a delegate agent (two requests)
+    with usage=ctx.usage; the delegate's requests are the run's."""
+    delegate = Agent(
+        scripted(Log(), lambda n: [ToolCallPart("fetch", {"q": "x"})] if n == 1 else [TextPart("LH 123")]),
+        name="parity_delegate",
+    )
+
+    @delegate.tool_plain
+    def fetch(q: str) -> str:
+        return f"flights for {q}"
+
+    def replies(n: int) -> list[Any]:
+        return [ToolCallPart("search", {"route": "LIS-BER"})] if n == 1 else [TextPart("booked")]
+
+    agent = Agent(scripted(log, replies), name="parity_delegating")
+
+    @agent.tool
+    async def search(ctx: RunContext[None], route: str) -> str:
+        log.ran.append(["search", route, ctx.usage.requests, ctx.usage.tool_calls])
+        found = await delegate.run(f"search {route}", usage=ctx.usage)
+        return found.output
+
+    return agent
+
+
 _folder = Path(os.environ["PARITY_LOG_DIR"]) if os.environ.get("PARITY_LOG_DIR") else None
 ALLOWED = Permissions.allow_all()
 durable_run_step = from_pydantic_ai(run_step_agent(Log(_folder, "run_step")), permissions=ALLOWED)
 durable_sql = from_pydantic_ai(sql_agent(Log(_folder, "sql")), permissions=ALLOWED)
 durable_sql_invalid = from_pydantic_ai(sql_agent(Log(_folder, "sql_invalid"), always_invalid=True), permissions=ALLOWED)
 durable_strategy = from_pydantic_ai(strategy_agent(Log(_folder, "strategy")), permissions=ALLOWED)
+durable_delegating = from_pydantic_ai(delegating_agent(Log(_folder, "delegating")), permissions=ALLOWED)

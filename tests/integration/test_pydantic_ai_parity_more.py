@@ -5,8 +5,9 @@ saw and what their code ran to files; the test runs the same recipes with ``run_
 process and compares: ``ctx.run_step`` in a prepare function, instructions and a tool (the tool
 is hidden from the second request), an output validator run once per output (also past the
 output retries), and a function tool called beside the output call run under the default end
-strategy. tests/unit/definitions/test_pydantic_ai_parity_more.py covers every case on the
-embedded runtime.
+strategy, and a tool that reads ``ctx.usage`` and runs a delegate agent with ``usage=ctx.usage``
+(its requests are the run's). tests/unit/definitions/test_pydantic_ai_parity_more.py and
+test_pydantic_ai_usage_parity.py cover every case on the embedded runtime.
 """
 
 from __future__ import annotations
@@ -47,7 +48,13 @@ def worker_agents(log_dir: Path) -> str:
 
 @pytest.fixture(scope="module")
 def client(threads: Any) -> Any:
-    for agent in (recipes.durable_run_step, recipes.durable_sql, recipes.durable_sql_invalid, recipes.durable_strategy):
+    for agent in (
+        recipes.durable_run_step,
+        recipes.durable_sql,
+        recipes.durable_sql_invalid,
+        recipes.durable_strategy,
+        recipes.durable_delegating,
+    ):
         threads.register(agent)
     return threads
 
@@ -97,3 +104,14 @@ def test_a_tool_beside_the_output_call_runs_on_the_worker(client: Any, log_dir: 
     plain = plain_run(recipes.strategy_agent(plain_log))
     assert durable_run(client, recipes.durable_strategy) == plain == ("output", recipes.Query(sql="SELECT 1"))
     assert recipes.read(log_dir, "strategy", "ran") == as_json(plain_log.ran) == [["note", "beside", 1]]
+
+
+def test_a_delegate_run_with_ctx_usage_is_the_runs_usage_on_the_worker(client: Any, log_dir: Path) -> None:
+    plain_log = recipes.Log()
+    plain = recipes.delegating_agent(plain_log).run_sync("go")
+    run = client.wait(client.start(recipes.durable_delegating.name, "go").run_id, WAIT_S)
+    assert run.status == "completed" and recipes.durable_delegating.parse_output(run.output) == plain.output
+    assert recipes.read(log_dir, "delegating", "ran") == as_json(plain_log.ran) == [["search", "LIS-BER", 1, 0]]
+    used = client.usage(run_id=run.id)
+    assert plain.usage.requests == 4 and used.requests == plain.usage.requests
+    assert (used.input_tokens, used.output_tokens) == (plain.usage.input_tokens, plain.usage.output_tokens)
