@@ -11,10 +11,21 @@ from threads_celery.live.events import (
     Delta,
     LiveEvent,
     Resync,
+    StepEnd,
     StepVoid,
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
 )
 
-__all__ = ["Committed", "Delta", "LiveEvent", "Resync", "StepVoid", "TextDelta", "ThinkingDelta", "ToolCallDelta"]
+__all__ = [
+    "Committed",
+    "Delta",
+    "LiveEvent",
+    "Resync",
+    "StepEnd",
+    "StepVoid",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallDelta",
+]

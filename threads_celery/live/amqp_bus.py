@@ -18,6 +18,10 @@ bounded and expiring), fed by the fanout with the messages of every thread, not 
 it streams: so a client reconnecting to any API process gets the step in progress from its start
 (as long as that process was up when the step started). The price is that each API process
 receives every thread's deltas; a fleet larger than that suits is what Redis is for.
+
+A listener that connects again after losing its connection (its queue went with it) empties the
+replay buffers, which miss what was published meanwhile, and tells each channel's subscribers
+that messages were lost (:data:`~threads_celery.live.wire.LOST`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from kombu import Connection, Consumer, Exchange, Queue
 from threads_celery.live.buffers import ReplayBuffers
 from threads_celery.live.bus import Deliver, Outgoing
 from threads_celery.live.reconnect import Reconnects
+from threads_celery.live.wire import LOST
 
 log = logging.getLogger("threads_celery.live.amqp_bus")
 
@@ -208,6 +213,7 @@ class AmqpListener:
 
     def _run(self) -> None:
         backoff = 0.1
+        cut = False
         while not self._stop.is_set():
             try:
                 with Connection(self.bus.url, connect_timeout=2.0) as connection:
@@ -227,9 +233,18 @@ class AmqpListener:
                         accept=["application/data"],
                     ):
                         backoff = 0.1
+                        if cut:
+                            # The old queue and what it held went with the connection: neither
+                            # the replay buffers nor the subscribers have what was published
+                            # meanwhile (the new queue is bound: what follows arrives).
+                            cut = False
+                            self.buffers = ReplayBuffers()
+                            if self.channels:
+                                self.deliver([(channel, LOST) for channel in self.channels])
                         self._consume(connection)
             except Exception as exc:  # noqa: BLE001 - the listener outlives a broker that went away
                 log.warning("live listener: %s: %s; reconnecting", type(exc).__name__, exc)
+                cut = True
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
 

@@ -9,6 +9,8 @@ the claim that streamed it: a retried step streams under a higher one), the mode
 to and its ``seq``, which counts the step attempt's deltas from 1 with no gap: a client rebuilds a
 part's text by appending deltas in ``seq`` order, and sees a gap as a ``seq`` skipped.
 
+:class:`StepEnd` says that a step's attempt streamed its last delta, and which ``seq`` that was:
+a client that has every ``seq`` from 1 to it has the attempt's whole text.
 :class:`StepVoid` says that what a step's attempt (and every earlier attempt of that step)
 streamed is void: its worker died or its model call failed, and the step runs again from its
 start. :class:`Resync` says that this subscriber fell behind and some deltas were dropped: the
@@ -27,7 +29,7 @@ from threads_celery.records import Event
 
 #: The SSE event types of the deltas and stream controls (committed events keep their own type).
 DELTA_TYPES = ("text_delta", "thinking_delta", "tool_call_delta")
-CONTROL_TYPES = ("step_void", "resync")
+CONTROL_TYPES = ("step_end", "step_void", "resync")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,16 @@ class ToolCallDelta(_StreamedPiece):
 
 
 @dataclass(frozen=True, slots=True)
+class StepEnd(_OfStepAttempt):
+    """``attempt`` of the run's ``step`` streamed its last delta: ``last_seq`` (0 when it streamed
+    none). It comes before the step's committed message; with every seq from 1 to ``last_seq``,
+    the deltas are the whole text."""
+
+    type: ClassVar[Literal["step_end"]] = "step_end"
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class StepVoid(_OfStepAttempt):
     """Everything streamed by ``attempt`` of the run's ``step`` (and by its earlier attempts) is void."""
 
@@ -87,9 +99,11 @@ class StepVoid(_OfStepAttempt):
 
 @dataclass(frozen=True, slots=True)
 class Resync:
-    """This subscriber fell behind and deltas were dropped. What follows: the committed events
-    after ``after`` (the last committed seq it was sent), then the step in progress from its start;
-    drop every partial text built so far."""
+    """Deltas were lost for this subscriber: it fell behind (``reason`` ``overflow``), the
+    process's broker subscription was cut (``lost``), or a step's message was committed and its
+    stream's end never came (``incomplete``). What follows: the committed events after ``after``
+    (the last committed seq it was sent), then the step in progress from its start; drop every
+    partial text built so far."""
 
     type: ClassVar[Literal["resync"]] = "resync"
     after: int
@@ -130,7 +144,7 @@ class Heartbeat:
 
 
 Delta = TextDelta | ThinkingDelta | ToolCallDelta
-LiveEvent = TextDelta | ThinkingDelta | ToolCallDelta | StepVoid | Resync | Committed
+LiveEvent = TextDelta | ThinkingDelta | ToolCallDelta | StepEnd | StepVoid | Resync | Committed
 
 __all__ = [
     "CONTROL_TYPES",
@@ -140,6 +154,7 @@ __all__ = [
     "Heartbeat",
     "LiveEvent",
     "Resync",
+    "StepEnd",
     "StepVoid",
     "TextDelta",
     "ThinkingDelta",

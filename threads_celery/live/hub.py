@@ -7,8 +7,11 @@ its last one leaves. Each message is decoded once, on the listener's thread, and
 subscriber's bounded queue; a subscriber's event loop is woken at most once per batch.
 
 A subscriber that does not keep up never slows the listener nor grows without bound: when its
-queue is full, its queued deltas are dropped and it is marked ``overflowed`` (it then sends a
-``resync`` and starts over from its cursor: see :mod:`.subscription`).
+queue is full (:data:`QUEUE_SIZE` messages, or :data:`QUEUE_CHARS` characters of deltas), its
+queued deltas are dropped and it is marked ``overflowed`` (it then sends a ``resync`` and starts
+over from its cursor: see :mod:`.subscription`). So is every subscriber of a channel when the
+listener says its subscription was cut (:data:`~threads_celery.live.wire.LOST`): what was
+published meanwhile never reached this process, and the subscriber must not go on as if it had.
 """
 
 from __future__ import annotations
@@ -27,29 +30,46 @@ log = logging.getLogger("threads_celery.live.hub")
 
 #: How many messages a subscriber's queue holds before it overflows.
 QUEUE_SIZE = 1000
+#: How many characters of deltas it holds before it overflows (a few large deltas fill it too).
+QUEUE_CHARS = 1_000_000
 
 
 class Subscriber:
     """One local subscriber's queue of a channel's messages (filled on the listener's thread)."""
 
-    def __init__(self, channel: str, loop: asyncio.AbstractEventLoop, max_queue: int) -> None:
+    def __init__(
+        self, channel: str, loop: asyncio.AbstractEventLoop, max_queue: int, max_chars: int = QUEUE_CHARS
+    ) -> None:
         self.channel = channel
         self.loop = loop
         self.max_queue = max_queue
+        self.max_chars = max_chars
         self.messages: deque[BusMessage] = deque()
+        self.chars = 0
         self.overflowed = False
+        #: Why it overflowed: ``overflow`` (it fell behind) or ``lost`` (the subscription was cut).
+        self.reason = "overflow"
         self.nudged = False
         self.wake = asyncio.Event()
         self._wake_scheduled = False
 
-    def offer(self, message: BusMessage) -> None:
+    def offer(self, message: BusMessage, chars: int = 0) -> None:
         if message.nudge:
             self.nudged = True
-        elif len(self.messages) >= self.max_queue:
-            self.messages.clear()
-            self.overflowed = True
+        elif message.lost:
+            self._drop("lost")
+        elif len(self.messages) >= self.max_queue or self.chars + chars > self.max_chars:
+            self._drop("overflow")
         else:
             self.messages.append(message)
+            self.chars += chars
+
+    def _drop(self, reason: str) -> None:
+        self.messages.clear()
+        self.chars = 0
+        if not self.overflowed:
+            self.reason = reason
+        self.overflowed = True
 
     def signal(self) -> None:
         if self._wake_scheduled:
@@ -66,6 +86,7 @@ class Subscriber:
         taken: list[BusMessage] = []
         while self.messages:
             taken.append(self.messages.popleft())
+        self.chars = 0
         return taken
 
 
@@ -131,8 +152,9 @@ class LiveHub:
             message = decode(payload)
             if message is None:
                 continue
+            chars = sum(len(f[3]) for f in message.fragments)
             for subscriber in subscribers:
-                subscriber.offer(message)
+                subscriber.offer(message, chars)
                 touched.add(subscriber)
         # One wake-up per event loop for the whole batch (each costs the loop a write to its
         # self-pipe), not one per subscriber.
@@ -175,4 +197,4 @@ def hub_for(bus: LiveBus) -> LiveHub:
         return hub
 
 
-__all__ = ["QUEUE_SIZE", "LiveHub", "Subscriber", "hub_for"]
+__all__ = ["QUEUE_CHARS", "QUEUE_SIZE", "LiveHub", "Subscriber", "hub_for"]

@@ -8,7 +8,10 @@ list, its end deletes it. Its client times out in a quarter of a second: a Redis
 answer costs the sender thread that, never the model turn (see :mod:`.sender`).
 
 A subscribing process holds one pub/sub connection (:class:`RedisListener`), on a thread of its
-own, and SUBSCRIBEs to a channel while some local subscriber wants it.
+own, and SUBSCRIBEs to a channel while some local subscriber wants it. Adding a channel returns
+once Redis confirmed the SUBSCRIBE, so that a replay read after it misses nothing published in
+between; a connection made again after a failure tells each channel's subscribers that messages
+may have been lost meanwhile (:data:`~threads_celery.live.wire.LOST`).
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ import redis
 from threads_celery.live.buffers import MAX_MESSAGES, TTL_S
 from threads_celery.live.bus import Deliver, Outgoing
 from threads_celery.live.redis_direct import DirectRedis, resp
+from threads_celery.live.wire import LOST
 
 log = logging.getLogger("threads_celery.live.redis_bus")
 
 SOCKET_TIMEOUT_S = 0.25
 #: How long the listener waits for a message before it looks at its channel requests.
 LISTEN_TICK_S = 0.02
-#: How long adding a channel waits for the listener's thread to send the SUBSCRIBE.
+#: How long adding a channel waits for Redis to confirm the SUBSCRIBE.
 ADD_WAIT_S = 1.0
 
 
@@ -141,7 +145,7 @@ class RedisListener:
         self._thread.start()
 
     def add(self, channel: str) -> None:
-        """Subscribe to ``channel``; returns once the SUBSCRIBE is sent (or after a second)."""
+        """Subscribe to ``channel``; returns once Redis confirmed it (or after a second)."""
         sent = threading.Event()
         self._requests.put(("subscribe", channel, sent))
         sent.wait(ADD_WAIT_S)
@@ -167,25 +171,37 @@ class RedisListener:
     def _run(self) -> None:
         pubsub: Any = None
         channels: set[str] = set()
+        #: Per channel, the adders waiting for Redis to confirm its SUBSCRIBE.
+        waiting: dict[str, list[threading.Event]] = {}
         backoff = 0.1
+        cut = False
         while not self._stop.is_set():
             try:
                 if pubsub is None:
                     # Typed here: redis-py before 8 leaves Redis.pubsub unannotated.
                     make_pubsub: Callable[..., Any] = self._client.pubsub
-                    pubsub = make_pubsub(ignore_subscribe_messages=True)
+                    pubsub = make_pubsub()
                     if channels:
                         pubsub.subscribe(*channels)
-                self._apply_requests(pubsub, channels)
+                    if cut and channels:
+                        # Messages published while it was cut never came: say so.
+                        self.deliver([(channel, LOST) for channel in channels])
+                    cut = False
+                self._apply_requests(pubsub, channels, waiting)
                 if not channels:
                     time.sleep(LISTEN_TICK_S)
                     continue
                 batch: list[tuple[str, bytes]] = []
                 message = pubsub.get_message(timeout=LISTEN_TICK_S)
                 while message is not None:
-                    if message.get("type") == "message":
-                        channel = message["channel"]
-                        batch.append((channel.decode() if isinstance(channel, bytes) else channel, message["data"]))
+                    kind = message.get("type")
+                    channel = message.get("channel")
+                    channel = channel.decode() if isinstance(channel, bytes) else str(channel)
+                    if kind == "message":
+                        batch.append((channel, message["data"]))
+                    elif kind == "subscribe":
+                        for added in waiting.pop(channel, ()):
+                            added.set()
                     if len(batch) >= 512:
                         break
                     message = pubsub.get_message(timeout=0)
@@ -198,24 +214,31 @@ class RedisListener:
                     with contextlib.suppress(Exception):  # closing a broken connection
                         pubsub.close()
                 pubsub = None
+                cut = True
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
         if pubsub is not None:
             pubsub.close()
 
-    def _apply_requests(self, pubsub: Any, channels: set[str]) -> None:
+    def _apply_requests(self, pubsub: Any, channels: set[str], waiting: dict[str, list[threading.Event]]) -> None:
         while True:
             try:
-                action, channel, sent = self._requests.get_nowait()
+                action, channel, added = self._requests.get_nowait()
             except queue.Empty:
                 return
             if action == "subscribe" and channel not in channels:
                 channels.add(channel)
                 pubsub.subscribe(channel)
-            if sent is not None:
-                sent.set()
+                if added is not None:
+                    waiting.setdefault(channel, []).append(added)
+            elif added is not None and channel in waiting:
+                waiting[channel].append(added)  # its confirmation is on its way
+            elif added is not None:
+                added.set()  # confirmed already
             if action == "unsubscribe" and channel in channels:
                 channels.discard(channel)
+                for adder in waiting.pop(channel, ()):
+                    adder.set()
                 pubsub.unsubscribe(channel)
 
 

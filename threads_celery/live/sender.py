@@ -16,8 +16,9 @@ in one batch.
 
 Best effort, bounded, never blocking the worker:
 - a full queue (:data:`MAX_PENDING` messages) or a socket that cannot take the bytes drops the
-  message; the dropped deltas are counted into the next ``seq``, so a subscriber sees a gap
-  rather than text silently missing;
+  message; the dropped deltas are counted into the next ``seq`` and into the attempt's end (which
+  names its last ``seq``), so a subscriber sees a gap rather than text silently missing, at the
+  tail too;
 - a send that fails stops sending for a growing pause (up to :data:`MAX_BACKOFF_S`), during which
   everything is dropped at once;
 - :meth:`DeltaSender.flush` (called before a step commits, so that no delta of a step arrives
@@ -120,10 +121,13 @@ class DeltaSender:
         self._wake.set()
 
     def end(self, stream: AttemptStream, *, void: bool) -> None:
+        """End the attempt's stream: what waits for its window is sent first, then the end, which
+        names the attempt's last seq (dropped deltas counted), so that a lost tail shows too."""
         with stream.lock:
             self._flush(stream, time.monotonic())
             stream.started = True
-        payload = encode_end(stream.run_id, stream.step, stream.attempt, void=void)
+            last_seq = stream.seq + stream.dropped
+        payload = encode_end(stream.run_id, stream.step, stream.attempt, void=void, last_seq=last_seq)
         self._emit([Outgoing(stream.channel, payload, "clear")])
 
     def nudge(self, channel: str) -> None:

@@ -12,6 +12,14 @@ step it streamed begins (its worker died, the step was retried), it sends :class
 the earlier one before the new attempt's deltas. A step whose stream ended, or was voided, gets
 no more deltas. Leaving the context (or cancelling the task iterating it) unsubscribes: nothing
 is left behind.
+
+The end of a step's stream becomes :class:`StepEnd` (with the attempt's last seq) and always
+comes before the step's committed message: the worker publishes the end before it commits, but
+the end travels over the broker and the message is read from the store, so a message read first
+is held (with the committed events after it) until the end arrives. An end that has not arrived
+:data:`END_WAIT_S` later was lost: the subscriber gets a :class:`Resync` (``incomplete``) before
+the message instead. A subscriber that was streaming a step therefore gets, before its message,
+either ``step_end``, ``step_void`` or ``resync``.
 """
 
 from __future__ import annotations
@@ -20,11 +28,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from threads_celery.exceptions import StoreUnavailable, ThreadNotFound
-from threads_celery.live.events import Committed, Heartbeat, LiveEvent, Resync, StepVoid
+from threads_celery.live.events import Committed, Heartbeat, LiveEvent, Resync, StepEnd, StepVoid
 from threads_celery.live.hub import LiveHub, Subscriber
 from threads_celery.live.wire import BusMessage
 from threads_celery.records import TERMINAL_STATUSES, Event
@@ -37,19 +46,27 @@ log = logging.getLogger("threads_celery.live.subscription")
 #: How often committed events are read without a nudge.
 FALLBACK_POLL_S = 3.0
 EVENT_BATCH = 500
+#: How long a step's committed message waits for the end of the step's stream, at most.
+END_WAIT_S = 2.0
 
 
 class StepTracker:
-    """Which deltas a subscriber forwards: one attempt per step, each seq once, none after the end."""
+    """Which deltas a subscriber forwards: one attempt per step, each seq once, none after the end;
+    and which committed messages must wait for the end of the step they close."""
 
     def __init__(self) -> None:
         self.attempts: dict[tuple[str, int], int] = {}
         self.seen: dict[tuple[str, int, int], int] = {}
         #: (run, step) -> the last attempt that ended or was voided: its deltas are done.
         self.done: dict[tuple[str, int], int] = {}
+        #: run -> the (step, attempt) whose deltas it forwards, its end not come yet.
         self.open: dict[str, tuple[int, int]] = {}
+        #: run -> the steps whose stream ended and whose message has not been read yet.
+        self.ended: dict[str, set[int]] = {}
 
     def on_message(self, message: BusMessage) -> list[LiveEvent]:
+        """The events ``message`` makes (a step's end: :class:`StepEnd`, for the attempt this
+        subscriber streamed)."""
         key = (message.run_id, message.step)
         if self.done.get(key, -1) >= message.attempt and not message.void:
             return []
@@ -61,12 +78,20 @@ class StepTracker:
             out.append(StepVoid(message.run_id, message.step, current))
             self._close(key, current)
             current = None
-        if message.void or message.ended:
-            if message.void and current is not None:
+        if message.void:
+            if current is not None:
                 out.append(StepVoid(message.run_id, message.step, message.attempt))
+                self._close(key, current)
+            self.done[key] = max(self.done.get(key, -1), message.attempt)
+            return out
+        if message.ended:
             self.done[key] = max(self.done.get(key, -1), message.attempt)
             if current is not None:
+                seen = self.seen.get((message.run_id, message.step, current), 0)
+                last = message.end_seq if message.end_seq is not None else seen
+                out.append(StepEnd(message.run_id, message.step, message.attempt, last))
                 self._close(key, current)
+                self._ended(key)
             return out
         self.attempts[key] = message.attempt
         self.open[message.run_id] = key[1], message.attempt
@@ -77,18 +102,43 @@ class StepTracker:
             out.extend(deltas)
         return out
 
-    def on_committed(self, event: Event) -> None:
-        """A run's assistant message, or its end, closes the step it was streaming."""
+    def waits(self, event: Event) -> bool:
+        """Whether ``event`` is the assistant message of a step whose deltas this subscriber
+        forwards and whose end has not come: it must come after that end (which the worker
+        published before it committed the message, but which may still be on its way here)."""
         run_id = event.run_id
-        if run_id is None or run_id not in self.open:
+        if run_id is None or run_id not in self.open or self.ended.get(run_id):
+            return False
+        return event.type == "message" and event.payload.get("role") == "assistant"
+
+    def on_committed(self, event: Event) -> None:
+        """A run's assistant message is that of the earliest of its steps that ended, else it
+        closes the step it was streaming; the run's end closes that step too."""
+        run_id = event.run_id
+        if run_id is None:
             return
         if event.type == "message" and event.payload.get("role") == "assistant":
-            pass
-        elif not (event.type == "run" and event.payload.get("status") in TERMINAL_STATUSES):
+            steps = self.ended.get(run_id)
+            if steps:  # the message of the earliest step that ended (not of one streaming now)
+                steps.discard(min(steps))
+                return
+        elif event.type == "run" and event.payload.get("status") in TERMINAL_STATUSES:
+            self.ended.pop(run_id, None)
+        else:
+            return
+        if run_id not in self.open:
             return
         step, attempt = self.open[run_id]
         self.done[(run_id, step)] = max(self.done.get((run_id, step), -1), attempt)
         self._close((run_id, step), attempt)
+
+    def _ended(self, key: tuple[str, int]) -> None:
+        """A step this subscriber streamed ended: its message is the run's next one to come."""
+        steps = self.ended.setdefault(key[0], set())
+        steps.add(key[1])
+        if len(self.ended) > 256:  # runs whose messages never came (a lost commit): the oldest go
+            for stale in list(self.ended)[:128]:
+                del self.ended[stale]
 
     def _close(self, key: tuple[str, int], attempt: int) -> None:
         self.attempts.pop(key, None)
@@ -110,20 +160,13 @@ def _thread_exists(store: Store, thread_id: str) -> bool:
         return tx.get_thread(thread_id) is not None
 
 
-async def _committed(
-    store: Store, thread_id: str, cursor: int, tracker: StepTracker, out: list[LiveEvent | Heartbeat]
-) -> int:
-    """Add the committed events after ``cursor`` (a batch of them) to ``out``; the new cursor."""
+async def _read(store: Store, thread_id: str, after: int) -> list[Event]:
+    """The committed events after ``after`` (a batch of them); none while the store is away."""
     try:
-        batch = await asyncio.to_thread(_read_committed, store, thread_id, cursor)
+        return await asyncio.to_thread(_read_committed, store, thread_id, after)
     except StoreUnavailable as exc:
         log.warning("live events of %s: %s", thread_id, exc)
-        return cursor
-    for event in batch:
-        cursor = event.seq
-        tracker.on_committed(event)
-        out.append(Committed(event))
-    return cursor
+        return []
 
 
 @contextlib.asynccontextmanager
@@ -191,6 +234,11 @@ async def _iterate(
     tracker = StepTracker()
     replay = True
     read_committed = True
+    #: Committed events read and not sent yet: the first waits for the end of its step's stream.
+    held: deque[Event] = deque()
+    held_until = 0.0
+    #: The last committed seq read (``cursor`` is the last one sent).
+    read_upto = cursor
     next_poll = time.monotonic() + fallback_poll_s
     quiet_since = time.monotonic()
     while True:
@@ -198,38 +246,60 @@ async def _iterate(
             subscriber.overflowed = False
             subscriber.take()
             tracker = StepTracker()
-            yield [Resync(after=cursor)]
+            held.clear()
+            read_upto = cursor
+            yield [Resync(after=cursor, reason=subscriber.reason)]
             replay = read_committed = True
         out: list[LiveEvent | Heartbeat] = []
         if replay:
-            # The committed events first, then the step in progress from its start, then the
-            # committed events again: a step's stream ends before its message commits, so its
-            # message comes after its deltas whenever it commits in between.
+            # The committed events first, all of them (a batch per round; live messages are
+            # dropped meanwhile: the replay has them), then the step in progress from its start,
+            # then live, the committed events read again at once.
+            subscriber.take()
+            batch = await _read(store, thread_id, read_upto)
+            held.extend(batch)
+            read_upto = batch[-1].seq if batch else read_upto
+            cursor = _release(held, tracker, cursor, out, forced=False)
+            if len(batch) >= EVENT_BATCH:
+                yield out
+                continue
             replay = False
-            cursor = await _committed(store, thread_id, cursor, tracker, out)
             for message in await asyncio.to_thread(hub.replay, subscriber.channel):
                 out.extend(tracker.on_message(message))
             read_committed = True
-        # Live deltas before committed events, for the same reason.
+        # Live deltas before committed events: a step's end (published before its message was
+        # committed) is taken before the message can be sent.
         for message in subscriber.take():
             out.extend(tracker.on_message(message))
         if subscriber.nudged:
             subscriber.nudged = False
             read_committed = True
-        if read_committed or time.monotonic() >= next_poll:
+        if not held and (read_committed or time.monotonic() >= next_poll):
             next_poll = time.monotonic() + fallback_poll_s
-            before = len(out)
-            cursor = await _committed(store, thread_id, cursor, tracker, out)
-            read_committed = len(out) - before >= EVENT_BATCH
+            batch = await _read(store, thread_id, read_upto)
+            held.extend(batch)
+            read_upto = batch[-1].seq if batch else read_upto
+            read_committed = len(batch) >= EVENT_BATCH
+        if held:
+            # A step's message waits for the step's end (at most END_WAIT_S): a subscriber that
+            # got the end has the last seq, and one that did not is told (a resync) instead.
+            now = time.monotonic()
+            if not held_until:
+                held_until = now + END_WAIT_S
+            cursor = _release(held, tracker, cursor, out, forced=now >= held_until)
+            if not held or not tracker.waits(held[0]):
+                held_until = 0.0
         if out:
             yield out
             quiet_since = time.monotonic()
         elif heartbeat_s is not None and time.monotonic() - quiet_since >= heartbeat_s:
             quiet_since = time.monotonic()
             yield [Heartbeat()]
-        if read_committed or subscriber.messages or subscriber.overflowed or subscriber.nudged:
+        if (read_committed and not held) or subscriber.messages or subscriber.overflowed or subscriber.nudged:
             continue
         wait = next_poll - time.monotonic()
+        if held:
+            wait = min(wait, held_until - time.monotonic())
         if heartbeat_s is not None:
             wait = min(wait, heartbeat_s - (time.monotonic() - quiet_since))
         subscriber.wake.clear()
@@ -239,4 +309,22 @@ async def _iterate(
             await asyncio.wait_for(subscriber.wake.wait(), max(wait, 0.0))
 
 
-__all__ = ["FALLBACK_POLL_S", "StepTracker", "live_event_batches", "live_events"]
+def _release(
+    held: deque[Event], tracker: StepTracker, cursor: int, out: list[LiveEvent | Heartbeat], *, forced: bool
+) -> int:
+    """Send the held events up to one that waits for its step's end (``forced``: that one too,
+    after a resync that says the step's deltas were incomplete); the new cursor."""
+    while held:
+        event = held[0]
+        if tracker.waits(event):
+            if not forced:
+                break
+            out.append(Resync(after=cursor, reason="incomplete"))
+        held.popleft()
+        cursor = event.seq
+        tracker.on_committed(event)
+        out.append(Committed(event))
+    return cursor
+
+
+__all__ = ["END_WAIT_S", "FALLBACK_POLL_S", "StepTracker", "live_event_batches", "live_events"]

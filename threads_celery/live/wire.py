@@ -3,8 +3,10 @@
 A message names its run, step and attempt, and holds either the step's next deltas (``d``:
 ``[kind, part, seq, text, call_id, name]`` each, ``kind`` one of ``t`` text, ``h`` thinking,
 ``c`` tool-call arguments), or says the attempt's stream ended (``e``: its message is about to be
-committed) or is void (``v``). A nudge (``n``) says the thread committed something: read the
-store. Messages are JSON, like every other thing the project sends, and compact: a flush costs one
+committed; ``l`` is the seq of its last delta, counting those that were dropped) or is void
+(``v``). A nudge (``n``) says the thread committed something: read the store. A subscribing
+process's listener hands its subscribers :data:`LOST` when its broker subscription was cut (what
+was published meanwhile never reached it). Messages are JSON, like every other thing the project sends, and compact: a flush costs one
 ``json.dumps`` of a few fragments.
 
 Channels are named after the stored (tenant-scoped) thread id, hashed: a channel name carries no
@@ -24,6 +26,7 @@ from threads_celery.live.events import Delta, TextDelta, ThinkingDelta, ToolCall
 
 CHANNEL_PREFIX = "threads-live:"
 NUDGE = b'{"n":1}'
+LOST = b'{"lost":1}'
 
 #: A fragment as the worker queues it and a message holds it: kind, part, seq, text, call_id, name.
 Fragment = tuple[str, int, int, str, str, str]
@@ -40,13 +43,16 @@ def encode_deltas(run_id: str, step: int, attempt: int, fragments: list[Fragment
     return to_json({"r": run_id, "s": step, "a": attempt, "d": fragments})
 
 
-def encode_end(run_id: str, step: int, attempt: int, *, void: bool) -> bytes:
-    return to_json({"r": run_id, "s": step, "a": attempt, "v" if void else "e": 1})
+def encode_end(run_id: str, step: int, attempt: int, *, void: bool, last_seq: int = 0) -> bytes:
+    if void:
+        return to_json({"r": run_id, "s": step, "a": attempt, "v": 1})
+    return to_json({"r": run_id, "s": step, "a": attempt, "e": 1, "l": last_seq})
 
 
 @dataclass(frozen=True, slots=True)
 class BusMessage:
-    """A decoded message: a nudge, or the deltas / end / void of one step attempt."""
+    """A decoded message: a nudge, a lost subscription, or the deltas / end / void of one step
+    attempt (an end's ``end_seq`` is None from a worker that does not say it)."""
 
     run_id: str = ""
     step: int = 0
@@ -55,6 +61,8 @@ class BusMessage:
     ended: bool = False
     void: bool = False
     nudge: bool = False
+    lost: bool = False
+    end_seq: int | None = None
 
     @property
     def last_seq(self) -> int:
@@ -76,6 +84,7 @@ class BusMessage:
 
 
 NUDGE_MESSAGE = BusMessage(nudge=True)
+LOST_MESSAGE = BusMessage(lost=True)
 
 
 def decode(payload: bytes | str) -> BusMessage | None:
@@ -86,11 +95,16 @@ def decode(payload: bytes | str) -> BusMessage | None:
             return None
         if raw.get("n"):
             return NUDGE_MESSAGE
+        if raw.get("lost"):
+            return LOST_MESSAGE
         run_id, step, attempt = raw["r"], raw["s"], raw["a"]
         if not (isinstance(run_id, str) and type(step) is int and type(attempt) is int):
             return None
-        if raw.get("v") or raw.get("e"):
-            return BusMessage(run_id, step, attempt, ended=not raw.get("v"), void=bool(raw.get("v")))
+        if raw.get("v"):
+            return BusMessage(run_id, step, attempt, void=True)
+        if raw.get("e"):
+            last = raw.get("l")
+            return BusMessage(run_id, step, attempt, ended=True, end_seq=last if type(last) is int else None)
         fragments = tuple(_fragment(f) for f in raw["d"])
         return BusMessage(run_id, step, attempt, fragments=fragments)
     except (ValueError, KeyError, TypeError):
@@ -106,4 +120,4 @@ def _fragment(raw: Any) -> Fragment:
     return (kind, part, seq, text, call_id, name)
 
 
-__all__ = ["NUDGE", "BusMessage", "Fragment", "channel_for", "decode", "encode_deltas", "encode_end"]
+__all__ = ["LOST", "NUDGE", "BusMessage", "Fragment", "channel_for", "decode", "encode_deltas", "encode_end"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from threads_celery import Agent, Threads
-from threads_celery.live import Committed, Resync, StepVoid, TextDelta
+from threads_celery.live import Committed, Resync, StepEnd, StepVoid, TextDelta
 from threads_celery.live.events import LiveEvent
 from threads_celery.live.hub import LiveHub
 from threads_celery.live.subscription import StepTracker, live_events
@@ -37,7 +37,7 @@ def test_each_delta_is_sent_once_and_none_after_the_step_ended() -> None:
     tracker = StepTracker()
     assert texts(tracker.on_message(deltas("r", 0, 1, 1, 2))) == ["<1>", "<2>"]
     assert texts(tracker.on_message(deltas("r", 0, 1, 2, 3))) == ["<3>"]  # buffered and live
-    assert tracker.on_message(BusMessage("r", 0, 1, ended=True)) == []
+    assert tracker.on_message(BusMessage("r", 0, 1, ended=True, end_seq=3)) == [StepEnd("r", 0, 1, 3)]
     assert tracker.on_message(deltas("r", 0, 1, 4)) == []
     assert texts(tracker.on_message(deltas("r", 1, 2, 1))) == ["<1>"]  # the next step
 
@@ -49,6 +49,39 @@ def test_a_void_message_voids_what_was_sent_and_the_committed_message_closes_the
     tracker.on_message(deltas("r", 1, 2, 1))
     tracker.on_committed(Event("t", 9, "message", {"role": "assistant", "text": "x"}, run_id="r"))
     assert tracker.on_message(deltas("r", 1, 2, 2)) == []
+
+
+def assistant(run: str, seq: int) -> Event:
+    return Event("t", seq, "message", {"role": "assistant", "text": "x"}, run_id=run)
+
+
+def test_the_end_names_the_last_seq_and_a_lost_tail_shows_as_a_gap() -> None:
+    tracker = StepTracker()
+    tracker.on_message(deltas("r", 0, 1, 1, 2))
+    # The worker dropped deltas 3 and 4 (a broker that was down) and says its last seq was 4.
+    assert tracker.on_message(BusMessage("r", 0, 1, ended=True, end_seq=4)) == [StepEnd("r", 0, 1, 4)]
+    # A worker that does not name it: the last seq this subscriber got.
+    tracker.on_message(deltas("r", 1, 1, 1))
+    assert tracker.on_message(BusMessage("r", 1, 1, ended=True)) == [StepEnd("r", 1, 1, 1)]
+
+
+def test_a_message_read_before_its_steps_end_waits_for_it() -> None:
+    tracker = StepTracker()
+    tracker.on_message(deltas("r", 0, 1, 1, 2))
+    assert tracker.waits(assistant("r", 5)), "the step's end has not come: its message waits"
+    assert not tracker.waits(assistant("other", 6)) and not tracker.waits(Event("t", 7, "run", {}, run_id="r"))
+    tracker.on_message(BusMessage("r", 0, 1, ended=True, end_seq=3))
+    assert not tracker.waits(assistant("r", 5))
+    tracker.on_committed(assistant("r", 5))
+    # The next step streams before the previous step's message was read: that message closes
+    # the step that ended, not the one streaming now.
+    tracker.on_message(deltas("r", 1, 1, 1))
+    tracker.on_message(BusMessage("r", 1, 1, ended=True, end_seq=1))
+    tracker.on_message(deltas("r", 2, 1, 1))
+    assert not tracker.waits(assistant("r", 8))
+    tracker.on_committed(assistant("r", 8))
+    assert texts(tracker.on_message(deltas("r", 2, 1, 2))) == ["<2>"]
+    assert tracker.waits(assistant("r", 9))
 
 
 def test_a_subscriber_that_falls_behind_gets_a_resync_then_the_step_from_its_start(threads: Threads) -> None:
