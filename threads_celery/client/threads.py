@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, date, datetime
 from pathlib import Path
 from types import EllipsisType
@@ -20,6 +20,7 @@ from typing import Any, Self
 from sqlalchemy.exc import OperationalError
 
 from threads_celery.client.agent_tools import AgentToolsMixin
+from threads_celery.client.caller_tx import CallerTransaction
 from threads_celery.client.in_process import InProcessWorkerMixin
 from threads_celery.client.live import LiveMixin
 from threads_celery.decisions.usage import ALLOWED_EVENT, LIMIT_REASON, day_bounds
@@ -209,8 +210,14 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
         *,
         run_id: str | None = None,
         tenant: str | None = None,
+        within: Any = None,
     ) -> RunHandle:
         """Record a run and enqueue its first step; returns its ids at once.
+
+        ``within`` (a SQLAlchemy ``Session`` or ``Connection`` with a transaction open, on the
+        store's own database) writes the run in that transaction: it commits with the caller's
+        rows or vanishes with them, and its first step is sent only once the commit is visible
+        (by the reconcile backbone, if this process dies before). See :mod:`.caller_tx`.
 
         A message sent to a thread that is running is queued behind the current run.
         ``tenant`` (what the HTTP API passes for its caller) owns a new thread; an existing
@@ -240,7 +247,9 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
                 self._check_runnable_here(self.registry.get(name))
         # The common start, a new thread, is one statement on PostgreSQL, which also reads the
         # agent's recorded hash; elsewhere that is read first.
-        in_one = thread_id is None and run_id is None and not env and self.store.starts_in_one_statement
+        in_one = (
+            within is None and thread_id is None and run_id is None and not env and self.store.starts_in_one_statement
+        )
         if known_hash is None and not in_one:
             with self.store.read() as tx:
                 known_hash = tx.agent_hash(name)
@@ -260,7 +269,8 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
             return RunHandle(run_id=started[0], thread_id=started[1], status="queued")
         assert known_hash is not None
         config_hash = known_hash
-        with self.store.transaction() as tx:
+        caller = CallerTransaction(within, self.store) if within is not None else None
+        with self.store.transaction() if caller is None else nullcontext(caller.tx) as tx:
             sealed = self._seal_env(tx, name, env or {})
             run, entries = runs.submit_run(
                 tx,
@@ -274,8 +284,18 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
             )
             for var, (kind, value) in sealed.items():
                 tx.set_variable(run.thread_id, var, kind, value, runs.utcnow())
-        self.publisher(entries)
+        if caller is None:
+            self.publisher(entries)
+        else:
+            written = run.id
+            caller.after_commit(lambda: self._sent(entries, {run.thread_id}), lambda t: t.get_run(written) is not None)
         return RunHandle(run_id=run.id, thread_id=run.thread_id, status=run.status)
+
+    def _sent(self, entries: list[OutboxEntry], threads: set[str]) -> None:
+        """Send what a caller's transaction committed, and wake the live streams of its threads."""
+        self.publisher(entries)
+        if self.store.on_events_committed is not None:
+            self.store.on_events_committed(frozenset(threads))
 
     # -- variables -------------------------------------------------------------------------
 
@@ -550,15 +570,23 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
         self.publisher(entries)
 
     def approve(
-        self, effect_key: str, *, principal: str, override_args: dict[str, Any] | None = None, remember: bool = False
+        self,
+        effect_key: str,
+        *,
+        principal: str,
+        override_args: dict[str, Any] | None = None,
+        remember: bool = False,
+        within: Any = None,
     ) -> None:
         """Approve a call that awaits approval, for its exact (or edited, re-validated) arguments.
 
         ``remember=True`` also means "always allow this tool on this thread" (the call's thread):
         a durable decision, listed by :meth:`permission_grants` and undone by
-        :meth:`revoke_permission`.
+        :meth:`revoke_permission`. ``within`` records the approval in the caller's transaction,
+        as :meth:`start` does: the call runs once that commits, never if it rolls back.
         """
-        with self.store.transaction() as tx:
+        caller = CallerTransaction(within, self.store) if within is not None else None
+        with self.store.transaction() if caller is None else nullcontext(caller.tx) as tx:
             entries = interventions.approve(
                 tx,
                 self.registry,
@@ -568,7 +596,15 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
                 override_args=override_args,
                 remember=remember,
             )
-        self.publisher(entries)
+        if caller is None:
+            self.publisher(entries)
+            return
+
+        def approved(t: Tx) -> bool:
+            found = t.get_call_and_run(effect_key)
+            return found is not None and found[0].status != "awaiting_approval"
+
+        caller.after_commit(lambda: self._sent(entries, set(caller.tx.event_threads)), approved)
 
     def pending(self, run_id: str) -> list[PendingCall]:
         """What waits for a person under a run: its own calls, then its child runs' (``kind="child"``).
