@@ -110,4 +110,12 @@ gated = Agent(
     tools=[wait_for_file],
 )
 
-ALL_AGENTS = (one_step, three_steps, twenty_steps, gated)
+# count is unguarded and the permissions are the default ones: its call asks a person first.
+asks_first = Agent(
+    name="it_asks_first",
+    instructions="Count once, then answer.",
+    model=ScriptedModel([call("count", n=1), say("counted once")]),
+    tools=[count],
+)
+
+ALL_AGENTS = (one_step, three_steps, twenty_steps, gated, asks_first)
