@@ -33,6 +33,7 @@ from threads_celery.runtime.tool_faults import describe, is_control, picklable, 
 from threads_celery.telemetry.metrics import timed_tick
 from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
 from threads_celery.worker.lost_workers import LossCounter, counting_request
+from threads_celery.worker.task_states import stated_request
 
 if TYPE_CHECKING:
     from threads_celery.worker.application import RuntimeHolder
@@ -123,7 +124,9 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
     # A step's or call's pool process that is lost is counted (see lost_workers); one killed at
     # the hard time limit goes back to the broker as after any other loss, instead of waiting
     # for the backbone (acks_on_failure_or_timeout=False; a task that fails is dropped either way).
-    counting = counting_request(LossCounter(holder))
+    # A step or call that ended without doing its work (awaiting approval, parked, voided...) is
+    # listed by monitors as what it is, not as SUCCESS (see task_states).
+    counting = stated_request(counting_request(LossCounter(holder)))
 
     # Every task but the tick is acknowledged after it ran and given back to the broker when its
     # worker dies. ``shared=False`` keeps each task on this app only: a process may hold several
