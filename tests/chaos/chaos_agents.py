@@ -11,12 +11,12 @@ arguments: ``{"ref": "...", "seconds": 30, "repeat_seconds": 0, "sleep_first": f
 long any later execution sleeps, so a call killed mid-sleep finishes quickly when run again.
 
 Importing this module in a worker (``CHAOS_ROLE=worker``) also installs the crash-on-publish
-hook (Celery's ``before_task_publish`` signal): when a task message's id (or task name) matches
-one of the comma-separated fnmatch patterns in ``CHAOS_CRASH_ON_PUBLISH`` and its marker file in
-``CHAOS_CRASH_MARKER_DIR`` does not exist yet, the publishing process creates the marker and
-SIGKILLs itself just before the message leaves: the transaction that recorded the message in the
-outbox has committed, the publish never happens. Each matching message crashes its publisher
-once. Tests opt a run in by choosing its run id (e.g. patterns ``step:run_crashstep_*:1``). The
+hook (Celery's ``before_task_publish`` signal): when a task message's id (a tool call's without
+the token of its publish: its effect key) or task name matches one of the comma-separated fnmatch
+patterns in ``CHAOS_CRASH_ON_PUBLISH`` and its marker file in ``CHAOS_CRASH_MARKER_DIR`` does not
+exist yet, the publishing process creates the marker and SIGKILLs itself just before the message
+leaves: the transaction that recorded the message in the outbox has committed, the publish never
+happens. Each matching message crashes its publisher once. Tests opt a run in by choosing its run id (e.g. patterns ``step:run_crashstep_*:1``). The
 test process never sets ``CHAOS_ROLE``, so the hook is never installed there.
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import signal
 import time
 from typing import Any
@@ -247,7 +248,9 @@ def _crash_on_publish(sender: str | None = None, headers: dict[str, Any] | None 
     marker_dir = os.environ.get("CHAOS_CRASH_MARKER_DIR")
     if not patterns or not marker_dir:
         return
-    task_id = str((headers or {}).get("id", ""))
+    # A tool call's task id is its effect key and a token fresh to each publish: the patterns and
+    # the once-only marker go by the key, so that the publish after the crash is not crashed too.
+    task_id = re.sub(r"~[0-9a-f]{8}$", "", str((headers or {}).get("id", "")))
     if not any(fnmatch.fnmatchcase(task_id, p) or fnmatch.fnmatchcase(sender or "", p) for p in patterns):
         return
     marker = os.path.join(marker_dir, crash_marker_name(task_id))

@@ -351,7 +351,7 @@ def test_frozen_worker_is_fenced_off_when_it_resumes(
 
     # The frozen worker wakes up, finishes its call and tries to commit: the fence refuses it.
     frozen.wait_for_log(
-        rf"Task threads\.tool \S+\[{re.escape(key)}\] succeeded in [^:]*: 'fence lost'",
+        rf"Task threads\.tool \S+\[{re.escape(key)}~[0-9a-f]{{8}}\] succeeded in [^:]*: 'fence lost'",
         timeout=SETTLE_S,
         what="the late commit being refused",
     )
@@ -380,7 +380,7 @@ def test_a_worker_frozen_before_a_reconcilable_effect_does_not_make_it_when_resu
     frozen, run = frozen_until_settled(cluster, healthy_workers, line.pid, handle.run_id)
     assert run.status == "completed", f"run is {run.status} ({run.error})"
     frozen.wait_for_log(
-        rf"Task threads\.tool \S+\[{re.escape(key)}\] succeeded in [^:]*: 'fence lost'",
+        rf"Task threads\.tool \S+\[{re.escape(key)}~[0-9a-f]{{8}}\] succeeded in [^:]*: 'fence lost'",
         timeout=SETTLE_S,
         what="the resumed execution being left",
     )

@@ -5,6 +5,10 @@ A real worker (``celery -A tasks worker -E``, Redis broker, PostgreSQL ledger) a
 tool's arguments carry a canary string; Flower's task listing must name the tool (through the
 task's ``argsrepr``) and the effect key, and must not hold the canary anywhere: task messages
 carry ids only, and results are outcomes, not tool output.
+
+A task that did not run its call is listed as what it is: waiting for approval, for a child run,
+voided by a lost fence, skipped as a duplicate; and each publish of a call is an entry of its own,
+so the attempt that waited for approval keeps its entry when the approved attempt runs.
 """
 
 from __future__ import annotations
@@ -32,14 +36,20 @@ from tests.support.processes import (
     subprocess_env,
 )
 from tests.support.waiting import eventually
+from threads_celery.transitions import runs
 
 FLOWER_USER, FLOWER_PASSWORD = "flower-user", "flower-pass"
 DEADLINE_S = 60.0
 
 
+#: The agents whose tasks end otherwise than by running, loaded beside the package's test agents.
+FLOWER_AGENTS = "tests.integration.flower_agents"
+
+
 def service_env(database_url: str, broker_url: str) -> dict[str, str]:
+    agents = f"{TEST_AGENTS},{FLOWER_AGENTS}"
     return subprocess_env(
-        {"THREADS_DATABASE_URL": database_url, "THREADS_BROKER_URL": broker_url, "THREADS_AGENTS": TEST_AGENTS}
+        {"THREADS_DATABASE_URL": database_url, "THREADS_BROKER_URL": broker_url, "THREADS_AGENTS": agents}
     )
 
 
@@ -220,9 +230,9 @@ def test_flower_names_the_tool_and_the_effect_key_and_never_the_conversation(
     [call] = [c for m in threads.messages(run.thread_id) for c in m.tool_calls]
     assert call.name == "wait_for_file" and canary in call.args  # the ledger has it, as it should
 
-    task = wait_for_task(flower, call.effect_key)
+    [(task_id, task)] = wait_for_entries(flower, "wait_for_file", call.effect_key, ["SUCCESS"]).items()
     assert task["name"] == "threads.tool wait_for_file"  # Celery's shadow name: the task and what it runs
-    assert task["uuid"] == call.effect_key  # the task id is the effect key
+    assert task_id.startswith(f"{call.effect_key}~")  # the effect key, and which publish of the call
     # Flower shows argsrepr: the tool's name and the effect key, and nothing else.
     assert task["args"] == f"('wait_for_file', {call.effect_key})"
     assert task["kwargs"] in ("{}", {}, None)
@@ -230,8 +240,102 @@ def test_flower_names_the_tool_and_the_effect_key_and_never_the_conversation(
     assert step["name"] == "threads.step it_gated" and "it_gated" in step["args"]
 
     text, listing = flower.tasks()
-    assert {f"step:{run.id}:0", call.effect_key, f"step:{run.id}:1"} <= set(listing)
+    assert {f"step:{run.id}:0", task_id, f"step:{run.id}:1"} <= set(listing)
     assert canary not in text
     for task_id in listing:
         status, detail = flower.get(f"/api/task/info/{task_id}")
         assert status == 200 and canary not in detail
+
+
+# -- what the list says of a task that did not run its call ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def waiting_agents(threads: Any) -> Any:
+    """The client, with the agents whose calls wait, for a person or for a child, registered."""
+    from tests.integration import flower_agents
+
+    for agent in flower_agents.ALL_AGENTS:
+        threads.register(agent)
+    return threads
+
+
+def entries_of(flower: Flower, tool: str, effect_key: str) -> dict[str, dict[str, Any]]:
+    """Flower's entries of the tasks that carried the call ``effect_key``, by task id: what a
+    person finds by searching Flower for the effect key (each entry's args name it)."""
+    _, listing = flower.tasks()
+    return {task_id: task for task_id, task in listing.items() if task.get("args") == f"({tool!r}, {effect_key})"}
+
+
+def wait_for_entries(flower: Flower, tool: str, effect_key: str, states: list[str]) -> dict[str, dict[str, Any]]:
+    """The call's entries once Flower lists exactly one in each of ``states`` (oldest first)."""
+
+    def listed() -> dict[str, dict[str, Any]] | None:
+        entries = entries_of(flower, tool, effect_key)
+        in_order = sorted(entries.values(), key=lambda t: t.get("received") or 0)
+        return entries if [t.get("state") for t in in_order] == states else None
+
+    return eventually(
+        listed,
+        timeout=DEADLINE_S,
+        interval=0.2,
+        what=f"Flower listing {effect_key} as {states}",
+        detail=lambda: f"{entries_of(flower, tool, effect_key)}\n{flower.log_tail()}",
+    )
+
+
+def test_a_call_awaiting_approval_reads_so_and_its_run_after_approval_is_an_entry_of_its_own(
+    flower: Flower, waiting_agents: Any
+) -> None:
+    threads = waiting_agents
+    handle = threads.start("it_flower_mailer", "email ann")
+    run = threads.wait(handle.run_id, DEADLINE_S)
+    assert run.status == "awaiting_approval", (run.status, run.error)
+    [pending] = [p for p in threads.parked() if p.run_id == run.id]
+    assert pending.tool == "send_email"
+
+    [(held_id, held)] = wait_for_entries(flower, "send_email", pending.effect_key, ["AWAITING_APPROVAL"]).items()
+    assert held["name"] == "threads.tool send_email"
+    assert str(held["result"]).startswith("'awaiting approval: ")  # what it waits for, not a tool result
+    assert held_id.startswith(f"{pending.effect_key}~")  # searchable by the effect key
+
+    threads.approve(pending.effect_key, principal="tester")
+    assert threads.wait(run.id, DEADLINE_S).status == "completed"
+    entries = wait_for_entries(flower, "send_email", pending.effect_key, ["AWAITING_APPROVAL", "SUCCESS"])
+    # The attempt that waited keeps its entry, as it was; the one that sent the email has its own.
+    assert entries[held_id]["state"] == "AWAITING_APPROVAL" and entries[held_id]["result"] == held["result"]
+    [(ran_id, ran)] = [(task_id, task) for task_id, task in entries.items() if task_id != held_id]
+    assert ran_id.startswith(f"{pending.effect_key}~") and ran["result"] == "'completed'"
+
+    # A delivery of the call after it settled (the backbone's copy of a message it thought lost)
+    # does nothing, and says so in an entry of its own.
+    threads.publisher([runs.tool_entry(pending.effect_key, "send_email", None)])
+    entries = wait_for_entries(flower, "send_email", pending.effect_key, ["AWAITING_APPROVAL", "SUCCESS", "SKIPPED"])
+    assert (entries[ran_id]["state"], entries[ran_id]["result"]) == ("SUCCESS", "'completed'")
+    [skipped] = [task for task_id, task in entries.items() if task_id not in (held_id, ran_id)]
+    assert skipped["result"] == "'skipped: run is completed'"
+
+
+def test_a_call_waiting_for_its_child_run_reads_waiting(flower: Flower, waiting_agents: Any) -> None:
+    threads = waiting_agents
+    run = threads.wait(threads.start("it_flower_parent", "ask the child").run_id, DEADLINE_S)
+    assert run.status == "completed", (run.status, run.error)
+    [call] = [c for m in threads.messages(run.thread_id) for c in m.tool_calls]
+    [(_, waiting)] = wait_for_entries(flower, "ask_child", call.effect_key, ["WAITING"]).items()
+    assert str(waiting["result"]).startswith("'waiting on it_flower_child (")  # the child's run id follows
+
+
+def test_an_attempt_whose_run_was_taken_over_reads_voided(flower: Flower, threads: Any, tmp_path: Path) -> None:
+    """The run's fence moves while the call runs (as when the backbone hands the run to another
+    worker): the attempt's result is refused, and its entry says it was voided."""
+    gate = tmp_path / "gate"
+    handle = threads.start("it_gated", f"gate {gate}")
+    run_id = handle.run_id
+    eventually(Path(f"{gate}.entered").exists, timeout=DEADLINE_S, what="the gated tool started")
+    with threads.store.transaction() as tx:
+        current = tx.get_run(run_id)
+        assert current is not None and tx.advance_run(run_id, fence=current.fence, now=runs.utcnow()) is not None
+    gate.touch()
+    [call] = [c for m in threads.messages(handle.thread_id) for c in m.tool_calls]
+    [(_, voided)] = wait_for_entries(flower, "wait_for_file", call.effect_key, ["VOIDED"]).items()
+    assert voided["result"] == "'fence lost'"

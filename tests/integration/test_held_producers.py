@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -42,6 +43,15 @@ def entry(key: str, task: str = TOOL_TASK) -> OutboxEntry:
     return OutboxEntry(key=key, task=task, args=(key,), argsrepr=f"noop [{key}]")
 
 
+#: The token a tool call's task id adds to its effect key, fresh to each publish (publishing.task_id).
+PUBLISH_TOKEN = re.compile(r"~[0-9a-f]{8}")
+
+
+def key_of(task_id: str) -> str:
+    """The outbox key a task id was made from (a tool call's id adds a token of its publish)."""
+    return PUBLISH_TOKEN.sub("", task_id)
+
+
 def queued(broker: redis.Redis) -> list[dict[str, Any]]:
     """Every task message on the work queue (all priority levels), oldest first."""
     messages: list[dict[str, Any]] = []
@@ -53,10 +63,10 @@ def queued(broker: redis.Redis) -> list[dict[str, Any]]:
 
 def comparable(message: dict[str, Any], name: str) -> str:
     """A task message as text, its body decoded, ``name`` (in its id) written as ``NAME``, and
-    without the one field that differs between any two sends (kombu's delivery tag)."""
+    without what differs between any two sends (kombu's delivery tag, a tool call's publish token)."""
     decoded = {**message, "body": json.loads(base64.b64decode(message["body"]))}
     decoded["properties"] = {k: v for k, v in message["properties"].items() if k != "delivery_tag"}
-    return json.dumps(decoded, sort_keys=True).replace(name, "NAME")
+    return PUBLISH_TOKEN.sub("~TOKEN", json.dumps(decoded, sort_keys=True).replace(name, "NAME"))
 
 
 @pytest.mark.parametrize(
@@ -115,14 +125,14 @@ def test_a_send_is_the_message_and_event_send_task_sends(broker: redis.Redis, re
     finally:
         events.close()
         held.close()
-    messages = {m["headers"]["id"]: m for m in queued(broker)}
+    messages = {key_of(m["headers"]["id"]): m for m in queued(broker)}
     assert set(messages) == {"tool:stock", "step:stock", "tool:held", "step:held"}
     for kind in ("tool", "step"):
         held_message, stock_message = messages[f"{kind}:held"], messages[f"{kind}:stock"]
         assert comparable(held_message, "held") == comparable(stock_message, "stock")
     assert messages["tool:held"]["properties"]["priority"] is not None  # work's priority on Redis
     # Each send also published its task-sent event (what Flower shows before a worker has the task).
-    assert sorted((e["type"], e["uuid"]) for e in sent) == [
+    assert sorted((e["type"], key_of(e["uuid"])) for e in sent) == [
         ("task-sent", key) for key in sorted(["step:held", "step:stock", "tool:held", "tool:stock"])
     ]
 
@@ -149,7 +159,7 @@ def test_a_send_from_inside_a_task_names_it_as_its_parent_as_send_task_does(
         _task_stack.pop()
         parent.pop_request()
         held.close()
-    messages = {m["headers"]["id"]: m for m in queued(broker)}
+    messages = {key_of(m["headers"]["id"]): m for m in queued(broker)}
     assert comparable(messages["tool:held"], "held") == comparable(messages["tool:stock"], "stock")
     assert (messages["tool:held"]["headers"]["parent_id"], messages["tool:held"]["headers"]["root_id"]) == (
         "parent-1",
@@ -221,7 +231,7 @@ def test_threads_publishing_at_once_each_take_a_producer(broker: redis.Redis, re
     assert publisher._producers is not None
     idle = len(publisher._producers._idle)
     publisher.close()
-    ids = sorted(m["headers"]["id"] for m in queued(broker))
+    ids = sorted(key_of(m["headers"]["id"]) for m in queued(broker))
     assert ids == sorted(f"tool:{n}:{i}" for n in range(8) for i in range(25))
     assert 1 <= idle <= 8  # one per thread at most, kept for the next sends
     assert publisher._producers._idle == []
@@ -260,7 +270,11 @@ def test_a_forked_child_publishes_on_connections_of_its_own(broker: redis.Redis,
     assert publisher._producers._idle == parents
     publisher.send(entry("tool:parent-2"))  # the parent's connection still works
     publisher.close()
-    assert sorted(m["headers"]["id"] for m in queued(broker)) == ["tool:child", "tool:parent-1", "tool:parent-2"]
+    assert sorted(key_of(m["headers"]["id"]) for m in queued(broker)) == [
+        "tool:child",
+        "tool:parent-1",
+        "tool:parent-2",
+    ]
 
 
 def test_sends_routed_by_queue_name_skip_declaring_and_a_users_route_keeps_it(
@@ -272,7 +286,7 @@ def test_sends_routed_by_queue_name_skip_declaring_and_a_users_route_keeps_it(
     publisher.send(entry("tool:ours"))
     publisher.close()
     assert broker.keys("_kombu.binding*") == []  # nothing declared, and the message is queued:
-    assert [m["headers"]["id"] for m in queued(broker)] == ["tool:ours"]
+    assert [key_of(m["headers"]["id"]) for m in queued(broker)] == ["tool:ours"]
     broker.flushdb()
 
     # A route of the user's that names an exchange: the send keeps Celery's declaring (Celery
@@ -284,7 +298,7 @@ def test_sends_routed_by_queue_name_skip_declaring_and_a_users_route_keeps_it(
     assert publisher._declare == {} and Publisher(ours)._declare == {"declare": []}
     publisher.send(entry("tool:theirs"))
     publisher.close()
-    assert [m["headers"]["id"] for m in queued(broker)] == ["tool:theirs"]
+    assert [key_of(m["headers"]["id"]) for m in queued(broker)] == ["tool:theirs"]
 
 
 @pytest.mark.parametrize("task_events", [False, True], ids=["events-off", "events-on"])
@@ -307,7 +321,7 @@ def test_entries_published_together_go_in_one_round_trip(
     publisher.close()
     # Three task messages (and, with task events, their three task-sent events) in one pipeline.
     assert executed == [6 if task_events else 3]
-    assert sorted(m["headers"]["id"] for m in queued(broker)) == ["tool:0", "tool:1", "tool:2", "tool:warm"]
+    assert sorted(key_of(m["headers"]["id"]) for m in queued(broker)) == ["tool:0", "tool:1", "tool:2", "tool:warm"]
 
 
 def test_a_failed_batch_is_sent_again_one_by_one_through_celerys_pool(
@@ -327,6 +341,6 @@ def test_a_failed_batch_is_sent_again_one_by_one_through_celerys_pool(
     publisher.send(entry("tool:c"))
     monkeypatch.undo()
     assert publisher._producers is not None and publisher._producers._idle == []  # both dropped
-    assert sorted(m["headers"]["id"] for m in queued(broker)) == ["tool:a", "tool:b", "tool:c"]
+    assert sorted(key_of(m["headers"]["id"]) for m in queued(broker)) == ["tool:a", "tool:b", "tool:c"]
     assert "sending them one by one" in caplog.text and "left for the reconcile backbone" not in caplog.text
     publisher.close()

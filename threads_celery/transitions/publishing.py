@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -104,6 +105,26 @@ def shadow_name(entry: OutboxEntry) -> str | None:
         return None
     named = _NAMED_ARGSREPR.match(entry.argsrepr)
     return f"{entry.task} {named['name']}" if named else None
+
+
+#: What separates a tool task's id from the call's effect key.
+TASK_ID_SEPARATOR = "~"
+
+
+def task_id(entry: OutboxEntry) -> str:
+    """The Celery task id of one publish of ``entry``.
+
+    A step's, a delivery's: the entry's key (``step:<run>:<n>``), the same on every publish. A
+    tool call's: its effect key and a token of this publish (``<effect key>~3f9a0c1e``), because a
+    call is published more than once by design: it waits for an approval, a variable or a person's
+    decision and is published again when it is answered. Under one id, monitors that key tasks by
+    id (Flower) would show only the last attempt, and the attempt that waited would vanish under
+    the one that ran. Nothing reads the id back: a call is found by its effect key (the task's
+    argument), and its idempotency is the ledger's, by effect key.
+    """
+    if entry.task != TOOL_TASK:
+        return entry.key
+    return f"{entry.key}{TASK_ID_SEPARATOR}{secrets.token_hex(4)}"
 
 
 #: Where Beat keeps its schedule state unless told (``--schedule``), relative to its working directory.
@@ -295,7 +316,7 @@ class Publisher:
         self._reachable_until = time.monotonic() + REACHABLE_FOR_S
 
     def _options(self, entry: OutboxEntry) -> dict[str, Any]:
-        options: dict[str, Any] = {"task_id": entry.key, "argsrepr": entry.argsrepr or entry.key}
+        options: dict[str, Any] = {"task_id": task_id(entry), "argsrepr": entry.argsrepr or entry.key}
         shadow = shadow_name(entry)
         if shadow is not None:
             options["shadow"] = shadow
@@ -366,7 +387,7 @@ class Publisher:
                 )
             argsrepr = entry.argsrepr or entry.key
             message = amqp.create_task_message(
-                entry.key, entry.task, list(entry.args), {},
+                task_id(entry), entry.task, list(entry.args), {},
                 reply_to=reply_to, create_sent_event=self._sent_events, root_id=root_id, parent_id=parent_id,
                 shadow=shadow_name(entry), ignore_result=None, argsrepr=argsrepr, kwargsrepr="{}",
             )  # fmt: skip
