@@ -298,6 +298,8 @@ def test_a_call_awaiting_approval_reads_so_and_its_run_after_approval_is_an_entr
     assert held["name"] == "threads.tool send_email"
     assert str(held["result"]).startswith("'awaiting approval: ")  # what it waits for, not a tool result
     assert held_id.startswith(f"{pending.effect_key}~")  # searchable by the effect key
+    status, text = flower.get("/api/tasks?state=AWAITING_APPROVAL")  # Flower filters by the state
+    assert status == 200 and held_id in json.loads(text)
 
     threads.approve(pending.effect_key, principal="tester")
     assert threads.wait(run.id, DEADLINE_S).status == "completed"
