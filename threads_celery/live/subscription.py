@@ -19,7 +19,9 @@ the end travels over the broker and the message is read from the store, so a mes
 is held (with the committed events after it) until the end arrives. An end that has not arrived
 :data:`END_WAIT_S` later was lost: the subscriber gets a :class:`Resync` (``incomplete``) before
 the message instead. A subscriber that was streaming a step therefore gets, before its message,
-either ``step_end``, ``step_void`` or ``resync``.
+either ``step_end``, ``step_void`` or ``resync``. A message read before anything of its step's
+stream arrived goes out at once, and that stream, when it comes, is dropped up to its end: no
+delta of a step comes after the step's message.
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ class StepTracker:
         self.open: dict[str, tuple[int, int]] = {}
         #: run -> the steps whose stream ended and whose message has not been read yet.
         self.ended: dict[str, set[int]] = {}
+        #: The runs whose message was sent before anything of its step's stream came: the stream
+        #: still on its way belongs to a step that is committed, and is dropped up to its end.
+        self.orphaned: set[str] = set()
+        #: The (run, step) streams dropped so.
+        self.dropping: set[tuple[str, int]] = set()
 
     def on_message(self, message: BusMessage) -> list[LiveEvent]:
         """The events ``message`` makes (a step's end: :class:`StepEnd`, for the attempt this
@@ -72,6 +79,16 @@ class StepTracker:
             return []
         out: list[LiveEvent] = []
         current = self.attempts.get(key)
+        if current is None and (key in self.dropping or message.run_id in self.orphaned):
+            # The stream of a step whose message was sent already: nothing of it goes out.
+            self.orphaned.discard(message.run_id)
+            self.dropping.add(key)
+            if len(self.dropping) > 256:  # streams whose end never came
+                self.dropping.clear()
+            if message.ended or message.void:
+                self.dropping.discard(key)
+                self.done[key] = max(self.done.get(key, -1), message.attempt)
+            return []
         if current is not None and message.attempt < current:
             return []
         if current is not None and message.attempt > current:
@@ -111,9 +128,11 @@ class StepTracker:
             return False
         return event.type == "message" and event.payload.get("role") == "assistant"
 
-    def on_committed(self, event: Event) -> None:
+    def on_committed(self, event: Event, *, live: bool = True) -> None:
         """A run's assistant message is that of the earliest of its steps that ended, else it
-        closes the step it was streaming; the run's end closes that step too."""
+        closes the step it was streaming, else (``live``: not while catching up on the thread's
+        past) its step's stream has not come yet and will be dropped. The run's end closes its
+        step too."""
         run_id = event.run_id
         if run_id is None:
             return
@@ -122,6 +141,10 @@ class StepTracker:
             if steps:  # the message of the earliest step that ended (not of one streaming now)
                 steps.discard(min(steps))
                 return
+            if live and run_id not in self.open:
+                self.orphaned.add(run_id)
+                if len(self.orphaned) > 256:
+                    self.orphaned.clear()
         elif event.type == "run" and event.payload.get("status") in TERMINAL_STATUSES:
             self.ended.pop(run_id, None)
         else:
@@ -259,7 +282,7 @@ async def _iterate(
             batch = await _read(store, thread_id, read_upto)
             held.extend(batch)
             read_upto = batch[-1].seq if batch else read_upto
-            cursor = _release(held, tracker, cursor, out, forced=False)
+            cursor = _release(held, tracker, cursor, out, forced=False, live=False)
             if len(batch) >= EVENT_BATCH:
                 yield out
                 continue
@@ -310,10 +333,17 @@ async def _iterate(
 
 
 def _release(
-    held: deque[Event], tracker: StepTracker, cursor: int, out: list[LiveEvent | Heartbeat], *, forced: bool
+    held: deque[Event],
+    tracker: StepTracker,
+    cursor: int,
+    out: list[LiveEvent | Heartbeat],
+    *,
+    forced: bool,
+    live: bool = True,
 ) -> int:
     """Send the held events up to one that waits for its step's end (``forced``: that one too,
-    after a resync that says the step's deltas were incomplete); the new cursor."""
+    after a resync that says the step's deltas were incomplete); the new cursor. ``live``: not
+    catching up on the thread's past."""
     while held:
         event = held[0]
         if tracker.waits(event):
@@ -322,7 +352,7 @@ def _release(
             out.append(Resync(after=cursor, reason="incomplete"))
         held.popleft()
         cursor = event.seq
-        tracker.on_committed(event)
+        tracker.on_committed(event, live=live)
         out.append(Committed(event))
     return cursor
 

@@ -116,3 +116,20 @@ def test_a_subscriber_that_falls_behind_gets_a_resync_then_the_step_from_its_sta
     assert any(isinstance(e, Committed) for e in after)
     assert hub.subscriber_count == 0 and hub.channel_count == 0
     hub.close()
+
+
+def test_a_steps_stream_that_comes_after_its_message_is_dropped_up_to_its_end() -> None:
+    tracker = StepTracker()
+    # The message was read from the store before anything of its step's stream came.
+    tracker.on_committed(assistant("r", 5))
+    # So was the run's end (the stream is still on its way).
+    tracker.on_committed(Event("t", 6, "run", {"status": "completed"}, run_id="r"))
+    assert tracker.on_message(deltas("r", 0, 1, 1, 2)) == []
+    assert tracker.on_message(deltas("r", 0, 1, 3)) == []
+    assert tracker.on_message(BusMessage("r", 0, 1, ended=True, end_seq=3)) == []
+    # The next step streams as usual.
+    assert texts(tracker.on_message(deltas("r", 1, 1, 1))) == ["<1>"]
+    # While catching up on the past, a message says nothing of a stream to come.
+    catching_up = StepTracker()
+    catching_up.on_committed(assistant("r", 5), live=False)
+    assert texts(catching_up.on_message(deltas("r", 1, 1, 1))) == ["<1>"]
