@@ -123,7 +123,15 @@ def create_app(
     return app
 
 
-def preflight(app: ThreadsCelery, *, service: str) -> Ready:
+def runtime_holder(app: Celery) -> RuntimeHolder:
+    """The runtime :func:`install_worker` installed on ``app``."""
+    holder = getattr(app, "threads_runtime", None)
+    if not isinstance(holder, RuntimeHolder):
+        raise ConfigError("this Celery app has no threads-celery runtime installed (threads_celery.install(app))")
+    return holder
+
+
+def preflight(app: Celery, *, service: str) -> Ready:
     """Check that ``app`` can work before it accepts any: the secret key (when set) is well formed,
     the database is set, answers and is at head, the agents of ``THREADS_AGENTS`` import, and
     their model providers can be built.
@@ -134,7 +142,7 @@ def preflight(app: ThreadsCelery, *, service: str) -> Ready:
     Raises the ThreadsError whose message says what is wrong (see :mod:`threads_celery.runtime.preflight`).
     """
     check_secret_key()
-    holder = app.threads_runtime
+    holder = runtime_holder(app)
     if holder._store is None:
         require_database_url(holder.settings.database_url, service=service)
     runtime = holder.get()
@@ -185,6 +193,14 @@ def app_from_environment() -> ThreadsCelery:
         raise ConfigError("THREADS_BROKER_URL is not set (e.g. redis://127.0.0.1:6379/0)")
     registry = AgentRegistry()
     app = create_app(settings, registry)
+    connect_service_signals(app, settings)
+    return app
+
+
+def connect_service_signals(app: Celery, settings: Settings) -> None:
+    """What a worker or Beat of ``app`` does at start: consume the control queue, capture a
+    tool's output for redaction, run :func:`preflight` (refusing to start, in one line, when it
+    fails) and record the agents it loaded; Beat's preflight is ``app.threads_beat_preflight``."""
 
     @celeryd_after_setup.connect(weak=False)
     def _consume_control(sender: str, instance: Any, **_: Any) -> None:
@@ -212,7 +228,7 @@ def app_from_environment() -> ThreadsCelery:
         quiet_ticks.install()
         with exit_on_failure("worker"):
             preflight(app, service="worker")
-            runtime = app.threads_runtime.get()
+            runtime = runtime_holder(app).get()
             serve_metrics(runtime.store)
             for agent in runtime.registry:
                 with runtime.store.transaction() as tx:
@@ -224,5 +240,4 @@ def app_from_environment() -> ThreadsCelery:
 
     # Called by threads_celery.worker.beat.Scheduler before it reads the schedules (before Celery's
     # logging takes stderr over), so a refusal is one line and not a logged traceback.
-    app.threads_beat_preflight = _check_beat
-    return app
+    app.threads_beat_preflight = _check_beat  # type: ignore[attr-defined]  # declared on ThreadsCelery only
