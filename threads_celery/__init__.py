@@ -59,6 +59,7 @@ _EXPORTS = {
     "Limits": "decisions.usage",
     "UsageTotals": "records",
     "AgentToolRun": "records",
+    "install": "worker.own_app",
 }
 
 # Written out (not computed from _EXPORTS) so type checkers and linters can read it; a unit
@@ -110,6 +111,7 @@ __all__ = [
     "agent_tool",
     "crontab",
     "from_pydantic_ai",
+    "install",
     "tool",
 ]
 
@@ -151,6 +153,7 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
     )
     from threads_celery.runtime.schedules import Schedule, crontab
     from threads_celery.settings import Settings
+    from threads_celery.worker.own_app import install
 
 
 def __getattr__(name: str) -> Any:

@@ -269,7 +269,7 @@ class Publisher:
         # The embedded worker consumes one work queue: all work goes there, whatever its routing.
         self.single_queue = single_queue
         self.broker_url = str(app.conf.broker_url or "")
-        self.control_queue = control_queue_for(app.conf.task_default_queue or WORK_QUEUE)
+        self.control_queue = control_queue_for(work_queue_of(app))
         # On plain Redis, producers of our own that keep one Redis client each (see held_producers).
         self._producers = ProducerStack(app) if held_producers.serves(self.broker_url) else None
         # Nor do they declare the queue on every send (a copy and bind of it each time, a fifth of
@@ -447,6 +447,16 @@ class Publisher:
         if self._unreachable is not None and now < self._unreachable_until:
             raise BrokerUnavailable(str(self._unreachable))
         self.check()
+
+
+#: The setting an app that ``threads_celery.install`` made a threads app keeps its work queue in.
+WORK_QUEUE_SETTING = "threads_work_queue"
+
+
+def work_queue_of(app: Celery) -> str:
+    """The queue ``app`` sends agents' work to (``threads`` unless the embedded worker's own):
+    its default queue, or on a user's app (``threads_celery.install``), the one it was given."""
+    return str(app.conf.get(WORK_QUEUE_SETTING) or app.conf.task_default_queue or WORK_QUEUE)
 
 
 def routes_by_queue_only(app: Celery) -> bool:

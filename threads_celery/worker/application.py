@@ -17,7 +17,7 @@ from celery import Celery
 from celery.concurrency.prefork import TaskPool as PreforkPool
 from celery.signals import celeryd_after_setup, worker_init, worker_process_init, worker_process_shutdown
 
-from threads_celery.decisions.backbone import WORK_QUEUE, control_queue_for
+from threads_celery.decisions.backbone import control_queue_for
 from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.exceptions import ConfigError, StoreUnavailable
 from threads_celery.runtime.machine import Runtime
@@ -33,7 +33,7 @@ from threads_celery.runtime.schedules import ScheduleRegistry
 from threads_celery.settings import Settings
 from threads_celery.store import Store
 from threads_celery.telemetry.metrics import METRICS_PORT_VARIABLE, serve
-from threads_celery.transitions.publishing import Publisher, celery_app, open_store, task_queue
+from threads_celery.transitions.publishing import Publisher, celery_app, open_store, task_queue, work_queue_of
 from threads_celery.transitions.runs import utcnow
 from threads_celery.worker import output_capture, quiet_ticks
 from threads_celery.worker.tasks import install_tasks
@@ -157,7 +157,7 @@ def consume_control_queue(app: Celery) -> None:
     A worker started with ``-Q email`` for slow tools still takes reconcile ticks and finish
     deliveries, so recovery never depends on one particular worker being alive.
     """
-    control = control_queue_for(app.conf.task_default_queue or WORK_QUEUE)
+    control = control_queue_for(work_queue_of(app))
     if control not in app.amqp.queues.consume_from:
         # The queue as the app declares it (a quorum queue on RabbitMQ), else as task_queue makes it.
         declared = app.amqp.queues.get(control)
