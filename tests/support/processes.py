@@ -293,11 +293,12 @@ class WorkerProcess(ManagedProcess):
         cli: bool = False,
         extra_args: Sequence[str] = (),
         cwd: Path = REPO_ROOT,
+        app: str = "tasks",
     ) -> None:
         if cli:
             argv = [THREADS_CELERY, "worker"]
         else:
-            argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-n", f"{name}@%h",
+            argv = [sys.executable, "-m", "celery", "-A", app, "worker", "-n", f"{name}@%h",
                     "--without-mingle", "--without-gossip"]  # fmt: skip
         argv += ["--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO"]
         if queues is not None:
