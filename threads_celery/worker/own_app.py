@@ -26,7 +26,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from threads_celery.decisions.backbone import CONTROL_TASKS, WORK_QUEUE, control_queue_for
+from threads_celery.decisions.backbone import CONTROL_TASKS, WORK_QUEUE
 from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.exceptions import ConfigError
 from threads_celery.settings import Settings
@@ -54,7 +54,7 @@ def install(app: Celery, *, agents: Iterable[Agent] = (), settings: Settings | N
     _check_guarantees(app, settings, broker)
     ours = celery_config(settings, broker)
 
-    work, control = WORK_QUEUE, control_queue_for(WORK_QUEUE)
+    work = WORK_QUEUE
     app.conf[WORK_QUEUE_SETTING] = work
     declared = list(app.conf.task_queues or ())
     if not declared:  # the app's default queue was implied: keep it consumed beside ours
@@ -96,7 +96,6 @@ def install(app: Celery, *, agents: Iterable[Agent] = (), settings: Settings | N
         registry.add(agent)
     holder = install_worker(app, settings, registry)
     connect_service_signals(app, settings)
-    assert control in {q.name for q in app.conf.task_queues}
     return holder
 
 
