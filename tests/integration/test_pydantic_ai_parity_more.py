@@ -6,7 +6,7 @@ process and compares: ``ctx.run_step`` in a prepare function, instructions and a
 is hidden from the second request), an output validator run once per output (also past the
 output retries), and a function tool called beside the output call run under the default end
 strategy, and a tool that reads ``ctx.usage`` and runs a delegate agent with ``usage=ctx.usage``
-(its requests are the run's). tests/unit/definitions/test_pydantic_ai_parity_more.py and
+(its requests are the run's). tests/unit/definitions/test_pydantic_ai_parity_units.py and
 test_pydantic_ai_usage_parity.py cover every case on the embedded runtime.
 """
 
