@@ -43,7 +43,6 @@ The operations console (:mod:`~threads_celery.api.console`) is mounted at ``/con
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -106,6 +105,7 @@ from threads_celery.api.usage import add_usage_routes
 from threads_celery.client.threads import Threads
 from threads_celery.exceptions import CallNotFound, ConfigError, ThreadNotFound
 from threads_celery.records import RunStatus
+from threads_celery.runtime.heap import settle_heap
 from threads_celery.runtime.preflight import check_database, check_models, check_secret_key
 from threads_celery.settings import Settings
 
@@ -414,19 +414,6 @@ def app_from_environment(*, embedded: bool = False) -> FastAPI:
         raise
     settle_heap()
     return app
-
-
-def settle_heap() -> None:
-    """Leave what start-up made out of every later garbage collection (:func:`gc.freeze`).
-
-    The modules a serving process imports (Pydantic AI, the providers' SDKs, Celery, SQLAlchemy,
-    FastAPI) and the app built on them are some 200,000 objects that live as long as the process.
-    A full collection walks every one of them, holding the GIL throughout: on two busy cores,
-    0.2-0.9 s in which no stream was written to (each request's allocations bring the next one
-    closer). Frozen, they are never walked again; what requests make is collected as before.
-    """
-    gc.collect()  # the start-up's own garbage goes first, so that none of it is kept for good
-    gc.freeze()
 
 
 __all__ = ["app_from_environment", "create_api", "settle_heap"]

@@ -8,6 +8,7 @@ The configuration, the queues and the publisher are the client's too, in
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from celery.signals import celeryd_after_setup, worker_init, worker_process_init
 from threads_celery.decisions.backbone import control_queue_for
 from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.exceptions import ConfigError, StoreUnavailable
+from threads_celery.runtime.heap import settle_heap
 from threads_celery.runtime.machine import Runtime
 from threads_celery.runtime.preflight import (
     Ready,
@@ -215,6 +217,8 @@ def connect_service_signals(app: Celery, settings: Settings) -> None:
     def _capture_pool_output(**_: Any) -> None:
         if settings.capture_output:
             output_capture.capture_output()
+        if gc.get_freeze_count():  # the parent settled its heap: settle what this process's start-up made
+            settle_heap()
 
     @worker_process_shutdown.connect(weak=False)
     def _release_pool_output(**_: Any) -> None:
@@ -233,6 +237,10 @@ def connect_service_signals(app: Celery, settings: Settings) -> None:
             for agent in runtime.registry:
                 with runtime.store.transaction() as tx:
                     tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), utcnow())
+        # Before a prefork pool forks: its processes share these pages, never walked again. Not
+        # in an embedded worker: the process is the user's, and so is the choice of freezing it.
+        if not getattr(sender, "threads_embedded", False):
+            settle_heap()
 
     def _check_beat() -> None:
         with exit_on_failure("beat"):

@@ -35,6 +35,9 @@ def check_runnable_here(agent: Agent) -> None:
 class _Controller(WorkController):
     """A WorkController that tells us when its consumer is ready."""
 
+    #: Read by the worker's start-up: the process is the user's, its heap is not frozen.
+    threads_embedded = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.ready = threading.Event()
         super().__init__(*args, **kwargs)
