@@ -44,11 +44,13 @@ class SecretUndecryptable(ConfigError):
 
 
 class ModelUnavailable(ConfigError):
-    """An agent's model cannot be used in this process: its provider package is not installed.
+    """An agent's model cannot be used in this process: its provider package is not installed, or
+    its provider cannot be built here (no API key in the environment, an unknown provider).
 
     Raised before anything is recorded (``Threads.start`` of an embedded runtime, the CLI's
     ``run``, the HTTP API's ``POST /v1/runs``), and a worker ends such a run at its first step
-    with this message, without retrying: installing a package is what fixes it, not waiting.
+    with this message, without retrying: installing a package or setting a key is what fixes
+    it, not waiting.
     """
 
 

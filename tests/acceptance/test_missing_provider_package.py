@@ -1,7 +1,7 @@
 """A model string whose provider package is not installed stops at once, in one line naming the
 extra to install, at every entry point: ``Threads.start`` embedded, the CLI's ``run``, the HTTP
 API's ``POST /v1/runs``, and a worker that meets such a run (it ends the run at its first step,
-without retrying).
+without retrying). So does one whose provider cannot be built here for want of its API key.
 
 The test environment has no ``anthropic`` package (the ``test`` extra installs only the openai
 provider), so ``anthropic:...`` is a real missing package here, not a stand-in.
@@ -95,3 +95,42 @@ def test_a_worker_ends_such_a_run_at_its_first_step_with_that_reason(pg_url: str
     assert run.error is not None and run.error.endswith(EXTRA) and "claude-agent" in run.error, run.error
     # Not retried: a step that gives up after its retries says "failed after N attempts".
     assert "attempts" not in run.error and "cannot run in this worker" in run.error, run.error
+
+
+# -- a provider that cannot be built: no API key -----------------------------------------------
+
+KEYLESS = "openai:gpt-4o-mini"
+
+
+def keyless(name: str = "keyless-agent") -> Agent:
+    return Agent(name=name, instructions="Be brief.", model=KEYLESS)
+
+
+@pytest.fixture
+def no_openai_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.usefixtures("no_openai_key")
+def test_embedded_start_without_the_providers_key_refuses_at_once_naming_it(threads: Threads) -> None:
+    with pytest.raises(ModelUnavailable) as refused:
+        threads.start(keyless(), "hi")
+    message = refused.value.message
+    assert "\n" not in message and message.startswith(f"agent 'keyless-agent': model {KEYLESS!r}"), message
+    assert "OPENAI_API_KEY" in message, message
+    assert threads.runs() == []
+
+
+@pytest.mark.usefixtures("no_openai_key")
+def test_a_worker_without_the_providers_key_ends_the_run_at_its_first_step(pg_url: str, redis_url: str) -> None:
+    with Threads(database_url=pg_url, broker_url=redis_url) as threads:
+        threads.migrate()
+        threads.register(keyless())
+        with start_worker(threads, reconcile_interval=None):
+            handle = threads.start("keyless-agent", "hi")
+            run = threads.wait(handle.run_id, timeout=30)
+    assert run.status == "error", run
+    assert run.error is not None and "OPENAI_API_KEY" in run.error and "cannot run in this worker" in run.error
+    # Not retried: a step that gives up after its retries says "failed after N attempts".
+    assert "attempt" not in run.error, run.error

@@ -143,7 +143,8 @@ def decide_model_step_retry(
     ``status`` is the failure's HTTP status, if it has one."""
     if attempt < retries and not is_refused_request(status):
         return RetryDecision(MODEL_STEP_BACKOFF.delay_s(attempt + 1))
-    return GiveUp(f"model step {step} failed after {attempt + 1} attempts: {reason}")
+    tries = attempt + 1
+    return GiveUp(f"model step {step} failed after {tries} {'attempt' if tries == 1 else 'attempts'}: {reason}")
 
 
 def decide_provider_retry(

@@ -55,9 +55,15 @@ def resolve_model(model: Any) -> Any:
         cached = models.get(model)
         if cached is None:
             # On the first resolution, not at import (see the module docstring).
+            from pydantic_ai.exceptions import UserError
             from pydantic_ai.models import infer_model
 
-            cached = models[model] = infer_model(model, provider_factory=provider_without_sdk_retries)
+            try:
+                cached = models[model] = infer_model(model, provider_factory=provider_without_sdk_retries)
+            except UserError as exc:
+                # No API key, an unknown provider or model name: what the operator must fix, and
+                # no request was made. Every try would fail the same way.
+                raise ModelUnavailable(f"model {model!r} cannot be used here: {_first_line(exc)}") from None
         return cached
 
 
@@ -82,6 +88,30 @@ def check_model_package(model: object, *, agent: str | None = None) -> None:
     problem = missing_provider_package(model)
     if problem is not None:
         raise ModelUnavailable(f"agent {agent!r}: {problem}" if agent is not None else problem)
+
+
+def check_model_usable(model: object, *, agent: str | None = None) -> None:
+    """:class:`~threads_celery.exceptions.ModelUnavailable` (naming ``agent``, when given) if a
+    model string cannot be used in this process: its provider package is not installed, or its
+    provider cannot be built (no API key in the environment, an unknown provider).
+
+    What a worker checks before each model step (so such a run ends at its first step, without
+    retrying), and what an embedded runtime checks before it records a run. The model is built
+    once per thread and kept (:func:`resolve_model`), so this is a lookup after the first time.
+    """
+    check_model_package(model, agent=agent)
+    spec = getattr(model, "unresolved_spec", None) or model
+    if not isinstance(spec, str):
+        return
+    try:
+        resolve_model(spec)
+    except ModelUnavailable as exc:
+        raise ModelUnavailable(f"agent {agent!r}: {exc.message}" if agent is not None else exc.message) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 @cache

@@ -39,7 +39,7 @@ from threads_celery.decisions.usage import LIMIT_REASON, limit_reached
 from threads_celery.definitions.agents import Agent, AgentRegistry
 from threads_celery.definitions.context import ToolContext
 from threads_celery.definitions.hooks import Failed, Stop
-from threads_celery.definitions.model_strings import check_model_package
+from threads_celery.definitions.model_strings import check_model_usable
 from threads_celery.definitions.tools import Tool, ToolArgumentsError, ToolOutputError, render_result, result_kind
 from threads_celery.definitions.variables import declared
 from threads_celery.exceptions import (
@@ -208,7 +208,7 @@ class Runtime:
         except UnknownAgent as exc:
             return provider_retry.step_failed(self, run, fence, step, attempt, exc)
         try:
-            check_model_package(agent.model)  # a missing provider package ends the run: no retry fixes it
+            check_model_usable(agent.model)  # a missing provider package or API key ends the run: no retry fixes it
             agent.preflight()
         except ConfigError as exc:
             finish_run(self, run, fence, "error", error=f"agent {agent.name!r} cannot run in this worker: {exc}")

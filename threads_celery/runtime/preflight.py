@@ -22,7 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from threads_celery.definitions.model_strings import our_extra, resolve_model
 from threads_celery.definitions.variables import check_secret_key as check_secret_key_in
-from threads_celery.exceptions import ConfigError, StoreUnavailable, ThreadsError
+from threads_celery.exceptions import ConfigError, ModelUnavailable, StoreUnavailable, ThreadsError
 from threads_celery.store.availability import is_refused_for_good, store_unavailable
 from threads_celery.store.engine import safe_url
 from threads_celery.store.migrate import current_revision, head_revision
@@ -127,6 +127,8 @@ def model_problem(model: object) -> str | None:
         resolve_model(model)
     except ImportError as exc:
         return our_extra(_first_line(exc)) or "its provider package is not installed"
+    except ModelUnavailable as exc:  # no API key, an unknown provider: pydantic-ai's own line
+        return exc.message.partition(" cannot be used here: ")[2] or exc.message
     except Exception as exc:  # noqa: BLE001 - pydantic-ai raises UserError for a missing key or unknown provider
         return _first_line(exc) or type(exc).__name__
     return None

@@ -18,7 +18,7 @@ from celery.utils.nodenames import anon_nodename
 from celery.worker import WorkController
 
 from threads_celery.definitions.agents import Agent
-from threads_celery.definitions.model_strings import check_model_package
+from threads_celery.definitions.model_strings import check_model_usable
 from threads_celery.exceptions import ThreadsError
 from threads_celery.worker.application import RuntimeHolder
 
@@ -27,9 +27,9 @@ log = logging.getLogger("threads_celery.worker.embedded")
 
 def check_runnable_here(agent: Agent) -> None:
     """What the in-process worker would meet at the run's first step, found before the run is
-    recorded: a model whose provider package is not installed here
-    (:class:`~threads_celery.exceptions.ModelUnavailable`, naming the extra to install)."""
-    check_model_package(agent.model, agent=agent.name)
+    recorded: a model whose provider package is not installed here, naming the extra to install,
+    or whose provider cannot be built (no API key) (:class:`~threads_celery.exceptions.ModelUnavailable`)."""
+    check_model_usable(agent.model, agent=agent.name)
 
 
 class _Controller(WorkController):

@@ -80,7 +80,7 @@ def test_a_failed_model_step_is_retried_with_backoff_while_it_has_retries() -> N
 
 def test_a_refused_model_request_is_not_retried() -> None:
     assert decide_model_step_retry(attempt=0, retries=3, status=401, step=1, reason="bad key") == GiveUp(
-        "model step 1 failed after 1 attempts: bad key"
+        "model step 1 failed after 1 attempt: bad key"
     )
     assert isinstance(decide_model_step_retry(attempt=0, retries=3, status=429, step=1, reason="x"), RetryDecision)
 
