@@ -12,7 +12,9 @@ Each token maps to a principal and a tenant (``principal@tenant=token``; a bare 
 anonymous principal of the ``default`` tenant): a caller sees and acts on its tenant's threads,
 runs and calls only, another tenant's ids answer as unused ones (404 where an id must exist), ids
 a caller chooses are its tenant's own (two tenants may both use ``order-1``), and decisions are recorded under the
-token's principal (see :mod:`threads_celery.api.tenancy`).
+token's principal (see :mod:`threads_celery.api.tenancy`). An app with its own authentication passes
+``create_api(threads, caller=dependency)`` instead: a FastAPI dependency answering each request's
+:class:`~threads_celery.api.tenancy.Caller` (docs/fastapi.md); the tokens are then not used.
 ``/healthz`` (the process is up) and ``/readyz`` (the database and the broker answer; the workers
 that answer a ping are listed, and ``?worker=N`` waits for ``N``) are open.
 
@@ -57,6 +59,7 @@ from threads_celery import __version__
 from threads_celery.api.auth import (
     auth_from_env,
     bearer_auth,
+    caller_dependency,
     callers_from_env,
     check_auth_config,
     unauthenticated,
@@ -118,6 +121,7 @@ log = logging.getLogger("threads_celery.api.app")
 def create_api(
     threads: Threads,
     *,
+    caller: Callable[..., Any] | None = None,
     tokens: Iterable[str] | Mapping[str, Caller] | None = None,
     auth: bool | None = None,
     max_body_bytes: int | None = None,
@@ -135,13 +139,28 @@ def create_api(
     authentication on (the default) and no token, this raises ConfigError: an API that anyone
     can drive is never the result of a missing variable.
 
+    ``caller`` is the app's own authentication instead: a FastAPI dependency (sync or async, which
+    may declare ``Request``, headers, cookies or other ``Depends``) that answers the request's
+    :class:`Caller` or raises ``HTTPException`` (401, 403). With it, every ``/v1`` route and every
+    console page asks it, no token is needed and ``THREADS_API_TOKENS`` is not read; ``tokens``
+    or ``auth`` beside it is a TypeError. See :func:`~threads_celery.api.auth.caller_dependency`
+    (what a dependency answering something else gets) and docs/fastapi.md.
+
     ``console`` (default: on unless ``THREADS_CONSOLE=0``) mounts the operations console at
-    ``/console`` (:mod:`threads_celery.api.console`), signed in with the same tokens.
+    ``/console`` (:mod:`threads_celery.api.console`), signed in with the same tokens, or behind
+    the same ``caller`` dependency (then with no sign-in page).
     """
     env = os.environ if env is None else env
-    auth = auth_from_env(env) if auth is None else auth
-    callers = callers_from_env(env) if tokens is None else callers_from_tokens(tokens)
-    check_auth_config(auth, set(callers))
+    if caller is not None and (tokens is not None or auth is not None):
+        raise TypeError("create_api: pass caller= or tokens=/auth=, not both (caller= replaces the tokens)")
+    callers: dict[str, Caller] = {}
+    if caller is not None:
+        caller_of = caller_dependency(caller)
+    else:
+        auth = auth_from_env(env) if auth is None else auth
+        callers = callers_from_env(env) if tokens is None else callers_from_tokens(tokens)
+        check_auth_config(auth, set(callers))
+        caller_of = bearer_auth(callers) if auth else unauthenticated
     max_body_bytes = max_body_from_env(env) if max_body_bytes is None else max_body_bytes
     if max_body_bytes <= 0:
         raise ConfigError(f"max_body_bytes must be positive, not {max_body_bytes}")
@@ -164,14 +183,18 @@ def create_api(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     install_error_handlers(app)
     install_health(app, threads)
-    caller_of = bearer_auth(callers) if auth else unauthenticated
     # At the router too, so that no route can forget it; FastAPI runs it once per request.
     app.include_router(
         _v1(threads, caller_of, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s),
         dependencies=[Depends(caller_of)],
     )
     if console_enabled(env) if console is None else console:
-        app.mount("/console", create_console(threads, tokens=callers, auth=auth, env=env))
+        console_app = (
+            create_console(threads, caller=caller, env=env)
+            if caller is not None
+            else create_console(threads, tokens=callers, auth=auth, env=env)
+        )
+        app.mount("/console", console_app)
     return app
 
 

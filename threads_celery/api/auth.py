@@ -1,20 +1,36 @@
-"""Who may call the HTTP API: bearer tokens from ``THREADS_API_TOKENS``, or none when told so.
+"""Who may call the HTTP API: bearer tokens from ``THREADS_API_TOKENS``, the app's own FastAPI
+dependency (``caller=``), or none when told so.
 
 Each token maps to a :class:`~threads_celery.api.tenancy.Caller` (principal and tenant). With no
 token configured the API refuses to start unless ``THREADS_API_AUTH=off`` says, explicitly, that
 something in front of it authenticates.
+
+An app with authentication of its own (sessions, OAuth, JWT, an API key) passes a dependency
+instead (:func:`caller_dependency`): it answers the request's :class:`Caller` or raises
+``HTTPException`` (401, 403), and the tokens are not used at all. A dependency whose declared
+return type is not a Caller is refused when the app is built (TypeError); one that answers
+something else at run time is a logged error and a 401 for that request: a request is never
+served as nobody in particular, and the answer says nothing of what was returned.
 """
 
 from __future__ import annotations
 
 import hmac
+import inspect
+import logging
+import types
+import typing
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.params import Depends as DependsMarker
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from threads_celery.api.tenancy import UNAUTHENTICATED, Caller, callers_from_tokens
 from threads_celery.exceptions import ConfigError
+
+log = logging.getLogger("threads_celery.api.auth")
 
 
 def callers_from_env(env: Mapping[str, str]) -> dict[str, Caller]:
@@ -82,9 +98,89 @@ def bearer_auth(callers: Mapping[str, Caller]) -> Callable[..., Caller]:
     return require_token
 
 
+# -- the app's own dependency ------------------------------------------------------------------
+
+
+def _name_of(dependency: object) -> str:
+    """The dependency as a log line names it: its module and qualified name."""
+    owner = getattr(dependency, "__module__", None) or "?"
+    return f"{owner}.{getattr(dependency, '__qualname__', type(dependency).__qualname__)}"
+
+
+def _declared_return(dependency: Callable[..., Any]) -> object:
+    """The return type the dependency declares (a class's instances for a class), or None when it
+    declares none that can be read (no annotation, a name that does not resolve, a generator)."""
+    if isinstance(dependency, type):
+        return dependency
+    if inspect.isgeneratorfunction(dependency) or inspect.isasyncgenfunction(dependency):
+        return None  # yields its caller: Iterator[Caller] says nothing more useful here
+    target = dependency if inspect.isroutine(dependency) else type(dependency).__call__
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve is no verdict
+        return None
+    return hints.get("return")
+
+
+def _answers_callers(declared: object) -> bool:
+    """Whether a declared return type is a Caller (or a Caller or None); Any and generics pass."""
+    if declared is None or declared is Any:
+        return True
+    if isinstance(declared, type):
+        return issubclass(declared, Caller) or declared is type(None)
+    origin = typing.get_origin(declared)
+    if origin in (typing.Union, types.UnionType):
+        return all(_answers_callers(member) for member in typing.get_args(declared))
+    # dict[str, str], list[User] are never a Caller; a form this check does not read (a TypeVar,
+    # Annotated[...]) passes, and the request decides.
+    return not isinstance(origin, type)
+
+
+def caller_dependency(dependency: object, *, argument: str = "caller") -> Callable[..., Any]:
+    """The API's caller dependency from the app's own: it runs ``dependency`` (with everything it
+    declares: ``Request``, headers, cookies, other ``Depends``) and answers its Caller.
+
+    ``dependency`` is a sync or async callable (or ``Depends(callable)``) returning a
+    :class:`Caller` or raising ``HTTPException``. TypeError now if it is not callable or declares
+    a return type that is not a Caller. At run time, ``None`` is a 401 ("not authenticated"), and
+    anything else that is not a Caller is logged as an error naming the dependency and the type
+    it returned, and answered 401 too (never a 500, never the value).
+    """
+    if isinstance(dependency, DependsMarker):
+        dependency = dependency.dependency
+    if dependency is None or not callable(dependency):
+        raise TypeError(
+            f"{argument}= takes a FastAPI dependency (a function answering a Caller), not {type(dependency).__name__}"
+        )
+    declared = _declared_return(dependency)
+    name = _name_of(dependency)
+    if not _answers_callers(declared):
+        raise TypeError(
+            f"{argument}=: the dependency {name} returns {getattr(typing.get_origin(declared) or declared, '__name__', declared)}, "
+            "not a Caller(principal, tenant): map your user to one"
+        )
+
+    async def caller_of(request: Request, found: Any = Depends(dependency)) -> Caller:
+        if isinstance(found, Caller):
+            # For the error answers: they name ids in the caller's own form (tenancy.shown_to).
+            request.state.caller = found
+            return found
+        if found is not None:
+            log.error(
+                "the caller dependency %s answered a %s, not a Caller: the request is refused (401)",
+                name,
+                type(found).__name__,
+            )
+        raise HTTPException(401, "not authenticated")
+
+    caller_of.__qualname__ = f"caller_of[{name}]"
+    return caller_of
+
+
 __all__ = [
     "auth_from_env",
     "bearer_auth",
+    "caller_dependency",
     "callers_from_env",
     "check_auth_config",
     "tokens_from_env",

@@ -4,6 +4,12 @@
 ``THREADS_CONSOLE=0``), and a user's own FastAPI app mounts it the same way::
 
     app.mount("/console", create_console(threads, tokens=["alice@acme=tok_a1"]))
+    app.mount("/console", create_console(threads, caller=staff_member))  # the app's own auth
+
+With ``caller=`` (a FastAPI dependency answering a :class:`~threads_celery.api.tenancy.Caller`)
+every page asks the app's own authentication and there is no sign-in page: what the dependency
+refuses (``HTTPException`` 401, 403) is a console page with that status and its headers (so a
+``WWW-Authenticate: Basic`` still makes the browser ask).
 
 Pages are rendered on the server (Jinja2, autoescaped: nothing a model, a tool or a user wrote is
 ever markup) and work without JavaScript; ``static/console.js`` only makes them live (the run's
@@ -19,12 +25,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from threads_celery.api.auth import auth_from_env, callers_from_env
+from threads_celery.api.auth import auth_from_env, caller_dependency, callers_from_env
 from threads_celery.api.console import backbone, inbox, runs
 from threads_celery.api.console.pages import (
     HERE,
@@ -47,6 +54,7 @@ log = logging.getLogger("threads_celery.api.console")
 def create_console(
     threads: Any,
     *,
+    caller: Callable[..., Any] | None = None,
     tokens: Iterable[str] | Mapping[str, Caller] | None = None,
     auth: bool | None = None,
     session_s: float = DEFAULT_SESSION_S,
@@ -56,12 +64,29 @@ def create_console(
 
     ``tokens`` and ``auth`` default to ``THREADS_API_TOKENS`` and ``THREADS_API_AUTH``, and mean
     what they mean for ``/v1``: a person signs in with one of the tokens and sees its tenant only.
+    ``caller`` replaces them with the app's own authentication, as for
+    :func:`~threads_celery.api.app.create_api`: every page asks it, and nothing signs in here.
     """
     env = os.environ if env is None else env
-    auth = auth_from_env(env) if auth is None else auth
-    callers = callers_from_env(env) if tokens is None else callers_from_tokens(tokens)
-    console = Console(threads, callers, auth=auth, session_s=session_s)
-    app = FastAPI(title="threads-celery console", docs_url=None, redoc_url=None, openapi_url=None)
+    if caller is not None and (tokens is not None or auth is not None):
+        raise TypeError("create_console: pass caller= or tokens=/auth=, not both (caller= replaces the tokens)")
+    dependencies = []
+    if caller is not None:
+        caller_of = caller_dependency(caller)
+        console = Console(threads, {}, auth=True, session_s=session_s, asks_the_app=True)
+
+        async def session_of(request: Request, found: Caller = Depends(caller_of)) -> None:
+            request.state.console_session = console.session_of_caller(found)
+
+        dependencies.append(Depends(session_of))
+    else:
+        auth = auth_from_env(env) if auth is None else auth
+        callers = callers_from_env(env) if tokens is None else callers_from_tokens(tokens)
+        console = Console(threads, callers, auth=auth, session_s=session_s)
+    # Every page asks the app's dependency first (when there is one): no route can forget it.
+    app = FastAPI(
+        title="threads-celery console", docs_url=None, redoc_url=None, openapi_url=None, dependencies=dependencies
+    )
     app.state.console = console
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
@@ -74,6 +99,8 @@ def create_console(
 
     @app.exception_handler(SignInRequired)
     async def to_sign_in(request: Request, _: Exception) -> Response:
+        if not console.signs_in:
+            return console.render(request, "error.html", 401, message="not signed in")
         response = RedirectResponse(f"{base_of(request)}/sign-in", status_code=303)
         response.delete_cookie(COOKIE, path=f"{base_of(request)}/")
         return response
@@ -93,6 +120,17 @@ def create_console(
         if session is None and console.auth:
             return await to_sign_in(request, SignInRequired())
         return console.render(request, "not_found.html", 404, session=session, what="such page")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # The app's dependency refusing (401, 403, with its WWW-Authenticate), or no such route.
+        session = _session_or_none(console, request)
+        if exc.status_code == 404:
+            return console.render(request, "not_found.html", 404, session=session, what="such page")
+        message = exc.detail if isinstance(exc.detail, str) and exc.detail else "refused"
+        response = console.render(request, "error.html", exc.status_code, session=session, message=message)
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(FormRefused)
     async def refused(request: Request, exc: Exception) -> Response:
@@ -116,12 +154,14 @@ def create_console(
 
     @app.get("/sign-in", response_class=HTMLResponse, include_in_schema=False)
     def sign_in_page(request: Request) -> Response:
-        if not console.auth:
+        if not console.signs_in:
             return RedirectResponse(f"{base_of(request)}/", status_code=303)
         return console.render(request, "sign_in.html")
 
     @app.post("/sign-in", response_class=HTMLResponse, include_in_schema=False)
     async def sign_in(request: Request) -> Response:
+        if not console.signs_in:
+            return RedirectResponse(f"{base_of(request)}/", status_code=303)
         if not same_origin(request):  # no signing a browser in to someone else's session
             return console.render(request, "sign_in.html", 403, error="sign in from this page")
         body = await request.body()

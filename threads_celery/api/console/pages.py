@@ -6,6 +6,8 @@ user wrote is ever markup.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import secrets
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -65,12 +67,16 @@ class Console:
         *,
         auth: bool,
         session_s: float,
+        asks_the_app: bool = False,
     ) -> None:
         self.threads = threads
         self.callers = dict(callers)
         self.auth = auth
         self.session_s = session_s
-        # With authentication off there is no token to key CSRF tokens by: a per-process one.
+        #: Whether the app's own dependency names each request's caller (``caller=``): no sign-in.
+        self.asks_the_app = asks_the_app
+        # With authentication off, or done by the app, there is no token to key CSRF tokens by:
+        # a per-process key (see session_of_caller).
         self._open_csrf = secrets.token_hex(32)
         # Refused answers, for the page each one's browser is sent back to (POST-redirect-GET).
         self.notices = Notices()
@@ -83,14 +89,30 @@ class Console:
         self.templates.filters["when"] = when
         self.templates.filters["took"] = took
 
+    @property
+    def signs_in(self) -> bool:
+        """Whether people sign in here with a token (not when auth is off or the app's own)."""
+        return self.auth and not self.asks_the_app
+
+    def session_of_caller(self, caller: Caller) -> Session:
+        """The session of a caller the app's own dependency named: its CSRF token is an HMAC of
+        who it is, keyed by this process's secret, so it holds for that caller's forms only."""
+        who = f"{caller.principal}\n{caller.tenant}".encode()
+        return Session(caller, hmac.new(self._open_csrf.encode(), who, hashlib.sha256).hexdigest())
+
     def session(self, request: Request) -> Session:
         """The request's session; SignInRequired if it has none that is valid now."""
+        if self.asks_the_app:
+            found: Session | None = getattr(request.state, "console_session", None)
+            if found is None:
+                raise SignInRequired
+            return found
         if not self.auth:
             return Session(UNAUTHENTICATED, self._open_csrf)
-        found = verify(request.cookies.get(COOKIE), self.callers, lifetime_s=self.session_s)
-        if found is None:
+        signed = verify(request.cookies.get(COOKIE), self.callers, lifetime_s=self.session_s)
+        if signed is None:
             raise SignInRequired
-        return found
+        return signed
 
     def render(self, request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
         session: Session | None = context.pop("session", None)
@@ -98,7 +120,7 @@ class Console:
             base=base_of(request),
             session=session,
             shown=shown_to(session.caller) if session is not None else (lambda v: v),
-            auth=self.auth,
+            auth=self.signs_in,
             **context,
         )
         return HTMLResponse(page, status_code=status_code)
