@@ -280,6 +280,11 @@ class OutboxEntry:
     #: Set (never stored) on what the reconcile backbone re-dispatches from a dead worker, so
     #: that it is published ahead of the work waiting in the queue (backbone.message_priority).
     recovered: bool = False
+    #: Never stored: a task of the project's (a run's finish callback, see
+    #: :mod:`threads_celery.transitions.finish_callbacks`), sent with these keyword arguments to
+    #: its own ``queue`` or, without one, where the app's routes send it.
+    kwargs: dict[str, Any] | None = None
+    user_task: bool = False
 
 
 @dataclass(frozen=True, slots=True)

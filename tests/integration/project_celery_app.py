@@ -1,17 +1,23 @@
 """A project's own Celery app, configured the Django way (settings named CELERY_*, read with
-``config_from_object(..., namespace="CELERY")``), with a task of its own and the runtime
+``config_from_object(..., namespace="CELERY")``), with tasks of its own and the runtime
 installed on it: ``celery -A tests.integration.project_celery_app worker`` serves both.
+
+``proj.ask`` starts a run and ends at once; the run's end sends ``proj.answered`` (``on_finish``),
+so no worker slot waits on the run.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from functools import cache
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from celery import Celery
 
 import threads_celery
+from threads_celery import Threads
 
 
 class ProjectSettings:
@@ -31,6 +37,27 @@ def record(path: str, text: str) -> str:
     with Path(path).open("a", encoding="utf-8") as f:
         f.write(text + "\n")
     return text
+
+
+@cache
+def threads() -> Threads:
+    """The process's client of the runtime (THREADS_DATABASE_URL, THREADS_BROKER_URL)."""
+    return Threads()
+
+
+@app.task(name="proj.ask")
+def ask(agent: str, message: str, path: str) -> str:
+    """Start a run of ``agent`` and end: ``proj.answered`` hears how it ended."""
+    return threads().start(agent, message, on_finish=answered.s(path)).run_id
+
+
+@app.task(name="proj.answered", bind=True)
+def answered(self: Any, outcome: dict[str, str], path: str) -> None:
+    """A run ``proj.ask`` started has ended: note its outcome, its answer and this task's id."""
+    run = threads().get_run(outcome["run_id"])
+    line = {**outcome, "output": run.output, "task_id": self.request.id}
+    with Path(path).open("a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 threads_celery.install(app)

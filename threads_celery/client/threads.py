@@ -50,7 +50,7 @@ from threads_celery.store import Store, Tx
 from threads_celery.store.availability import store_unavailable
 from threads_celery.store.engine import safe_url
 from threads_celery.store.storable import unstorable_reason
-from threads_celery.transitions import interventions, runs
+from threads_celery.transitions import finish_callbacks, interventions, runs
 from threads_celery.transitions.interventions import Resolution
 from threads_celery.transitions.pending import PendingCall, pending_under
 from threads_celery.transitions.publishing import EMBEDDED_BROKER, Publisher, celery_app, open_store
@@ -211,8 +211,14 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
         run_id: str | None = None,
         tenant: str | None = None,
         within: Any = None,
+        on_finish: Any = None,
     ) -> RunHandle:
         """Record a run and enqueue its first step; returns its ids at once.
+
+        ``on_finish`` (a Celery signature of a task of yours, e.g. ``record_answer.s(order_id)``)
+        is sent when the run ends, however it ends, with ``{"run_id", "thread_id", "agent",
+        "status"}`` put first: a task that starts a run ends at once instead of holding its worker
+        slot in ``wait``. Sent at least once, durably (see :mod:`~threads_celery.transitions.finish_callbacks`).
 
         ``within`` (a SQLAlchemy ``Session`` or ``Connection`` with a transaction open, on the
         store's own database) writes the run in that transaction: it commits with the caller's
@@ -247,8 +253,21 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
                 self._check_runnable_here(self.registry.get(name))
         # The common start, a new thread, is one statement on PostgreSQL, which also reads the
         # agent's recorded hash; elsewhere that is read first.
+        callback = None
+        if on_finish is not None:
+            if self.is_embedded:
+                raise ConfigError(
+                    "on_finish sends a task of your Celery app when the run ends: an embedded runtime "
+                    "has no app of yours to send it with (start the run on a worker fleet)"
+                )
+            callback = finish_callbacks.signature_spec(on_finish)
         in_one = (
-            within is None and thread_id is None and run_id is None and not env and self.store.starts_in_one_statement
+            within is None
+            and callback is None
+            and thread_id is None
+            and run_id is None
+            and not env
+            and self.store.starts_in_one_statement
         )
         if known_hash is None and not in_one:
             with self.store.read() as tx:
@@ -281,6 +300,7 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
                 thread_id=thread_id,
                 run_id=run_id,
                 tenant=tenant,
+                input_meta={finish_callbacks.META_KEY: callback} if callback is not None else None,
             )
             for var, (kind, value) in sealed.items():
                 tx.set_variable(run.thread_id, var, kind, value, runs.utcnow())

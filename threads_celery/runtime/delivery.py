@@ -37,11 +37,12 @@ from threads_celery.records import (
     AgentToolResult,
     AgentToolRun,
     OutboxEntry,
+    Run,
 )
 from threads_celery.runtime.hooks import observe
 from threads_celery.runtime.ports import Worker
 from threads_celery.telemetry.observability import emit
-from threads_celery.transitions import agent_tools, runs
+from threads_celery.transitions import agent_tools, finish_callbacks, runs
 from threads_celery.workspace.files import ThreadFiles, copy_back_to_parent
 
 if TYPE_CHECKING:
@@ -51,6 +52,35 @@ if TYPE_CHECKING:
 log = logging.getLogger("threads_celery.transitions.agent_tools")
 
 DELIVERY_LEASE = timedelta(seconds=60)
+
+
+def _send_finish_callback(worker: Worker, run: Run, status: str, outbox_key: str) -> str:
+    """Send the signature a run was started with (``on_finish``), then consume its outbox row.
+
+    Sent before the row goes: a worker lost in between leaves the row, which the backbone
+    publishes again (so the callback is sent at least once, under one task id). A send the broker
+    refuses leaves the row too, for the same retry.
+    """
+    spec = finish_callbacks.spec_of(run)
+    assert spec is not None
+    if run.status != status:
+        with worker.store.transaction() as tx:
+            tx.delete_outbox(outbox_key)
+        return f"skipped: the run is {run.status}"
+    entry = finish_callbacks.callback_entry(run, spec, status)
+    send = getattr(worker.publish, "send", None)
+    try:
+        if callable(send):
+            send(entry)  # raises what the broker's refusal raised
+        else:
+            worker.publish([entry])
+    except Exception as exc:  # noqa: BLE001 - the outbox row stays: the backbone sends it again
+        log.warning("sending the finish of %s to %s failed, left for the backbone: %s", run.id, entry.task, exc)
+        return f"failed: {type(exc).__name__}"
+    with worker.store.transaction() as tx:
+        tx.delete_outbox(outbox_key)
+    emit("run", "run:finish_sent", run_id=run.id, status=status, task=entry.task)
+    return f"sent {status} to {entry.task}"
 
 
 def deliver(worker: Worker, run_id: str, status: str) -> str:
@@ -64,6 +94,9 @@ def deliver(worker: Worker, run_id: str, status: str) -> str:
         row: AgentToolRun | None = tx.get_agent_tool_run(run_id, lock=True)
         skipped = None
         if row is None:
+            ended = tx.get_run(run_id)
+            if ended is not None and finish_callbacks.spec_of(ended) is not None:
+                return _send_finish_callback(worker, ended, status, outbox_key)
             skipped = "skipped: no such agent-tool run"
         elif status in row.delivered:
             skipped = "skipped: already delivered"

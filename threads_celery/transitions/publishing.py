@@ -329,6 +329,8 @@ class Publisher:
 
     def _destination(self, entry: OutboxEntry) -> tuple[str | None, int | None]:
         """The queue ``entry`` goes to (None: by its route) and its message priority."""
+        if entry.user_task:  # the project's task: its own queue, else the app's routes
+            return entry.queue, None
         queue = queue_for(entry.task, entry.queue, work_queue=self.single_queue, control_queue=self.control_queue)
         return queue, message_priority(entry.task, recovered=entry.recovered, broker_url=self.broker_url)
 
@@ -387,9 +389,9 @@ class Publisher:
                 )
             argsrepr = entry.argsrepr or entry.key
             message = amqp.create_task_message(
-                task_id(entry), entry.task, list(entry.args), {},
+                task_id(entry), entry.task, list(entry.args), entry.kwargs or {},
                 reply_to=reply_to, create_sent_event=self._sent_events, root_id=root_id, parent_id=parent_id,
-                shadow=shadow_name(entry), ignore_result=None, argsrepr=argsrepr, kwargsrepr="{}",
+                shadow=shadow_name(entry), ignore_result=None, argsrepr=argsrepr, kwargsrepr=repr(entry.kwargs or {}),
             )  # fmt: skip
             # argsrepr also among the properties, as send_task leaves it: the same message.
             amqp.send_task_message(
@@ -401,6 +403,7 @@ class Publisher:
         self.app.send_task(
             entry.task,
             args=list(entry.args),
+            kwargs=entry.kwargs or None,
             retry=True,
             retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
             **options,

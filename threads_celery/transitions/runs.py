@@ -18,7 +18,8 @@ from threads_celery.exceptions import ConfigError, FenceLost, RunNotFound, Threa
 from threads_celery.records import DEFAULT_TENANT, TERMINAL_STATUSES, CallRow, OutboxEntry, Run, ToolResult
 from threads_celery.store import Store, Tx
 from threads_celery.telemetry import metrics, tracing
-from threads_celery.transitions.agent_tools import child_finished, child_signal
+from threads_celery.transitions import finish_callbacks
+from threads_celery.transitions.agent_tools import child_finished, child_signal, deliver_entry
 
 STEP_TASK = "threads.step"
 TOOL_TASK = "threads.tool"
@@ -177,6 +178,7 @@ def activate(tx: Tx, run: Run, now: datetime) -> OutboxEntry:
     meta = dict(run.input_meta or {})
     key = meta.pop("key", None)
     narrate = bool(meta.pop("narrate", False))
+    meta.pop(finish_callbacks.META_KEY, None)  # the run's, not the message's
     tx.insert_message(
         thread_id=run.thread_id,
         run_id=run.id,
@@ -246,7 +248,18 @@ def finished(
     entries = release_thread(tx, run, now)
     if run.agent_tool_run_id is not None:
         entries += child_finished(tx, run, status=status, output=output, error=error, now=now)
+    entries += finish_callback(tx, run, status, now)
     return entries
+
+
+def finish_callback(tx: Tx, run: Run, status: str, now: datetime) -> list[OutboxEntry]:
+    """The intent to send the signature ``run`` was started with (``on_finish``), if any:
+    ``threads.deliver`` sends it (see :mod:`.finish_callbacks`)."""
+    if finish_callbacks.spec_of(run) is None:
+        return []
+    entry = deliver_entry(run.id, status)
+    tx.insert_outbox(entry, now)
+    return [entry]
 
 
 def release_thread(tx: Tx, run: Run, now: datetime) -> list[OutboxEntry]:
@@ -286,6 +299,7 @@ def cancel(tx: Tx, run_id: str, *, now: datetime, reason: str = "cancelled") -> 
         entries = release_thread(tx, run, now)
     if run.agent_tool_run_id is not None:
         entries += child_finished(tx, run, status="aborted", output=None, error=reason, now=now)
+    entries += finish_callback(tx, run, "aborted", now)
     ended = tx.get_run(run_id)
     assert ended is not None
     return ended, entries
