@@ -1,8 +1,9 @@
 """The HTTP API for web apps (FastAPI): the app, the console, and the caller they serve.
 
 Names are imported lazily, so ``import threads_celery.api.tenancy`` pulls in none of the routes.
-``Caller`` is what an app's own authentication answers for ``create_api(threads, caller=...)``
-and ``create_console(threads, caller=...)`` (see docs/fastapi.md).
+``Caller`` is what an app's own authentication answers for ``create_api(threads, caller=...)``,
+``create_console(threads, caller=...)`` and ``api_router(threads, caller=...)``, the ``/v1``
+routes for the app's own FastAPI app (see docs/fastapi.md).
 """
 
 from __future__ import annotations
@@ -12,17 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "Caller": "tenancy",
+    "api_router": "router",
     "create_api": "app",
     "create_console": "console",
 }
 
 # Written out (not computed from _EXPORTS) so type checkers and linters can read it; a unit
 # test keeps the two in step.
-__all__ = ["Caller", "create_api", "create_console"]
+__all__ = ["Caller", "api_router", "create_api", "create_console"]
 
 if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports them lazily
     from threads_celery.api.app import create_api
     from threads_celery.api.console import create_console
+    from threads_celery.api.router import api_router
     from threads_celery.api.tenancy import Caller
 
 

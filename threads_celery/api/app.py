@@ -51,8 +51,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from threads_celery import __version__
@@ -183,11 +184,7 @@ def create_api(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     install_error_handlers(app)
     install_health(app, threads)
-    # At the router too, so that no route can forget it; FastAPI runs it once per request.
-    app.include_router(
-        _v1(threads, caller_of, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s),
-        dependencies=[Depends(caller_of)],
-    )
+    app.include_router(v1_routes(threads, caller_of, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s))
     if console_enabled(env) if console is None else console:
         console_app = (
             create_console(threads, caller=caller, env=env)
@@ -205,8 +202,24 @@ ThreadId = Annotated[str, Path(pattern=ID_PATTERN, description="A thread id.")]
 EffectKey = Annotated[str, Path(pattern=EFFECT_KEY_PATTERN, description="A tool call's effect key.")]
 
 
-def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: float, poll_interval_s: float) -> APIRouter:
-    router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
+def v1_routes(
+    threads: Threads,
+    caller_of: Callable[..., Any],
+    *,
+    keepalive_s: float,
+    poll_interval_s: float,
+    route_class: type[APIRoute] = APIRoute,
+) -> APIRouter:
+    """The ``/v1`` routes, each asking ``caller_of`` (a dependency answering a :class:`Caller`).
+
+    ``route_class`` is FastAPI's default for the API's own app (whose exception handlers answer
+    errors), and :class:`~threads_celery.api.router.ApiRoute` for a router that goes into
+    someone else's app.
+    """
+    # At the router too, so that no route can forget it; FastAPI runs it once per request.
+    router = APIRouter(
+        prefix="/v1", responses=ERROR_RESPONSES, dependencies=[Depends(caller_of)], route_class=route_class
+    )
     # FastAPI's own type for extra OpenAPI responses.
     not_found: dict[int | str, dict[str, Any]] = {
         404: {"model": ErrorOut, "description": "No such agent, run, thread or call."}
@@ -222,7 +235,7 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
         tags=["runs"],
         responses={**not_found, **conflict, 413: {"model": ErrorOut}},
     )
-    def start_run(body: StartRun, caller: Caller = Depends(caller_of)) -> JSONResponse:
+    def start_run(request: Request, body: StartRun, caller: Caller = Depends(caller_of)) -> JSONResponse:
         """Record a run and enqueue its first step; answers at once with its ids.
 
         Another tenant's ``thread_id`` or ``run_id`` is, for this caller, an unused one: the run
@@ -233,9 +246,9 @@ def _v1(threads: Threads, caller_of: Callable[..., Caller], *, keepalive_s: floa
         handle = threads.start(body.agent, body.message, thread_id=thread_id, run_id=run_id, tenant=caller.tenant)
         shown = shown_to(caller)
         started = RunStarted(run_id=shown(handle.run_id), thread_id=shown(handle.thread_id), status=handle.status)
-        return JSONResponse(
-            started.model_dump(mode="json"), status_code=202, headers={"Location": f"/v1/runs/{started.run_id}"}
-        )
+        # Where this router is served (its app mounted, or included under a prefix), the run is.
+        location = f"{request.url.path.rstrip('/')}/{started.run_id}"
+        return JSONResponse(started.model_dump(mode="json"), status_code=202, headers={"Location": location})
 
     @router.get("/runs", response_model=list[RunOut], tags=["runs"])
     def list_runs(
@@ -439,4 +452,4 @@ def app_from_environment(*, embedded: bool = False) -> FastAPI:
     return app
 
 
-__all__ = ["app_from_environment", "create_api", "settle_heap"]
+__all__ = ["app_from_environment", "create_api", "settle_heap", "v1_routes"]

@@ -95,52 +95,73 @@ def _shown(request: Request, message: str) -> str:
     return shown_to(caller)(message) if caller is not None else message
 
 
+async def library_error(request: Request, exc: ThreadsError) -> JSONResponse:
+    """A library exception, by its class (:data:`ERROR_STATUS`); an unmapped one is a logged 500."""
+    for cls in type(exc).__mro__:
+        if cls in ERROR_STATUS:
+            status, kind = ERROR_STATUS[cls]
+            break
+    else:
+        log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+        return error_response(500, "internal_error", "internal server error")
+    if isinstance(exc, TERSE_ERRORS):
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return error_response(status, kind, (type(exc).__doc__ or kind).strip())
+    return error_response(status, kind, _shown(request, exc.message or kind))
+
+
+async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return error_response(exc.status, exc.type, _shown(request, exc.message))
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    kind = HTTP_ERROR_TYPES.get(exc.status_code, "http_error")
+    message = exc.detail if isinstance(exc.detail, str) else kind
+    return error_response(exc.status_code, kind, message, headers=exc.headers)
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    # Never echo the input back: a rejected body may hold a secret.
+    details = [
+        {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        for e in exc.errors()
+    ]
+    if any(d["type"] == "json_invalid" for d in details):
+        first = next(e for e in exc.errors() if e.get("type") == "json_invalid")
+        reason = (first.get("ctx") or {}).get("error", "malformed JSON")
+        message = f"the body is not valid JSON: {reason} (at position {first.get('loc', ('', '?'))[-1]})"
+    else:
+        message = "; ".join(f"{'.'.join(d['loc'])}: {d['msg']}" for d in details[:5]) or "invalid request"
+    return error_response(422, "validation_error", message, details=details)
+
+
+async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("%s %s failed", request.method, request.url.path)
+    return error_response(500, "internal_error", "internal server error")
+
+
+async def api_answer(request: Request, exc: Exception) -> JSONResponse | None:
+    """The API's own answer to ``exc`` (a library error, an :class:`ApiError`, an HTTP or
+    validation error), or None for anything else. For routes that answer their errors
+    themselves, in an app whose handlers are not the API's (threads_celery.api.router)."""
+    if isinstance(exc, ThreadsError):
+        return await library_error(request, exc)
+    if isinstance(exc, ApiError):
+        return await api_error(request, exc)
+    if isinstance(exc, RequestValidationError):
+        return await validation_error(request, exc)
+    if isinstance(exc, StarletteHTTPException):
+        return await http_error(request, exc)
+    return None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every failure of ``app`` in the error shape."""
-
-    @app.exception_handler(ThreadsError)
-    async def library_error(request: Request, exc: ThreadsError) -> JSONResponse:
-        for cls in type(exc).__mro__:
-            if cls in ERROR_STATUS:
-                status, kind = ERROR_STATUS[cls]
-                break
-        else:
-            log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-            return error_response(500, "internal_error", "internal server error")
-        if isinstance(exc, TERSE_ERRORS):
-            log.warning("%s %s: %s", request.method, request.url.path, exc)
-            return error_response(status, kind, (type(exc).__doc__ or kind).strip())
-        return error_response(status, kind, _shown(request, exc.message or kind))
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.type, _shown(request, exc.message))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = HTTP_ERROR_TYPES.get(exc.status_code, "http_error")
-        message = exc.detail if isinstance(exc.detail, str) else kind
-        return error_response(exc.status_code, kind, message, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # Never echo the input back: a rejected body may hold a secret.
-        details = [
-            {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-            for e in exc.errors()
-        ]
-        if any(d["type"] == "json_invalid" for d in details):
-            first = next(e for e in exc.errors() if e.get("type") == "json_invalid")
-            reason = (first.get("ctx") or {}).get("error", "malformed JSON")
-            message = f"the body is not valid JSON: {reason} (at position {first.get('loc', ('', '?'))[-1]})"
-        else:
-            message = "; ".join(f"{'.'.join(d['loc'])}: {d['msg']}" for d in details[:5]) or "invalid request"
-        return error_response(422, "validation_error", message, details=details)
-
-    @app.exception_handler(Exception)
-    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("%s %s failed", request.method, request.url.path)
-        return error_response(500, "internal_error", "internal server error")
+    app.add_exception_handler(ThreadsError, library_error)  # type: ignore[arg-type]  # Starlette types handlers by Exception
+    app.add_exception_handler(ApiError, api_error)  # type: ignore[arg-type]  # as above
+    app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]  # as above
+    app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]  # as above
+    app.add_exception_handler(Exception, unexpected_error)
 
 
-__all__ = ["ERROR_RESPONSES", "ERROR_STATUS", "ApiError", "error_response", "install_error_handlers"]
+__all__ = ["ERROR_RESPONSES", "ERROR_STATUS", "ApiError", "api_answer", "error_response", "install_error_handlers"]
