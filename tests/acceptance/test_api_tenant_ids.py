@@ -107,6 +107,10 @@ def frames(http: TestClient, path: str, who: dict[str, str], until: Callable[[di
     raise AssertionError("the stream ended")
 
 
+#: The live frames other than deltas (docs/streaming.md): no ``thread_id``, no ``payload``.
+LIVE_FRAMES = frozenset({"step_end", "step_void", "resync"})
+
+
 def finished(data: dict[str, Any]) -> bool:
     return data["type"] == "run" and data["payload"].get("status") in ("completed", "error")
 
@@ -232,9 +236,11 @@ def test_every_answer_shows_the_ids_the_caller_chose(http: TestClient, threads: 
     started = start(http, ALICE, agent="ids-parent", run_id="job-7", thread_id="chat-7")
     assert started.status_code == 202
     every = frames(http, "/v1/threads/chat-7/events", ALICE, finished)
-    # The model's deltas (no thread_id, no payload) show the run id the caller chose too.
+    # The live frames (the model's deltas and each step's end: no thread_id, no payload) show the
+    # run id the caller chose too.
     assert {d["run_id"] for d in every} == {"job-7"} and any(d["type"] == "text_delta" for d in every)
-    data = [d for d in every if not d["type"].endswith("_delta")]
+    assert any(d["type"] == "step_end" for d in every)
+    data = [d for d in every if not d["type"].endswith("_delta") and d["type"] not in LIVE_FRAMES]
     assert {d["thread_id"] for d in data} == {"chat-7"}
     assert data[-1]["payload"]["status"] == "completed"
     [child] = http.get("/v1/threads/chat-7/agent-tool-runs", headers=ALICE).json()

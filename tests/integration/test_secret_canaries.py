@@ -20,7 +20,7 @@ from cryptography.fernet import Fernet
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from tests.integration.test_flower import Flower, wait_for_task
+from tests.integration.test_flower import Flower, wait_for_entries
 from tests.integration.test_flower import flower as flower
 from tests.support.clients import registered_client
 from tests.support.processes import THREADS_CELERY, WorkerProcess, subprocess_env
@@ -160,8 +160,8 @@ def test_no_queued_task_message_holds_the_secret(leaked_run: Any, integration_re
 def test_flower_shows_no_form_of_the_secret(leaked_run: Any, threads: Any, flower: Flower) -> None:
     [*_, last] = [c for m in threads.messages(leaked_run.thread_id) for c in m.tool_calls]
     calls = [c for m in threads.messages(leaked_run.thread_id) for c in m.tool_calls][:2]
-    for call in calls:
-        wait_for_task(flower, call.effect_key)
+    for call in calls:  # a call's task id is its effect key and a token of the publish
+        wait_for_entries(flower, call.name, call.effect_key, ["SUCCESS"])
     text_, listing = flower.tasks()
     bodies = [text_] + [flower.get(f"/api/task/info/{task_id}")[1] for task_id in listing]
     assert leaks("\n".join(bodies)) == []
