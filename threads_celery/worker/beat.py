@@ -60,7 +60,7 @@ log = logging.getLogger("celery.beat.threads")
 
 ENTRY_PREFIX = "threads-schedule:"
 
-__all__ = ["ENTRY_PREFIX", "Scheduler", "SlotSchedule", "beat_entries", "schedules_for_app"]
+__all__ = ["ENTRY_PREFIX", "Scheduler", "SlotSchedule", "beat_entries", "plain_beat_entries", "schedules_for_app"]
 
 
 def _utc(at: datetime) -> datetime:
@@ -116,6 +116,26 @@ def beat_entry(schedule: Schedule) -> dict[str, Any]:
 def beat_entries(schedules: ScheduleRegistry) -> dict[str, dict[str, Any]]:
     """Beat entries for the enabled schedules, named ``threads-schedule:<name>``."""
     return {f"{ENTRY_PREFIX}{s.name}": beat_entry(s) for s in schedules if s.enabled}
+
+
+def plain_beat_entries(schedules: ScheduleRegistry) -> dict[str, dict[str, Any]]:
+    """The enabled schedules as entries any Celery Beat scheduler can keep (an interval or a
+    crontab, published without a slot): what a project's own Beat gets (``install(app)``).
+
+    The worker floors the moment it starts the run to the schedule, so each slot is still one
+    run (the run id comes from the slot). What only :class:`Scheduler` does: the missed-slot
+    policies (a scheduler of Celery's publishes a missed entry once, at its next tick), and a
+    crontab's own ``tz`` (another scheduler reads a crontab in the app's ``timezone``).
+    """
+    return {
+        f"{ENTRY_PREFIX}{s.name}": {
+            "task": SCHEDULED_RUN_TASK,
+            "schedule": s.timing.interval if s.timing.interval is not None else s.timing.cron,
+            "args": (s.name,),
+        }
+        for s in schedules
+        if s.enabled
+    }
 
 
 def _fields(entry: ScheduleEntry, **changes: Any) -> dict[str, Any]:

@@ -20,10 +20,12 @@ with ``-Q`` for the project's own queues takes the control queue too.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery
+from celery.signals import beat_init
 from kombu import Queue
 
 from threads_celery.decisions.backbone import CONTROL_TASKS, WORK_QUEUE
@@ -33,6 +35,9 @@ from threads_celery.settings import Settings
 from threads_celery.transitions.publishing import WORK_QUEUE_SETTING, celery_config
 from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
 from threads_celery.worker.application import RuntimeHolder, connect_service_signals, install_worker
+from threads_celery.worker.beat import Scheduler, plain_beat_entries, schedules_for_app
+
+log = logging.getLogger("celery.beat.threads")
 
 
 def install(app: Celery, *, agents: Iterable[Agent] = (), settings: Settings | None = None) -> RuntimeHolder:
@@ -96,7 +101,35 @@ def install(app: Celery, *, agents: Iterable[Agent] = (), settings: Settings | N
         registry.add(agent)
     holder = install_worker(app, settings, registry)
     connect_service_signals(app, settings)
+    _schedule_on_the_apps_beat(app)
     return holder
+
+
+def _schedule_on_the_apps_beat(app: Celery) -> None:
+    """When a Beat of ``app`` starts, whatever its scheduler (Celery's own file, a database
+    scheduler), add the scheduled batch agents of ``THREADS_AGENTS`` to its schedule.
+
+    At start-up rather than here: the agents' modules often import the project (its models), which
+    is not ready while its Celery app is being made. The runtime's own scheduler
+    (``-S threads_celery.worker.beat:Scheduler``) adds its own slot-keeping entries instead.
+    """
+
+    @beat_init.connect(weak=False)
+    def _add_schedules(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        scheduler = sender.scheduler  # made by now: Beat reads its max_interval before this signal
+        if isinstance(scheduler, Scheduler):
+            return  # the runtime's own scheduler added its entries, with their slots
+        try:
+            entries = plain_beat_entries(schedules_for_app(app))
+        except Exception:
+            log.exception("beat: cannot load the scheduled batch agents; they are not scheduled")
+            return
+        if entries:
+            # Celery's schedulers, and the database ones built on them, take entries this way.
+            scheduler.update_from_dict(entries)
+            log.info("beat: scheduled batch agents: %s", ", ".join(sorted(entries)))
 
 
 def _check_guarantees(app: Celery, settings: Settings, broker: str) -> None:
