@@ -7,12 +7,26 @@ tasks go out once the commit is visible (watched for on a thread of its own), an
 dies between the commit and the send, the reconcile backbone finds the outbox row once its grace
 has passed and sends it then. A rolled-back transaction sends nothing.
 
-The caller's transaction is a SQLAlchemy ``Session`` or ``Connection`` on the store's own
-database (its URL's host, port and database name must match the store's).
+The caller's transaction is, on the store's own database:
+
+- a SQLAlchemy ``Session`` or ``Connection`` (its URL's host, port and database name must match
+  the store's); the send waits for its commit event;
+- a psycopg 3 connection in a transaction (``with conn.transaction():``, or a connection out of
+  autocommit); psycopg has no commit hook, so the send watches for the commit from the start;
+- Django's connection (``django.db.connection``, or ``connections[alias]``) inside
+  ``transaction.atomic()``; the send is Django's ``on_commit`` callback, and a rolled-back
+  atomic block (or savepoint) drops it with the rows.
+
+A psycopg connection, Django's included, is lent to SQLAlchemy for the writes (see
+:func:`borrowed_connection`): the ledger's statements run on it exactly as on the store's own,
+and nothing here ever commits, rolls back or closes it. For those, "the same database" is
+checked on the server itself (its database, port and start time), since the connection carries
+no URL to compare.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -20,12 +34,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import event
-from sqlalchemy.engine import Connection
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.types.json import set_json_dumps, set_json_loads
+from sqlalchemy import event, text
+from sqlalchemy.engine import Connection, create_engine
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import StaticPool
 
 from threads_celery.exceptions import ConfigError
-from threads_celery.store import Store, Tx
+from threads_celery.store import Store, Tx, storable
 
 log = logging.getLogger("threads_celery.client")
 
@@ -44,25 +62,47 @@ class CallerTransaction:
     commits (or not, if it rolls back)."""
 
     def __init__(self, within: Any, store: Store) -> None:
+        self.store = store
+        self._session: Session | None = None
+        #: Django's ``on_commit`` for its connection: the caller's own commit hook.
+        self._on_commit: Callable[[Callable[[], None]], None] | None = None
+        #: The SQLAlchemy connection lent a psycopg connection of the caller's (closed once written).
+        self._borrowed: Connection | None = None
         if isinstance(within, Session):
             self.connection = within.connection()
-            self._session: Session | None = within
+            self._session = within
         elif isinstance(within, Connection):
             self.connection = within
-            self._session = None
+        elif _is_django_connection(within):
+            raw = _django_psycopg_connection(within)
+            self.connection = self._borrowed = borrowed_connection(raw, store)
+            _check_same_server(self.connection, store)
+            self._on_commit = lambda send: within.on_commit(send, robust=True)
+        elif isinstance(within, psycopg.Connection):
+            _check_psycopg_transaction(within)
+            self.connection = self._borrowed = borrowed_connection(within, store)
+            _check_same_server(self.connection, store)
         else:
             raise TypeError(
-                f"within= takes a SQLAlchemy Session or Connection in an open transaction, not {type(within).__name__}"
+                "within= takes a SQLAlchemy Session or Connection, a psycopg connection or Django's "
+                f"connection, in an open transaction, not {type(within).__name__}"
             )
-        _check_same_database(self.connection, store)
-        if not self.connection.in_transaction():
-            raise ConfigError("within=: the connection has no transaction open (use engine.begin() or a Session)")
-        self.store = store
+        if self._borrowed is None:
+            _check_same_database(self.connection, store)
+            if not self.connection.in_transaction():
+                raise ConfigError("within=: the connection has no transaction open (use engine.begin() or a Session)")
         self.tx = Tx(self.connection, store)
 
     def after_commit(self, send: Callable[[], None], committed: Callable[[Tx], bool]) -> None:
         """Call ``send`` once the caller's transaction has committed (``committed`` reads, in a
         transaction of the store's, whether what it wrote is visible); never if it rolls back."""
+        if self._borrowed is not None:
+            self._borrowed.close()  # the lent connection: nothing of the caller's is ended
+            if self._on_commit is not None:  # Django: its own hook, run after the commit
+                self._on_commit(lambda: _send_now(send))
+            else:  # psycopg: no hook; watch for the commit from now on
+                _send_once_visible(self.store, send, committed)
+            return
         target: Any = self._session if self._session is not None else self.connection
         pending = _PENDING.get(target)
         if pending is None:
@@ -108,6 +148,136 @@ def _send_once_visible(store: Store, send: Callable[[], None], committed: Callab
             log.warning("sending after the caller's commit: %s: %s (the backbone sends it)", type(exc).__name__, exc)
 
     threading.Thread(target=watch, name="threads-send-after-commit", daemon=True).start()
+
+
+def _send_now(send: Callable[[], None]) -> None:
+    """Send what a commit that has happened made due; a failure is left to the backbone."""
+    try:
+        send()
+    except Exception as exc:  # noqa: BLE001 - the outbox keeps the task: the backbone sends it
+        log.warning("sending after the caller's commit: %s: %s (the backbone sends it)", type(exc).__name__, exc)
+
+
+class _Lent:
+    """A psycopg connection of the caller's as SQLAlchemy's pool sees it: every call goes to the
+    connection, except the ones that would end the caller's transaction or connection.
+
+    SQLAlchemy rolls a connection back when it first meets it (after reading the server's
+    version) and when it is given back; the caller's transaction is not its to end. Cursors are
+    psycopg's own server-side-binding ones (a Django connection makes client-side ones) with the
+    store's JSON dumping and loading (Django loads ``jsonb`` as text), as on the store's engine.
+    """
+
+    def __init__(self, connection: psycopg.Connection[Any]) -> None:
+        self._connection = connection
+
+    def cursor(self, *args: Any, **kwargs: Any) -> psycopg.Cursor[Any]:
+        cursor: psycopg.Cursor[Any] = psycopg.Cursor(self._connection)
+        set_json_dumps(storable.dumps, cursor)
+        set_json_loads(json.loads, cursor)
+        return cursor
+
+    def commit(self) -> None:
+        """Never: the caller commits."""
+
+    def rollback(self) -> None:
+        """Never: the caller rolls back."""
+
+    def close(self) -> None:
+        """Never: the connection stays the caller's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
+
+
+def borrowed_connection(connection: psycopg.Connection[Any], store: Store) -> Connection:
+    """A SQLAlchemy connection over the caller's psycopg connection, configured as the store's
+    engine (JSON, storable text, parameters kept out of errors), that never commits, rolls back
+    or closes it: a one-connection pool (``StaticPool``) whose connection is the caller's, with no
+    reset when it is given back."""
+    if store.dialect != "postgresql":
+        raise ConfigError(
+            "within=: the transaction is on another database than the store's; a run is written in "
+            "the caller's transaction only when the store lives in the same database"
+        )
+    lent = _Lent(connection)
+    engine = create_engine(
+        store.engine.url,
+        creator=lambda: lent,
+        poolclass=StaticPool,
+        pool_reset_on_return=None,
+        use_native_hstore=False,  # its set-up needs psycopg's own connection class; the ledger has no hstore
+        json_serializer=storable.dumps,
+        hide_parameters=True,
+    )
+    storable.install(engine)
+    borrowed = engine.connect()
+    borrowed.begin()  # SQLAlchemy's bookkeeping only: psycopg is already in the caller's transaction
+    return borrowed
+
+
+def _check_psycopg_transaction(connection: psycopg.Connection[Any]) -> None:
+    status = connection.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise ConfigError("within=: the psycopg connection's transaction has failed (roll it back first)")
+    if status != TransactionStatus.INTRANS and (connection.autocommit or status != TransactionStatus.IDLE):
+        raise ConfigError(
+            "within=: the psycopg connection has no transaction open (use `with conn.transaction():`, "
+            "or a connection out of autocommit)"
+        )
+
+
+def _is_django_connection(within: Any) -> bool:
+    """Django's ``DatabaseWrapper`` or the ``django.db.connection`` proxy, told apart without
+    importing Django (an optional dependency)."""
+    return type(within).__module__.startswith("django.") and hasattr(within, "in_atomic_block")
+
+
+def _django_psycopg_connection(connection: Any) -> psycopg.Connection[Any]:
+    """The psycopg connection under Django's, inside an atomic block; ConfigError otherwise."""
+    alias = getattr(connection, "alias", "default")
+    if connection.vendor != "postgresql":
+        raise ConfigError(
+            f"within=: Django's {alias!r} database is {connection.vendor}; a run is written in its "
+            "transaction only when the store lives in the same PostgreSQL database"
+        )
+    if not connection.in_atomic_block:
+        raise ConfigError(
+            "within=connection: Django's connection is in autocommit here; start the run inside "
+            "`with transaction.atomic():` so that it commits with your rows"
+        )
+    if connection.needs_rollback:
+        raise ConfigError("within=connection: the atomic block is marked for rollback (an error happened in it)")
+    connection.ensure_connection()
+    raw = connection.connection
+    if not isinstance(raw, psycopg.Connection):
+        raise ConfigError(
+            f"within=connection: Django's {alias!r} database runs on {type(raw).__module__}; a run is "
+            "written in its transaction with psycopg 3 only (pip install 'psycopg[binary]')"
+        )
+    return raw
+
+
+#: A server's database, port and start time: the same through any host name, socket or pooler.
+_SERVER_IDENTITY = text("SELECT current_database(), current_setting('port'), pg_postmaster_start_time()")
+#: Each store's identity, read once.
+_STORE_IDENTITY: weakref.WeakKeyDictionary[Store, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+
+
+def _check_same_server(borrowed: Connection, store: Store) -> None:
+    """The caller's connection and the store's reach the same database of the same server."""
+    theirs = tuple(borrowed.execute(_SERVER_IDENTITY).one())
+    ours = _STORE_IDENTITY.get(store)
+    if ours is None:
+        with store.read() as tx:
+            ours = _STORE_IDENTITY[store] = tuple(tx.conn.execute(_SERVER_IDENTITY).one())
+    if theirs != ours:
+        borrowed.close()
+        raise ConfigError(
+            f"within=: the transaction is on another database ({theirs[0]!r}) than the store's "
+            f"({ours[0]!r}); a run is written in the caller's transaction only when the store lives "
+            "in the same database"
+        )
 
 
 def _check_same_database(connection: Connection, store: Store) -> None:
