@@ -220,10 +220,11 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin):
         "status"}`` put first: a task that starts a run ends at once instead of holding its worker
         slot in ``wait``. Sent at least once, durably (see :mod:`~threads_celery.transitions.finish_callbacks`).
 
-        ``within`` (a SQLAlchemy ``Session`` or ``Connection`` with a transaction open, on the
-        store's own database) writes the run in that transaction: it commits with the caller's
-        rows or vanishes with them, and its first step is sent only once the commit is visible
-        (by the reconcile backbone, if this process dies before). See :mod:`.caller_tx`.
+        ``within`` (a SQLAlchemy ``Session`` or ``Connection`` with a transaction open, a psycopg 3
+        connection in a transaction, or Django's ``connection`` inside ``transaction.atomic()``,
+        on the store's own database) writes the run in that transaction: it commits with the
+        caller's rows or vanishes with them, and its first step is sent only once the commit is
+        visible (by the reconcile backbone, if this process dies before). See :mod:`.caller_tx`.
 
         A message sent to a thread that is running is queued behind the current run.
         ``tenant`` (what the HTTP API passes for its caller) owns a new thread; an existing

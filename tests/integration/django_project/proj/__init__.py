@@ -1,0 +1,3 @@
+from proj.celery import app as celery_app
+
+__all__ = ["celery_app"]
