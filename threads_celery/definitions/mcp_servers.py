@@ -27,7 +27,6 @@ The ``mcp`` package (the official MCP Python SDK) is needed only by agents that 
 
 from __future__ import annotations
 
-import base64
 import itertools
 import json
 import re
@@ -43,14 +42,15 @@ import anyio
 from pydantic import ValidationError
 
 from threads_celery.decisions.effects import Reconcile
+from threads_celery.definitions.mcp_content import call_result_content, render_call_result
+from threads_celery.definitions.mcp_schemas import json_schema_validator, object_schema
 from threads_celery.definitions.mcp_sessions import POOL
 from threads_celery.definitions.schema_tools import EffectChoice, SchemaTool, ToolArguments, schema_tool, stated_effect
-from threads_celery.definitions.tools import RESERVED_TOOL_NAMES, ToolArgumentsError, ToolContent
+from threads_celery.definitions.tools import RESERVED_TOOL_NAMES
 from threads_celery.exceptions import ConfigError, EffectUnknown
 
 if TYPE_CHECKING:
     from mcp import Client
-    from mcp.types import CallToolResult
 
 #: What model providers accept as a tool name.
 MODEL_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -273,8 +273,8 @@ class MCPServer:
                 "(use letters, digits, '_' or '-', at most 64 characters; not a reserved name); "
                 "set prefix=, or leave the tool out with include=[...]"
             )
-        schema = _object_schema(dict(input_schema))
-        validate = _json_schema_validator(self.name, remote_name, schema)
+        schema = object_schema(dict(input_schema))
+        validate = json_schema_validator(self.name, remote_name, schema)
 
         async def execute(arguments: ToolArguments, ctx: Any) -> str:
             return await self.call(remote_name, arguments.values, effect_key=getattr(ctx, "effect_key", None))
@@ -375,65 +375,6 @@ def _shown_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
-def call_result_content(result: CallToolResult) -> str:
-    """What the model is given of an MCP tool's result, as Pydantic AI gives it: text as text (its
-    structured content as JSON when it has no text), and a result with anything but text as its
-    parts (:class:`~threads_celery.definitions.tools.ToolContent`): an image or audio as a file
-    with its bytes, an embedded resource as its text (or a file, for a blob), a resource link as its
-    URI."""
-    blocks = list(result.content)
-    if all(getattr(block, "type", None) == "text" for block in blocks):
-        return render_call_result(result)
-    parts = [_block_content(block) for block in blocks]
-    return ToolContent.of(parts[0] if len(parts) == 1 else parts)
-
-
-def _block_content(block: Any) -> Any:
-    """One content block of an MCP result as a part of Pydantic AI's tool-return content."""
-    from pydantic_ai.messages import BinaryContent  # the pydantic-ai the agent's model runs on
-
-    kind = getattr(block, "type", None)
-    if kind == "text":
-        text = str(block.text)
-        if text.startswith(("[", "{")):  # JSON text is given as the data it holds, as Pydantic AI does
-            try:
-                return json.loads(text)
-            except ValueError:
-                pass
-        return text
-    if kind in ("image", "audio"):
-        return BinaryContent.narrow_type(BinaryContent(data=base64.b64decode(block.data), media_type=block.mime_type))
-    if kind == "resource":
-        resource = block.resource
-        if getattr(resource, "blob", None) is not None:
-            media_type = getattr(resource, "mime_type", None) or "application/octet-stream"
-            return BinaryContent.narrow_type(BinaryContent(data=base64.b64decode(resource.blob), media_type=media_type))
-        return str(getattr(resource, "text", ""))
-    if kind == "resource_link":
-        return str(block.uri)
-    return f"[{kind} content]"
-
-
-def render_call_result(result: CallToolResult) -> str:
-    """An MCP tool's result as text: its text, else its structured content as JSON (an error's
-    message; a result with more than text is given to the model by :func:`call_result_content`)."""
-    texts: list[str] = []
-    others: list[str] = []
-    for block in result.content:
-        kind = getattr(block, "type", "content")
-        if kind == "text":
-            texts.append(str(getattr(block, "text", "")))
-        else:
-            others.append(
-                f"[{kind} {getattr(block, 'mime_type', None) or getattr(block, 'uri', '')}]".replace(" ]", "]")
-            )
-    if texts or others:
-        return "\n".join([*texts, *others])
-    if result.structured_content is not None:
-        return json.dumps(result.structured_content)
-    return ""
-
-
 def describe_failure(exc: BaseException, timeout_s: float) -> str:
     """A sentence for why talking to an MCP server failed (no traceback, no arguments)."""
     leaves = _leaf_exceptions(exc)
@@ -452,95 +393,6 @@ def _leaf_exceptions(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaf_exceptions(inner)]
     return [exc]
-
-
-def _object_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """The server's input schema, as an object schema a model accepts."""
-    schema.setdefault("type", "object")
-    schema.setdefault("properties", {})
-    return schema
-
-
-def _json_schema_validator(
-    server: str, tool_name: str, schema: dict[str, Any]
-) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    # jsonschema comes with the optional mcp extra, the only source of raw JSON schemas.
-    import jsonschema
-    from jsonschema.exceptions import SchemaError
-
-    cls = jsonschema.validators.validator_for(schema)
-    try:
-        cls.check_schema(schema)
-    except SchemaError as exc:
-        raise ConfigError(
-            f"MCP server {server!r}: tool {tool_name!r} has an invalid input schema: {exc.message}"
-        ) from None
-    cycle = _reference_cycle(schema)
-    if cycle:
-        raise ConfigError(
-            f"MCP server {server!r}: tool {tool_name!r} has a recursive input schema ({' -> '.join(cycle)}), "
-            "which a model cannot be given; leave the tool out with include=[...]"
-        )
-    validator = cls(schema)
-
-    def validate(values: dict[str, Any]) -> dict[str, Any]:
-        problems = []
-        for error in sorted(validator.iter_errors(values), key=lambda e: list(e.path)):
-            where = ".".join(str(p) for p in error.path) or "(arguments)"
-            if error.validator == "required":
-                problems.append(f"{where}: {error.message}")  # names the missing key, not a value
-            else:
-                problems.append(
-                    f"{where}: fails {error.validator!r} ({json.dumps(error.validator_value, default=str)})"
-                )
-        if problems:
-            raise ToolArgumentsError("invalid arguments: " + "; ".join(problems))
-        return values
-
-    return validate
-
-
-def _reference_cycle(schema: dict[str, Any]) -> list[str]:
-    """A chain of local ``$ref`` that comes back to where it started (``#`` is the whole schema),
-    or [] for a schema without one."""
-    definitions: dict[str, Any] = {"#": schema}
-    for key in ("$defs", "definitions"):
-        for name, value in (schema.get(key) or {}).items():
-            definitions[f"#/{key}/{name}"] = value
-
-    def references(node: Any) -> set[str]:
-        found: set[str] = set()
-        pending = [node]
-        while pending:
-            current = pending.pop()
-            if isinstance(current, dict):
-                ref = current.get("$ref")
-                if isinstance(ref, str) and ref in definitions:
-                    found.add(ref)
-                pending.extend(v for k, v in current.items() if k not in ("$defs", "definitions"))
-            elif isinstance(current, list):
-                pending.extend(current)
-        return found
-
-    edges = {name: references(value) for name, value in definitions.items()}
-    visiting: list[str] = []
-    done: set[str] = set()
-
-    def walk(name: str) -> list[str]:
-        if name in visiting:
-            return [*visiting[visiting.index(name) :], name]
-        if name in done:
-            return []
-        visiting.append(name)
-        for target in sorted(edges.get(name, ())):
-            cycle = walk(target)
-            if cycle:
-                return cycle
-        visiting.pop()
-        done.add(name)
-        return []
-
-    return walk("#")
 
 
 def _http_client_with_headers(
@@ -611,5 +463,4 @@ __all__ = [
     "decide_tool_effect",
     "effect_from_hints",
     "mcp_tools",
-    "render_call_result",
 ]

@@ -113,7 +113,7 @@ def test_a_servers_default_name_shows_no_credentials_from_its_url() -> None:
 
 
 def test_a_tool_with_a_recursive_input_schema_is_a_config_error_naming_it() -> None:
-    from threads_celery.definitions.mcp_servers import _json_schema_validator
+    from threads_celery.definitions.mcp_schemas import json_schema_validator
 
     tree = {
         "type": "object",
@@ -125,6 +125,6 @@ def test_a_tool_with_a_recursive_input_schema_is_a_config_error_naming_it() -> N
     with pytest.raises(
         ConfigError, match=r"'files'.*'make_tree' has a recursive input schema \(#/\$defs/Node -> #/\$defs/Node\)"
     ):
-        _json_schema_validator("files", "make_tree", tree)
+        json_schema_validator("files", "make_tree", tree)
     flat = {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"type": "string"}}}
-    assert _json_schema_validator("files", "flat", flat)({"a": "x"}) == {"a": "x"}
+    assert json_schema_validator("files", "flat", flat)({"a": "x"}) == {"a": "x"}
