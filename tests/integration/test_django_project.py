@@ -19,7 +19,7 @@ import pytest
 
 from tests.integration.django_project.harness import PROJECT, manage, project_env, shop_script
 from tests.support.clients import registered_client
-from tests.support.processes import ManagedProcess
+from tests.support.processes import ManagedProcess, free_port
 
 pytest.importorskip("django", reason="the django extra is not installed")
 pytestmark = pytest.mark.integration
@@ -112,3 +112,75 @@ def test_the_projects_agent_tests_pass_under_pytest_django_with_the_plugins_fixt
     assert "OrderHelperTests::test_the_helper_confirms_the_order PASSED" in done.stdout
     assert "test_the_helper_confirms_the_order_with_the_plugins_fixture PASSED" in done.stdout
     assert re.search(r"\b2 passed\b", done.stdout)
+
+
+# -- the API and the console in Django's ASGI application --------------------------------------
+
+#: Makes a staff user and a user who is not, signs each in (Django's own login, so a real session
+#: in the session engine) and prints their primary keys and session cookies.
+SIGNED_IN_USERS = """
+import json
+from django.contrib.auth.models import User
+from django.test import Client
+out = {}
+for name, staff in (("ann", True), ("bob", False)):
+    user, _ = User.objects.get_or_create(username=name, defaults={"is_staff": staff})
+    user.set_password("pw-" + name)
+    user.save()
+    client = Client()
+    assert client.login(username=name, password="pw-" + name)
+    out[name] = {"pk": user.pk, "session": client.cookies["sessionid"].value}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def served(migrated: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The project's ASGI application (``proj/asgi.py``) on uvicorn, at its base URL."""
+    port = free_port()
+    argv = [sys.executable, "-m", "uvicorn", "proj.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
+    process = ManagedProcess(
+        "shop-asgi", argv, env=migrated, log_path=tmp_path_factory.mktemp("asgi") / "a.log", cwd=PROJECT
+    )
+    with process:
+        process.start()
+        process.wait_for_log(r"Uvicorn running on", timeout=WAIT_S, what="uvicorn up")
+        yield f"http://127.0.0.1:{port}"
+
+
+def test_the_api_and_console_answer_djangos_users_each_within_its_tenant(
+    served: str,
+    project_worker: ManagedProcess,
+    migrated: dict[str, str],
+    pg_url_module: str,
+    integration_redis_url: str,
+) -> None:
+    import httpx
+
+    done = shop_script(migrated, SIGNED_IN_USERS)
+    assert done.returncode == 0, done.stderr
+    users = json.loads(done.stdout.strip().splitlines()[-1])
+    with registered_client(pg_url_module, integration_redis_url, []) as threads:
+        runs = {
+            name: threads.start("order_helper", f"for {name}", tenant=str(u["pk"])).run_id for name, u in users.items()
+        }
+
+    def get(path: str, who: str | None = None) -> httpx.Response:
+        cookies = {"sessionid": users[who]["session"]} if who else {}
+        return httpx.get(served + path, cookies=cookies, timeout=30, follow_redirects=False)
+
+    # Nobody signed in: no API, no console.
+    assert get("/agents/api/v1/runs").status_code == 401
+    assert get("/agents/console/").status_code == 401
+    assert get("/agents/api/v1/runs", "bob").status_code == 200
+    # A user sees its own tenant's runs only; a user who is not staff has no console.
+    listed = {r["id"] for r in get("/agents/api/v1/runs?limit=100", "bob").json()}
+    assert runs["bob"] in listed and runs["ann"] not in listed
+    assert get("/agents/console/", "bob").status_code == 403
+    staff = get("/agents/console/", "ann")
+    assert staff.status_code == 200 and "text/html" in staff.headers["content-type"]
+    # A session that is not one (signed out, forged) is nobody.
+    forged = httpx.get(served + "/agents/api/v1/runs", cookies={"sessionid": "not-a-session"}, timeout=30)
+    assert forged.status_code == 401
+    # Everything else is still Django's.
+    assert get("/orders").status_code == 405  # the shop's view takes POST only
