@@ -1,4 +1,4 @@
-"""docs/fastapi.md run as written: every block of the page is run here, or named with the reason.
+"""docs/fastapi.md and docs/own-celery-app.md run as written: every block of each page is run here.
 
 The page's files (each block that opens with ``# <name>.py``) are written as they are into a
 folder, and its shell blocks run there on PostgreSQL and Redis: the ledger's migration, a real
@@ -6,6 +6,12 @@ worker of the page's agents, uvicorn serving ``shop_app:app``, and the page's cu
 a free port in place of 8000, the one change made). The mounted and Starlette variants are served
 in this process; the example's quick try runs embedded, with no services. Every python block also
 passes pyflakes' checks (ruff F).
+
+docs/own-celery-app.md's files (``proj/celery.py``, ``proj/tasks.py``) go into a Django project
+named ``proj`` whose settings, agents and order functions the test writes (the page takes them
+as the project's own); its worker and Beat start by the page's own lines, with this test's
+database and broker in place of the page's placeholders, and the page's task starts a run whose
+end calls the project's task back.
 """
 
 from __future__ import annotations
@@ -243,3 +249,127 @@ def test_the_examples_quick_try_runs_embedded_as_written(tmp_path: Path) -> None
         assert httpx.get(f"{base}/docs").status_code == 200
     finally:
         process.terminate()
+
+
+# -- docs/own-celery-app.md ----------------------------------------------------------------------
+
+OWN_APP_PAGE = "docs/own-celery-app.md"
+#: What the page takes as the project's own (a Django project named proj): its settings, its
+#: agents and the functions its task calls. Written beside the page's files, never over one.
+PROJECT_FILES = {
+    "proj/__init__.py": "",
+    "proj/settings.py": (
+        'SECRET_KEY = "docs-test"\n'
+        'INSTALLED_APPS = ["proj"]  # so that autodiscover_tasks() finds proj/tasks.py\n'
+        "USE_TZ = True\n"
+        'CELERY_BROKER_URL = "{broker}"\n'
+        'CELERY_TASK_DEFAULT_QUEUE = "proj"\n'
+    ),
+    "proj/agents.py": (
+        "from threads_celery import Agent\n"
+        "from threads_celery.testing import ScriptedModel\n\n"
+        'reviewer = Agent(name="reviewer", instructions="Review.", model=ScriptedModel(["Looks good."]))\n'
+    ),
+    "proj/orders.py": (
+        "import json\nimport os\n\n\n"
+        "def save_review(order_id, output):\n"
+        '    with open(os.environ["REVIEWS_FILE"], "a") as f:\n'
+        '        f.write(json.dumps({"order": order_id, "review": output}) + "\\n")\n\n\n'
+        "def flag_for_a_person(order_id, status, error):\n"
+        '    with open(os.environ["REVIEWS_FILE"], "a") as f:\n'
+        '        f.write(json.dumps({"order": order_id, "flagged": status, "error": error}) + "\\n")\n'
+    ),
+}
+OWN_APP_SHELL = "celery -A proj worker"
+
+
+def own_app_blocks() -> list[Block]:
+    return page_blocks(OWN_APP_PAGE)
+
+
+def test_every_block_of_the_own_app_page_is_run() -> None:
+    names = []
+    for block in own_app_blocks():
+        if block.lang == "python":
+            assert block.file_name is not None, f"{OWN_APP_PAGE}:{block.line}: a python block that names no file"
+            assert block.file_name not in PROJECT_FILES, f"{OWN_APP_PAGE}:{block.line}: the test writes that file"
+            names.append(block.file_name)
+        else:
+            assert block.lang == "bash" and OWN_APP_SHELL in block.text, f"{OWN_APP_PAGE}:{block.line}: not run"
+    assert sorted(names) == ["proj/celery.py", "proj/tasks.py"]
+
+
+def test_the_own_app_pages_python_blocks_pass_pyflakes(tmp_path: Path) -> None:
+    for block in own_app_blocks():
+        if block.file_name is not None:
+            target = tmp_path / block.file_name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(block.text)
+    ruff = Path(sys.executable).with_name("ruff")
+    done = subprocess.run(
+        [str(ruff), "check", "--no-cache", "--isolated", "--select", "F", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_own_app_page_runs_as_written(
+    tmp_path: Path, migrated_pg_url: str, integration_redis_url: str, services_env: dict[str, str]
+) -> None:
+    """The page's proj/celery.py and proj/tasks.py in a Django project, its worker and Beat
+    started by its own lines, and its task: a run started from a task of the project's, whose
+    end calls the project's task back with the outcome."""
+    for name, text in PROJECT_FILES.items():
+        target = tmp_path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text.replace("{broker}", integration_redis_url))
+    for block in own_app_blocks():
+        if block.file_name is not None:
+            (tmp_path / block.file_name).write_text(block.text)
+    [shell] = [b.text for b in own_app_blocks() if b.lang == "bash"]
+    lines = [line.split("#")[0].strip() for line in shell.strip().splitlines()]
+    exports = [line.removeprefix("export ") for line in lines if line.startswith("export ")]
+    assert lines[len(exports) :] == ["celery -A proj worker", "celery -A proj beat"]
+    worker_line, beat_line = lines[len(exports) :]
+    env = {k: v for k, v in services_env.items() if not k.startswith("THREADS_")}  # the page's own only
+    # The page's services are placeholders (postgresql://app@db/app, redis://redis): this test's stand in.
+    ours = {"THREADS_DATABASE_URL": migrated_pg_url, "THREADS_BROKER_URL": integration_redis_url}
+    for assignment in " ".join(exports).split():
+        name, _, value = assignment.partition("=")
+        env[name] = ours.get(name, value)
+    assert {"THREADS_DATABASE_URL", "THREADS_BROKER_URL", "THREADS_AGENTS"} <= set(env)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    env["REVIEWS_FILE"] = str(tmp_path / "reviews.jsonl")
+    celery = str(Path(sys.executable).with_name("celery"))
+    worker = ManagedProcess("docs-own-worker", [celery, *worker_line.split()[1:]], env=env, log_path=tmp_path / "w.log")
+    beat = ManagedProcess(
+        "docs-own-beat",
+        [celery, *beat_line.split()[1:], "-s", str(tmp_path / "beat-schedule")],
+        env=env,
+        log_path=tmp_path / "beat.log",
+    )
+    worker.cwd = beat.cwd = tmp_path
+    worker.start()
+    beat.start()
+    try:
+        from celery import Celery
+
+        client = Celery("docs-client", broker=integration_redis_url)
+        try:
+            client.send_task("proj.tasks.review_order", args=[7], queue="proj")
+
+            def reviewed() -> list[Any]:
+                assert worker.alive(), f"the worker exited:\n{worker.log_tail()}"
+                path = tmp_path / "reviews.jsonl"
+                return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+            found = eventually(reviewed, timeout=WAIT_S, what="the run's end called order_reviewed")
+            assert found == [{"order": 7, "review": found[0]["review"]}]
+            assert beat.alive(), f"beat exited:\n{beat.log_tail()}"
+        finally:
+            client.close()
+    finally:
+        beat.terminate()
+        worker.terminate()
