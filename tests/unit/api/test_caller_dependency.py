@@ -222,6 +222,19 @@ def test_console_forms_need_the_csrf_token_of_their_own_caller(client: TestClien
     eventually(lambda: threads.get_run(run.run_id).status == "completed", timeout=30, what="the run read its note")
 
 
+def test_console_csrf_tokens_hold_across_processes_sharing_the_secret_key(threads: Threads) -> None:
+    def csrf(console_app: Any, key: str) -> str:
+        """The CSRF token the console puts in the forms it serves to the user of ``key``."""
+        token: str = console_app.state.console.session_of_caller(USERS[key]).csrf
+        return token
+
+    shared = {"THREADS_SECRET_KEY": "k" * 44}
+    one, two = (create_console(threads, caller=api_key_user, env=shared) for _ in range(2))
+    assert csrf(one, "key-alice") == csrf(two, "key-alice") != csrf(one, "key-bob")
+    alone = create_console(threads, caller=api_key_user, env={})
+    assert csrf(alone, "key-alice") != csrf(one, "key-alice")  # without the key: this process's own
+
+
 def test_another_tenants_run_is_a_missing_page_in_the_console(client: TestClient) -> None:
     started(client, "key-alice", run_id="order-console")
     assert client.get("/console/runs/order-console", headers=as_user("key-alice")).status_code == 200

@@ -73,7 +73,10 @@ def create_console(
     dependencies = []
     if caller is not None:
         caller_of = caller_dependency(caller)
-        console = Console(threads, {}, auth=True, session_s=session_s, asks_the_app=True)
+        # Forms' CSRF tokens are keyed by THREADS_SECRET_KEY when it is set, so that every API
+        # process behind one address accepts the forms the others served.
+        secret = env.get("THREADS_SECRET_KEY")
+        console = Console(threads, {}, auth=True, session_s=session_s, asks_the_app=True, csrf_secret=secret)
 
         async def session_of(request: Request, found: Caller = Depends(caller_of)) -> None:
             request.state.console_session = console.session_of_caller(found)

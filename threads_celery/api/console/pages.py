@@ -68,6 +68,7 @@ class Console:
         auth: bool,
         session_s: float,
         asks_the_app: bool = False,
+        csrf_secret: str | None = None,
     ) -> None:
         self.threads = threads
         self.callers = dict(callers)
@@ -76,8 +77,13 @@ class Console:
         #: Whether the app's own dependency names each request's caller (``caller=``): no sign-in.
         self.asks_the_app = asks_the_app
         # With authentication off, or done by the app, there is no token to key CSRF tokens by:
-        # a per-process key (see session_of_caller).
-        self._open_csrf = secrets.token_hex(32)
+        # a key derived from ``csrf_secret`` (shared by every process that has it), else one of
+        # this process's own (see session_of_caller).
+        self._open_csrf = (
+            hashlib.sha256(f"threads-console-csrf:{csrf_secret}".encode()).hexdigest()
+            if csrf_secret
+            else secrets.token_hex(32)
+        )
         # Refused answers, for the page each one's browser is sent back to (POST-redirect-GET).
         self.notices = Notices()
         self.templates = Environment(
@@ -96,7 +102,7 @@ class Console:
 
     def session_of_caller(self, caller: Caller) -> Session:
         """The session of a caller the app's own dependency named: its CSRF token is an HMAC of
-        who it is, keyed by this process's secret, so it holds for that caller's forms only."""
+        who it is, keyed by the console's CSRF key, so it holds for that caller's forms only."""
         who = f"{caller.principal}\n{caller.tenant}".encode()
         return Session(caller, hmac.new(self._open_csrf.encode(), who, hashlib.sha256).hexdigest())
 
