@@ -253,3 +253,32 @@ def test_a_view_killed_between_its_commit_and_the_send_has_its_run_started_once_
     assert run.status == "completed", (run.status, run.error, beat.log_tail())
     replies = [m for m in threads.messages(run.thread_id) if m.role == "assistant"]
     assert [m.text for m in replies] == ["Your order is confirmed."]  # started and run once
+
+
+#: Approves a call inside an atomic block, which rolls back when argv[2] says so.
+APPROVES = """
+import sys
+from django.db import connection, transaction
+from threads_celery.contrib.django import get_threads
+with transaction.atomic():
+    get_threads().approve(sys.argv[1], principal="ann", within=connection)
+    transaction.set_rollback(sys.argv[2] == "rollback")
+"""
+
+
+def test_an_approval_in_an_atomic_block_runs_the_call_only_once_it_commits(
+    threads: Any, shop_db: str, integration_redis_url: str
+) -> None:
+    handle = threads.start(agents.asks_first, "go")
+    [call] = eventually(
+        lambda: [c for c in threads.pending(handle.run_id) if c.status == "awaiting_approval"],
+        timeout=WAIT_S,
+        what="the call awaiting approval",
+    )
+    env = project_env(shop_db, integration_redis_url)
+    rolled_back = shop_script(env, APPROVES, call.effect_key, "rollback")
+    assert rolled_back.returncode == 0, rolled_back.stderr
+    assert [c.status for c in threads.pending(handle.run_id)] == ["awaiting_approval"]
+    committed = shop_script(env, APPROVES, call.effect_key, "commit")
+    assert committed.returncode == 0, committed.stderr
+    assert threads.wait(handle.run_id, WAIT_S).status == "completed"
