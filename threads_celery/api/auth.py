@@ -27,7 +27,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.params import Depends as DependsMarker
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from threads_celery.api.tenancy import UNAUTHENTICATED, Caller, callers_from_tokens
+from threads_celery.api.tenancy import UNAUTHENTICATED, Caller, caller_problem, callers_from_tokens
 from threads_celery.exceptions import ConfigError
 
 log = logging.getLogger("threads_celery.api.auth")
@@ -143,8 +143,9 @@ def caller_dependency(dependency: object, *, argument: str = "caller") -> Callab
     ``dependency`` is a sync or async callable (or ``Depends(callable)``) returning a
     :class:`Caller` or raising ``HTTPException``. TypeError now if it is not callable or declares
     a return type that is not a Caller. At run time, ``None`` is a 401 ("not authenticated"), and
-    anything else that is not a Caller is logged as an error naming the dependency and the type
-    it returned, and answered 401 too (never a 500, never the value).
+    anything else that is not a Caller, or a Caller whose tenant cannot own ids (1-128 letters,
+    digits, ``_.:-``) or whose principal is empty or over 255 characters, is logged as an error
+    naming the dependency and what is wrong, and answered 401 too (never a 500, never the value).
     """
     if isinstance(dependency, DependsMarker):
         dependency = dependency.dependency
@@ -161,11 +162,14 @@ def caller_dependency(dependency: object, *, argument: str = "caller") -> Callab
         )
 
     async def caller_of(request: Request, found: Any = Depends(dependency)) -> Caller:
-        if isinstance(found, Caller):
+        problem = caller_problem(found) if isinstance(found, Caller) else None
+        if isinstance(found, Caller) and problem is None:
             # For the error answers: they name ids in the caller's own form (tenancy.shown_to).
             request.state.caller = found
             return found
-        if found is not None:
+        if problem is not None:
+            log.error("the caller dependency %s answered a Caller that %s: the request is refused (401)", name, problem)
+        elif found is not None:
             log.error(
                 "the caller dependency %s answered a %s, not a Caller: the request is refused (401)",
                 name,

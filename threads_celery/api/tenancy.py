@@ -53,6 +53,23 @@ class Caller:
     tenant: str = DEFAULT_TENANT
 
 
+#: How long a principal may be: the ledger records it on decisions (``approved_by``, 255 characters).
+MAX_PRINCIPAL_CHARS = 255
+_TENANT = re.compile(rf"^{_NAME}$")
+
+
+def caller_problem(caller: Caller) -> str | None:
+    """What makes ``caller`` unusable (a tenant that ids cannot be scoped by, an empty or overlong
+    principal), or None. Pure; names the rule, never the value."""
+    if not isinstance(caller.tenant, str) or not _TENANT.match(caller.tenant):
+        return "its tenant is not 1-128 letters, digits, '_', '.', ':' or '-' (starting with a letter or digit)"
+    if not isinstance(caller.principal, str) or not caller.principal.strip():
+        return "its principal is empty"
+    if len(caller.principal) > MAX_PRINCIPAL_CHARS:
+        return f"its principal is over {MAX_PRINCIPAL_CHARS} characters"
+    return None
+
+
 #: The caller of an API whose authentication is switched off (something in front authenticates).
 UNAUTHENTICATED = Caller("unauthenticated", DEFAULT_TENANT)
 

@@ -150,6 +150,37 @@ def test_a_dependency_answering_none_or_something_else_is_a_logged_401_that_leak
         assert "hunter2" not in logged[0]
 
 
+@pytest.mark.parametrize(
+    ("caller", "problem"),
+    [
+        (Caller("alice", "acme~evil"), "its tenant is not"),
+        (Caller("alice", "x" * 129), "its tenant is not"),
+        (Caller("alice", ""), "its tenant is not"),
+        (Caller("  ", "acme"), "its principal is empty"),
+        (Caller("a" * 256, "acme"), "its principal is over 255 characters"),
+    ],
+)
+def test_a_caller_the_ledger_cannot_hold_is_a_logged_401(
+    threads: Threads, caplog: pytest.LogCaptureFixture, caller: Caller, problem: str
+) -> None:
+    def odd_user() -> Caller:
+        return caller
+
+    with TestClient(create_api(threads, caller=odd_user, env={})) as c, caplog.at_level(logging.ERROR):
+        refused = c.post("/v1/runs", json={"agent": GREETER.name, "message": "hi"})
+    assert refused.status_code == 401 and refused.json()["error"]["message"] == "not authenticated"
+    [logged] = [r.getMessage() for r in caplog.records if r.name == "threads_celery.api.auth"]
+    assert problem in logged and "odd_user" in logged
+
+
+def test_an_email_principal_is_a_fine_caller(threads: Threads) -> None:
+    def by_email() -> Caller:
+        return Caller("alice@example.com", "acme")
+
+    with TestClient(create_api(threads, caller=by_email, env={})) as c:
+        assert c.get("/v1/runs").status_code == 200
+
+
 def test_a_dependency_that_cannot_answer_a_caller_is_refused_when_the_app_is_built(threads: Threads) -> None:
     def a_user_row() -> dict[str, str]:
         return {"name": "alice"}
