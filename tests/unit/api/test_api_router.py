@@ -160,7 +160,9 @@ def test_runs_belong_to_the_dependencys_tenant_and_their_location_is_under_the_p
     other = client.post(
         f"{prefix}/v1/runs", json={"agent": WRITER.name, "message": "hi", "thread_id": thread_id}, headers=ALICE
     )
-    assert error_of(other, 409)["type"] == "conflict"
+    conflict = error_of(other, 409)
+    assert conflict["type"] == "conflict" and thread_id in conflict["message"]
+    assert "acme~" not in conflict["message"]  # the caller's own ids, never the stored, scoped ones
 
 
 def test_the_shops_openapi_lists_the_agents_routes(client: TestClient) -> None:
