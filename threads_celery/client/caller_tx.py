@@ -171,8 +171,9 @@ class _Lent:
     def __init__(self, connection: psycopg.Connection[Any]) -> None:
         self._connection = connection
 
-    def cursor(self, *args: Any, **kwargs: Any) -> psycopg.Cursor[Any]:
-        cursor: psycopg.Cursor[Any] = psycopg.Cursor(self._connection)
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        # A named (server-side) cursor, asked for with arguments, is the connection's own kind.
+        cursor = self._connection.cursor(*args, **kwargs) if args or kwargs else psycopg.Cursor(self._connection)
         set_json_dumps(storable.dumps, cursor)
         set_json_loads(json.loads, cursor)
         return cursor
