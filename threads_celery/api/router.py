@@ -25,6 +25,7 @@ To serve the API as an app of its own under a path instead, mount it:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from typing import Any, ClassVar
 
@@ -33,7 +34,7 @@ from fastapi.routing import APIRoute, APIRouter
 
 from threads_celery.api.app import v1_routes
 from threads_celery.api.auth import caller_dependency
-from threads_celery.api.body_limit import DEFAULT_MAX_BODY_BYTES
+from threads_celery.api.body_limit import DEFAULT_MAX_BODY_BYTES, max_body_from_env
 from threads_celery.api.errors import api_answer, error_response
 from threads_celery.api.events import DEFAULT_KEEPALIVE_S, DEFAULT_POLL_INTERVAL_S
 from threads_celery.client.threads import Threads
@@ -101,7 +102,7 @@ def api_router(
     threads: Threads,
     *,
     caller: Callable[..., Any],
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int | None = None,
     keepalive_s: float = DEFAULT_KEEPALIVE_S,
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
 ) -> APIRouter:
@@ -111,12 +112,14 @@ def api_router(
     :class:`~threads_celery.api.tenancy.Caller` (principal and tenant) or raising
     ``HTTPException``; it is required (a router in someone's app has no tokens of its own).
     Errors keep the API's documented bodies in any app (:class:`ApiRoute`), and request bodies
-    are limited to ``max_body_bytes`` (1 MiB by default). ``/healthz``, ``/readyz`` and the
+    are limited to ``max_body_bytes`` (default: ``THREADS_API_MAX_BODY_BYTES``, else 1 MiB). ``/healthz``, ``/readyz`` and the
     console are not in it: mount the console with
     :func:`~threads_celery.api.console.create_console` (``caller=`` too).
     """
     if not isinstance(threads, Threads):
         raise TypeError(f"api_router takes a Threads runtime, not {type(threads).__name__}")
+    if max_body_bytes is None:
+        max_body_bytes = max_body_from_env(os.environ)
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes <= 0:
         raise ConfigError(f"max_body_bytes must be a positive integer, not {max_body_bytes!r}")
     caller_of = caller_dependency(caller)

@@ -29,6 +29,7 @@ from tests.support.waiting import eventually
 from threads_celery import Agent, Threads
 from threads_celery.api import Caller, api_router, create_api
 from threads_celery.api.router import ApiRoute
+from threads_celery.exceptions import ConfigError
 from threads_celery.testing import ScriptedModel, say
 
 USERS = {"key-alice": Caller("alice", "acme"), "key-bob": Caller("bob", "globex")}
@@ -186,6 +187,18 @@ def test_an_unexpected_error_goes_on_to_the_apps_own_handling() -> None:
     app.include_router(router)
     with TestClient(app, raise_server_exceptions=False) as c:
         assert c.get("/broken").json() == {"reported": "a bug"}
+
+
+def test_the_body_limit_defaults_to_the_apis_variable(threads: Threads, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("THREADS_API_MAX_BODY_BYTES", "100")
+    app = FastAPI()
+    app.include_router(api_router(threads, caller=api_key_user))
+    body = {"agent": GREETER.name, "message": "x" * 100}
+    with TestClient(app) as c:
+        assert error_of(c.post("/v1/runs", json=body, headers=ALICE), 413)["message"].endswith("limit of 100 bytes")
+    monkeypatch.setenv("THREADS_API_MAX_BODY_BYTES", "lots")
+    with pytest.raises(ConfigError, match="THREADS_API_MAX_BODY_BYTES must be a positive integer"):
+        api_router(threads, caller=api_key_user)
 
 
 def test_the_router_refuses_what_it_cannot_serve(threads: Threads) -> None:
