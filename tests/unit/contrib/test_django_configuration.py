@@ -96,3 +96,33 @@ def test_a_setting_of_a_type_no_variable_can_spell_is_refused_naming_it() -> Non
         """)
     )
     assert out == "settings.THREADS_AGENTS must be a string, a number, a boolean, a list of strings or a dict"
+
+
+def test_a_users_tenant_is_its_primary_key_or_what_the_setting_names() -> None:
+    script = CONFIGURE % ("postgresql", 'THREADS_TENANT_OF_USER="nowhere.tenant_of",') + textwrap.dedent("""
+        from types import SimpleNamespace
+        from django.conf import settings
+        from fastapi import HTTPException
+        from threads_celery.contrib.django.asgi import caller_of, tenant_function
+        from threads_celery.exceptions import ConfigError
+        try:
+            tenant_function()
+        except ConfigError as exc:
+            print(str(exc).split(":")[0])
+        user = SimpleNamespace(pk=7, get_username=lambda: "ann", company="acme")
+        del settings.THREADS_TENANT_OF_USER
+        print(caller_of(user))
+        settings.THREADS_TENANT_OF_USER = lambda u: u.company
+        print(caller_of(user))
+        settings.THREADS_TENANT_OF_USER = lambda u: 7
+        try:
+            caller_of(user)
+        except HTTPException as exc:
+            print(exc.status_code)
+    """)
+    assert run(script).splitlines() == [
+        "settings.THREADS_TENANT_OF_USER = 'nowhere.tenant_of' names nothing importable",
+        "Caller(principal='ann', tenant='7')",
+        "Caller(principal='ann', tenant='acme')",
+        "401",
+    ]

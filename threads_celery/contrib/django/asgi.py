@@ -15,6 +15,7 @@ starts its tenant's runs only; the principal recorded for its decisions is its u
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
 
 TENANT_SETTING = "THREADS_TENANT_OF_USER"
+NOT_SIGNED_IN = HTTPException(401, "sign in to the site first", headers={"WWW-Authenticate": "Session"})
+log = logging.getLogger("threads_celery.contrib.django")
 
 
 def default_tenant_of(user: Any) -> str:
@@ -81,14 +84,15 @@ async def signed_in_user(request: Request) -> Any:
 
 
 def caller_of(user: Any) -> Caller:
-    """The API's caller for a Django user: its username, and its tenant (``THREADS_TENANT_OF_USER``)."""
+    """The API's caller for a Django user: its username, and its tenant (``THREADS_TENANT_OF_USER``).
+
+    A tenant function answering anything but a non-empty string is logged as an error naming
+    the setting and the type (never the value), and the request is a 401, never a 500."""
     tenant = tenant_function()(user)
     if not isinstance(tenant, str) or not tenant:
-        raise ConfigError(f"settings.{TENANT_SETTING} answered {type(tenant).__name__} for a user, not a tenant name")
+        log.error("settings.%s answered %s for a user, not a tenant name", TENANT_SETTING, type(tenant).__name__)
+        raise NOT_SIGNED_IN
     return Caller(principal=user.get_username(), tenant=tenant)
-
-
-NOT_SIGNED_IN = HTTPException(401, "sign in to the site first", headers={"WWW-Authenticate": "Session"})
 
 
 async def user_caller(request: Request) -> Caller:
@@ -121,6 +125,7 @@ def with_threads(
     from threads_celery.api import create_api, create_console
     from threads_celery.contrib.django.runtime import get_threads
 
+    tenant_function()  # a setting naming nothing is refused now, not at the first request
     runtime = threads if threads is not None else get_threads()
     routes = [Mount(api_path, app=create_api(runtime, caller=user_caller, console=False))]
     if console_path is not None:
