@@ -18,7 +18,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -28,6 +27,17 @@ from rich.progress_bar import ProgressBar
 from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
+
+from threads_celery.cli.live_entries import (
+    CallEntry,
+    ChildRun,
+    Entry,
+    NoteEntry,
+    TurnEntry,
+    UserEntry,
+    answer_note,
+    is_narration,
+)
 
 #: Statuses in which a run waits for a person: following it stops there.
 from threads_celery.cli.live_format import (
@@ -45,96 +55,7 @@ from threads_celery.cli.live_format import (
     shorten,
 )
 from threads_celery.cli.live_partial import PartialTurn
-from threads_celery.records import TERMINAL_STATUSES, CallTimelineEntry, Event, Message, Run, ToolCall, ToolResult
-
-# -- what the view holds ----------------------------------------------------------------------
-
-
-@dataclass
-class ChildRun:
-    """What the parent's event log says about one child agent-tool run."""
-
-    run_id: str
-    name: str
-    label: str = ""
-    status: str = "running"
-    fraction: float | None = None
-    phase: str | None = None
-    message: str | None = None
-    activity: str | None = None
-    outcome: str | None = None
-    milestones: list[str] = field(default_factory=list)
-    #: The call that started it, while that call waits (the row is drawn under it).
-    call: _CallEntry | None = None
-    #: It ended before its call had a result, so it is drawn under the call for good.
-    ended_with_call: bool = False
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.status in CHILD_END.values()
-
-    @property
-    def floating(self) -> bool:
-        """Drawn in the live region: it outlived (or never had) the call that started it."""
-        return not self.is_terminal and (self.call is None or self.call.result is not None)
-
-
-@dataclass
-class _CallEntry:
-    call: ToolCall
-    result: ToolResult | None = None
-    notes: list[Text] = field(default_factory=list)
-    children: list[ChildRun] = field(default_factory=list)
-
-
-@dataclass
-class _NoteEntry:
-    """One line in the log: a narrated milestone, a run that started or ended, a child that ended."""
-
-    line: RenderableType
-    settled: bool = True
-
-
-@dataclass
-class _UserEntry:
-    text: str
-    settled: bool = True
-
-
-@dataclass
-class _TurnEntry:
-    number: int
-    text: str
-    calls: list[_CallEntry] = field(default_factory=list)
-
-    @property
-    def is_answer(self) -> bool:
-        """A model turn that calls no tool is the run's answer."""
-        return not self.calls
-
-    @property
-    def settled(self) -> bool:
-        return all(c.result is not None for c in self.calls)
-
-
-_Entry = _UserEntry | _TurnEntry | _NoteEntry
-
-
-def answer_note(call: CallTimelineEntry) -> tuple[str, str] | None:
-    """The note (and its style) saying who answered ``call`` and how; None if nobody did."""
-    if call.resolution == "denied":
-        return (f"✗ denied by {call.resolved_by}" if call.resolved_by else "✗ denied", "red")
-    if call.resolution is not None:
-        by = f" by {call.resolved_by}" if call.resolved_by else ""
-        return (f"✓ resolved {call.resolution}{by}", "green")
-    if call.approved_by:
-        return (f"✓ approved by {call.approved_by}", "green")
-    return None
-
-
-def is_narration(message: Message) -> bool:
-    """A narrated milestone of a background child: an assistant status line, no model turn."""
-    return message.role == "assistant" and (message.meta or {}).get("source") == "agent-tool-milestone"
+from threads_celery.records import TERMINAL_STATUSES, CallTimelineEntry, Event, Message, Run, ToolResult
 
 
 class RunView:
@@ -166,8 +87,8 @@ class RunView:
         self.last_event_seq = 0
         self._clock = clock
         self._watch_started = clock()
-        self._entries: list[_Entry] = []
-        self._calls: dict[str, _CallEntry] = {}
+        self._entries: list[Entry] = []
+        self._calls: dict[str, CallEntry] = {}
         self._children: dict[str, ChildRun] = {}
         self._taken = 0
         self._turns = 0
@@ -193,13 +114,13 @@ class RunView:
                 return
             if narration:
                 # A narrated milestone of a background child: a status line, not a model turn.
-                self._entries.append(_NoteEntry(Text.assemble(("  ◆ ", "magenta"), (message.text, "magenta"))))
+                self._entries.append(NoteEntry(Text.assemble(("  ◆ ", "magenta"), (message.text, "magenta"))))
             elif message.role == "user":
-                self._entries.append(_UserEntry(message.text))
+                self._entries.append(UserEntry(message.text))
             elif message.role == "assistant":
                 self.partial.clear()
                 self._turns += 1
-                turn = _TurnEntry(self._turns, message.text, [_CallEntry(c) for c in message.tool_calls])
+                turn = TurnEntry(self._turns, message.text, [CallEntry(c) for c in message.tool_calls])
                 for entry in turn.calls:
                     self._calls[entry.call.id] = entry
                     answered = self._answers.get(entry.call.effect_key)
@@ -265,7 +186,7 @@ class RunView:
             )
         else:
             return  # running / waiting flip with every step: not worth a line
-        self._entries.append(_NoteEntry(line))
+        self._entries.append(NoteEntry(line))
 
     def _child_event(self, event: Event) -> None:
         payload = event.payload
@@ -312,9 +233,9 @@ class RunView:
             if child.call is not None and child.call.result is None:
                 child.ended_with_call = True
             else:
-                self._entries.append(_NoteEntry(self._children_grid([child], indent=2)))
+                self._entries.append(NoteEntry(self._children_grid([child], indent=2)))
 
-    def _call_of(self, child_run_id: str, parent_tool_call_id: Any) -> _CallEntry | None:
+    def _call_of(self, child_run_id: str, parent_tool_call_id: Any) -> CallEntry | None:
         """The call that started a child: by id when the event names it, else by run id.
 
         The runtime names an agent tool's child ``agent-tool:<effect key>``, and a tool's
@@ -412,10 +333,10 @@ class RunView:
             title.append(f"  {self.run_id}", style="dim")
         return title
 
-    def _render_entry(self, entry: _Entry) -> RenderableType:
-        if isinstance(entry, _NoteEntry):
+    def _render_entry(self, entry: Entry) -> RenderableType:
+        if isinstance(entry, NoteEntry):
             return entry.line
-        if isinstance(entry, _UserEntry):
+        if isinstance(entry, UserEntry):
             return Text.assemble(("you  ", "bold blue"), entry.text)
         if entry.is_answer:
             return Panel(
@@ -431,7 +352,7 @@ class RunView:
         rows.extend(self._render_call(c) for c in entry.calls)
         return Group(*rows)
 
-    def _render_call(self, entry: _CallEntry) -> RenderableType:
+    def _render_call(self, entry: CallEntry) -> RenderableType:
         call = entry.call
         head = Text.assemble(
             ("  ⚙ ", "yellow"),
@@ -542,7 +463,7 @@ class RunView:
             last = self._entries[-1] if self._entries else None
             if run.status == "waiting":
                 activity = "waiting on a child run"
-            elif isinstance(last, _TurnEntry) and not last.settled:
+            elif isinstance(last, TurnEntry) and not last.settled:
                 activity = "tools running"  # the call's own spinner shows what
             elif run.status == "queued":
                 activity = "queued: waiting for the thread or a worker"

@@ -38,7 +38,8 @@ from threads_celery.cli.common import (
     principal_of_this_user,
     run_to_json,
 )
-from threads_celery.cli.live import NEEDS_A_PERSON, RunView, format_args, is_narration
+from threads_celery.cli.live import NEEDS_A_PERSON, RunView, format_args
+from threads_celery.cli.live_entries import is_narration
 from threads_celery.cli.watch import follow_run
 from threads_celery.definitions.variables import check_secret_key
 from threads_celery.exceptions import RunNotFound
