@@ -171,6 +171,14 @@ def test_the_shops_openapi_lists_the_agents_routes(client: TestClient) -> None:
     assert "/agents/v1/runs" in paths and "/orders/{number}" in paths
 
 
+def test_the_apps_dependency_overrides_reach_the_agents_routes(threads: Threads) -> None:
+    shop = shop_app(threads)
+    shop.dependency_overrides[api_key_user] = lambda: Caller("tester", "acme")
+    with TestClient(shop) as c:
+        assert c.get("/agents/v1/runs").status_code == 200  # no key: the override answered
+    assert error_of(TestClient(shop_app(threads)).get("/agents/v1/runs"), 401)["type"] == "unauthorized"
+
+
 def test_an_unexpected_error_goes_on_to_the_apps_own_handling() -> None:
     router = APIRouter(route_class=ApiRoute)
 
