@@ -39,7 +39,7 @@ LIMIT = 4096
 GREETER = Agent(name="router_greeter", instructions="Greet.", model=ScriptedModel([say("hello")]))
 REPLY = "Streaming through the shop's own app, a few characters at a time, so that deltas arrive."
 WRITER = Agent(
-    name="router_writer", instructions="Write.", model=ScriptedModel([say(REPLY)], chunk_size=5, chunk_delay_s=0.02)
+    name="router_writer", instructions="Write.", model=ScriptedModel([say(REPLY)], chunk_size=5, chunk_delay_s=0.05)
 )
 
 
