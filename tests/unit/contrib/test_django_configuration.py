@@ -62,6 +62,8 @@ def test_threads_settings_are_read_with_their_python_types() -> None:
     extra = (
         'THREADS_DATABASE_URL="postgresql://ledger@db/threads", THREADS_AGENTS=["shop.agents", "billing.agents"], '
         "THREADS_TASK_EVENTS=True, THREADS_STEP_LEASE_S=30, THREADS_RATE_LIMITS={'openai': {'requests_per_minute': 60}},"
+        # The integration's own settings are not the runtime's: a function is fine there.
+        "THREADS_TENANT_OF_USER=lambda user: 'acme', THREADS_MIGRATE_WITH_DJANGO=False,"
     )
     out = run(
         CONFIGURE % ("postgresql", extra)

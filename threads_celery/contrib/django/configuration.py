@@ -27,6 +27,8 @@ from threads_celery.exceptions import ConfigError
 from threads_celery.settings import Settings
 
 PREFIX = "THREADS_"
+#: Settings of this integration's own, read where they are used, never as runtime settings.
+DJANGO_ONLY = frozenset({"THREADS_CELERY_APP", "THREADS_MIGRATE_WITH_DJANGO", "THREADS_TENANT_OF_USER"})
 POSTGRESQL_ENGINES = ("django.db.backends.postgresql", "django.contrib.gis.db.backends.postgis")
 
 
@@ -73,7 +75,7 @@ def threads_variables() -> dict[str, str]:
     """The environment's ``THREADS_*`` variables, overlaid with Django's ``THREADS_*`` settings."""
     variables = {k: v for k, v in os.environ.items() if k.startswith(PREFIX)}
     for name in dir(django_settings):
-        if name.startswith(PREFIX):
+        if name.startswith(PREFIX) and name not in DJANGO_ONLY:
             value = getattr(django_settings, name)
             if value is not None:
                 variables[name] = _as_variable(name, value)
