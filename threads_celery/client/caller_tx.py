@@ -18,7 +18,7 @@ The caller's transaction is, on the store's own database:
   atomic block (or savepoint) drops it with the rows.
 
 A psycopg connection, Django's included, is lent to SQLAlchemy for the writes (see
-:func:`borrowed_connection`): the ledger's statements run on it exactly as on the store's own,
+:func:`_borrowing_engine`): the ledger's statements run on it exactly as on the store's own,
 and nothing here ever commits, rolls back or closes it. For those, "the same database" is
 checked on the server itself (its database, port and start time), since the connection carries
 no URL to compare.
@@ -32,15 +32,16 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import set_json_dumps, set_json_loads
 from sqlalchemy import event, text
-from sqlalchemy.engine import Connection, create_engine
+from sqlalchemy.engine import Connection, Engine, create_engine
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import NullPool
 
 from threads_celery.exceptions import ConfigError
 from threads_celery.store import Store, Tx, storable
@@ -187,32 +188,61 @@ class _Lent:
     def close(self) -> None:
         """Never: the connection stays the caller's."""
 
+    def add_notice_handler(self, handler: Any) -> None:
+        """Never: the dialect adds one at each connect, and the caller's notices are its own."""
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._connection, name)
 
 
+#: The caller's connection that the borrowing engine's pool hands out next (set for one checkout).
+_LENDING: ContextVar[psycopg.Connection[Any] | None] = ContextVar("threads_lending", default=None)
+#: Each store's borrowing engine: made once, so that the dialect reads the server once and every
+#: statement is compiled once, as on the store's own engine.
+_BORROWING: weakref.WeakKeyDictionary[Store, Engine] = weakref.WeakKeyDictionary()
+
+
+def _lend() -> _Lent:
+    connection = _LENDING.get()
+    if connection is None:  # only borrowed_connection checks out of this engine
+        raise RuntimeError("the borrowing engine connects only to a caller's connection")
+    return _Lent(connection)
+
+
+def _borrowing_engine(store: Store) -> Engine:
+    """The store's engine for callers' connections: configured as the store's own (JSON, storable
+    text, parameters kept out of errors), its pool a ``NullPool`` whose every connection is the
+    caller's of the moment, wrapped so that "closing" it when it is given back ends nothing, and
+    with no reset on return."""
+    engine = _BORROWING.get(store)
+    if engine is None:
+        engine = create_engine(
+            store.engine.url,
+            creator=_lend,
+            poolclass=NullPool,
+            pool_reset_on_return=None,
+            use_native_hstore=False,  # its set-up needs psycopg's own connection class; the ledger has no hstore
+            json_serializer=storable.dumps,
+            hide_parameters=True,
+        )
+        storable.install(engine)
+        _BORROWING[store] = engine
+    return engine
+
+
 def borrowed_connection(connection: psycopg.Connection[Any], store: Store) -> Connection:
-    """A SQLAlchemy connection over the caller's psycopg connection, configured as the store's
-    engine (JSON, storable text, parameters kept out of errors), that never commits, rolls back
-    or closes it: a one-connection pool (``StaticPool``) whose connection is the caller's, with no
-    reset when it is given back."""
+    """A SQLAlchemy connection over the caller's psycopg connection that never commits, rolls
+    back or closes it (see :func:`_borrowing_engine`)."""
     if store.dialect != "postgresql":
         raise ConfigError(
             "within=: the transaction is on another database than the store's; a run is written in "
             "the caller's transaction only when the store lives in the same database"
         )
-    lent = _Lent(connection)
-    engine = create_engine(
-        store.engine.url,
-        creator=lambda: lent,
-        poolclass=StaticPool,
-        pool_reset_on_return=None,
-        use_native_hstore=False,  # its set-up needs psycopg's own connection class; the ledger has no hstore
-        json_serializer=storable.dumps,
-        hide_parameters=True,
-    )
-    storable.install(engine)
-    borrowed = engine.connect()
+    lending = _LENDING.set(connection)
+    try:
+        borrowed = _borrowing_engine(store).connect()
+    finally:
+        _LENDING.reset(lending)
     borrowed.begin()  # SQLAlchemy's bookkeeping only: psycopg is already in the caller's transaction
     return borrowed
 
