@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.django_project.harness import PROJECT, project_env
+from tests.integration.django_project.harness import PROJECT, project_env, require_django
 from tests.support.processes import REPO_ROOT, ManagedProcess, free_port
 
-pytest.importorskip("django", reason="the django extra is not installed")
+require_django()
 pytestmark = pytest.mark.integration
 
 PAGE = REPO_ROOT / "docs" / "django.md"

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.django_project.harness import PROJECT, manage, project_env, shop_script
+from tests.integration.django_project.harness import PROJECT, manage, project_env, require_django, shop_script
 from tests.support.clients import registered_client
 from tests.support.processes import ManagedProcess, free_port
 
-pytest.importorskip("django", reason="the django extra is not installed")
+require_django()
 pytestmark = pytest.mark.integration
 
 WAIT_S = 60.0

@@ -22,13 +22,13 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests.integration import agents_for_tests as agents
-from tests.integration.django_project.harness import PROJECT, manage, project_env, shop_script
+from tests.integration.django_project.harness import PROJECT, manage, project_env, require_django, shop_script
 from tests.support.clients import registered_client
 from tests.support.processes import REPO_ROOT, ManagedProcess, WorkerProcess, subprocess_env
 from tests.support.waiting import eventually
 from threads_celery.exceptions import ConfigError
 
-pytest.importorskip("django", reason="the django extra is not installed")
+require_django()
 pytestmark = pytest.mark.integration
 
 WAIT_S = 60.0

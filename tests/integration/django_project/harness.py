@@ -53,3 +53,19 @@ def shop_script(env: dict[str, str], script: str, *args: str) -> subprocess.Comp
         timeout=180,
         check=False,
     )
+
+
+def require_django() -> None:
+    """Skip the module when Django is not installed (the django extra); fail it under CI, whose
+    test extra brings Django, so that a broken install never passes as skipped tests."""
+    import pytest
+
+    from tests.support.services import in_ci
+
+    try:
+        import django  # noqa: F401 - only whether it imports
+    except ImportError:
+        message = "Django is not installed (pip install -e '.[django]')"
+        if in_ci():
+            pytest.fail(f"{message}; CI installs the test extra, which brings it", pytrace=False)
+        pytest.skip(message, allow_module_level=True)

@@ -8,11 +8,10 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
+from tests.integration.django_project.harness import require_django
 from tests.support.processes import subprocess_env
 
-pytest.importorskip("django", reason="the django extra is not installed")
+require_django()
 
 
 def run(script: str) -> str:
