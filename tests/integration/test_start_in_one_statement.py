@@ -48,6 +48,9 @@ class Recorder:
     def __call__(self, entries: list[OutboxEntry]) -> None:
         self.into.extend(entries)
 
+    def close(self) -> None:  # the client closes its publisher, whichever fixture is torn down first
+        return None
+
 
 def _agent(queue: str | None) -> Agent:
     return Agent(name="greeter", instructions="x", model=ScriptedModel([say("hello")]), queue=queue)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -63,6 +64,8 @@ class StepTracker:
         self.done: dict[tuple[str, int], int] = {}
         #: run -> the (step, attempt) whose deltas it forwards, its end not come yet.
         self.open: dict[str, tuple[int, int]] = {}
+        #: Runs whose replayed stream was dropped, its step having moved on (see close_step).
+        self.closed_in_replay: set[str] = set()
         #: run -> the steps whose stream ended and whose message has not been read yet.
         self.ended: dict[str, set[int]] = {}
         #: The runs whose message was sent before anything of its step's stream came: the stream
@@ -112,6 +115,7 @@ class StepTracker:
             return out
         self.attempts[key] = message.attempt
         self.open[message.run_id] = key[1], message.attempt
+        self.closed_in_replay.discard(message.run_id)
         seen_key = (message.run_id, message.step, message.attempt)
         deltas = message.deltas(self.seen.get(seen_key, 0))
         if deltas:
@@ -141,7 +145,11 @@ class StepTracker:
             if steps:  # the message of the earliest step that ended (not of one streaming now)
                 steps.discard(min(steps))
                 return
-            if live and run_id not in self.open:
+            if live and run_id not in self.open and run_id in self.closed_in_replay:
+                # The message of the step the replay closed (committed between the replay's two
+                # reads): its stream was dropped already, and the run's next one is not.
+                self.closed_in_replay.discard(run_id)
+            elif live and run_id not in self.open:
                 self.orphaned.add(run_id)
                 if len(self.orphaned) > 256:
                     self.orphaned.clear()
@@ -154,6 +162,17 @@ class StepTracker:
         step, attempt = self.open[run_id]
         self.done[(run_id, step)] = max(self.done.get((run_id, step), -1), attempt)
         self._close((run_id, step), attempt)
+
+    def close_step(self, run_id: str, step: int, attempt: int) -> None:
+        """The step's message went out before any of its stream: none of it goes out now."""
+        key = (run_id, step)
+        self.done[key] = max(self.done.get(key, -1), attempt)
+        current = self.attempts.get(key)
+        if current is not None:
+            self._close(key, current)
+        self.closed_in_replay.add(run_id)
+        if len(self.closed_in_replay) > 256:
+            self.closed_in_replay.clear()
 
     def _ended(self, key: tuple[str, int]) -> None:
         """A step this subscriber streamed ended: its message is the run's next one to come."""
@@ -171,6 +190,24 @@ class StepTracker:
         if len(self.done) > 256:  # keep the last steps' ends only
             for stale in list(self.done)[:128]:
                 del self.done[stale]
+
+
+def _runs_steps(store: Store, run_ids: set[str]) -> dict[str, int]:
+    with store.read() as tx:
+        found = {run_id: tx.get_run(run_id) for run_id in run_ids}
+    return {run_id: (sys.maxsize if run.is_terminal else run.step) for run_id, run in found.items() if run is not None}
+
+
+async def _steps_moved_on(store: Store, run_ids: set[str]) -> dict[str, int]:
+    """Each run's current step (past every step for an ended run): a replayed stream of an
+    earlier step belongs to a step whose message is committed. Nothing while the store is away."""
+    if not run_ids:
+        return {}
+    try:
+        return await asyncio.to_thread(_runs_steps, store, run_ids)
+    except StoreUnavailable as exc:
+        log.warning("live events: reading the replayed runs' steps: %s", exc)
+        return {}
 
 
 def _read_committed(store: Store, thread_id: str, after: int) -> list[Event]:
@@ -287,7 +324,14 @@ async def _iterate(
                 yield out
                 continue
             replay = False
-            for message in await asyncio.to_thread(hub.replay, subscriber.channel):
+            replayed = await asyncio.to_thread(hub.replay, subscriber.channel)
+            moved_on = await _steps_moved_on(store, {m.run_id for m in replayed if m.run_id})
+            for message in replayed:
+                if moved_on.get(message.run_id, -1) > message.step:
+                    # Its message was committed before the replay's read (so it went out in the
+                    # replay, ahead of this stream): the step is done for this subscriber.
+                    tracker.close_step(message.run_id, message.step, message.attempt)
+                    continue
                 out.extend(tracker.on_message(message))
             read_committed = True
         # Live deltas before committed events: a step's end (published before its message was
