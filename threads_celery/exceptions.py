@@ -92,6 +92,31 @@ class ThreadNotFound(RuntimeFailure, LookupError):
         return (type(self), (self.thread_id, self.message))
 
 
+class ThreadBusy(RuntimeFailure):
+    """The thread has a run that is not finished: its history cannot branch in place now."""
+
+    def __init__(self, thread_id: str, run_id: str, message: str | None = None) -> None:
+        self.thread_id, self.run_id = thread_id, run_id
+        super().__init__(
+            message
+            or f"thread {thread_id!r} has run {run_id!r} in progress; wait for it to end or cancel it, then branch"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.thread_id, self.run_id, self.message))
+
+
+class BranchPointNotFound(RuntimeFailure, LookupError):
+    """The branch point names no message of the thread's current branch."""
+
+    def __init__(self, thread_id: str, seq: int, message: str | None = None) -> None:
+        self.thread_id, self.seq = thread_id, seq
+        super().__init__(message or f"message {seq} is not on the current branch of thread {thread_id!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.thread_id, self.seq, self.message))
+
+
 class PayloadTooLarge(RuntimeFailure):
     """The payload is larger than the configured limit."""
 

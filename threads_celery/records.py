@@ -136,6 +136,8 @@ class Message:
     created_at: datetime | None = None
     meta: dict[str, Any] | None = None
     key: str | None = None
+    #: The branch that left this message behind (see :class:`Branch`); None on the current branch.
+    superseded_by: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +154,58 @@ class Thread:
     event_seq: int = 0
     created_at: datetime | None = None
     tenant: str = DEFAULT_TENANT
+    #: The thread's current branch (:attr:`Branch.id`); None for a thread never rewound or forked.
+    branch: int | None = None
+
+
+#: How a branch began: ``rewind``, ``regenerate`` and ``edit`` in place; ``fork`` on a new thread.
+BranchKind = Literal["rewind", "regenerate", "edit", "fork"]
+
+
+@dataclass(frozen=True, slots=True)
+class PriorEffect:
+    """A call of the history a branch left behind whose effect may have happened.
+
+    An ``unguarded`` or ``reconcilable`` call that was claimed (it ran, or may have): the branch
+    asks a person before its tool is called again, since the effect is not undone by the rewind.
+    """
+
+    effect_key: str
+    tool: str
+    effect: str
+    status: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"effect_key": self.effect_key, "tool": self.tool, "effect": self.effect, "status": self.status}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PriorEffect:
+        return cls(
+            effect_key=str(data["effect_key"]), tool=str(data["tool"]), effect=str(data["effect"]),
+            status=str(data["status"]),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """One branch of a thread's history: where it began and what it left behind.
+
+    ``from_seq``: the first message superseded in place (None: none was). A fork's history is a
+    copy of ``source_thread_id``'s through ``source_seq``. ``dropped_calls``: the calls that had no
+    result at the branch point, left out of the new branch's history instead of copied as pending.
+    """
+
+    id: int
+    thread_id: str
+    kind: BranchKind
+    created_at: datetime
+    from_seq: int | None = None
+    source_thread_id: str | None = None
+    source_seq: int | None = None
+    prior_effects: tuple[PriorEffect, ...] = ()
+    dropped_calls: tuple[str, ...] = ()
+    inherit_grants: bool = False
+    created_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from threads_celery.api.bodies import ErrorOut
 from threads_celery.api.tenancy import shown_to
 from threads_celery.exceptions import (
+    BranchPointNotFound,
     BrokerUnavailable,
     CallNotFound,
     CallStateError,
@@ -28,6 +29,7 @@ from threads_celery.exceptions import (
     PayloadTooLarge,
     RunNotFound,
     StoreUnavailable,
+    ThreadBusy,
     ThreadNotFound,
     ThreadsError,
     UnknownAgent,
@@ -42,6 +44,8 @@ ERROR_STATUS: dict[type[ThreadsError], tuple[int, str]] = {
     ThreadNotFound: (404, "thread_not_found"),
     CallNotFound: (404, "call_not_found"),
     CallStateError: (409, "call_state_conflict"),
+    ThreadBusy: (409, "thread_busy"),
+    BranchPointNotFound: (404, "message_not_found"),
     InvalidArguments: (422, "invalid_arguments"),
     PayloadTooLarge: (413, "payload_too_large"),
     StoreUnavailable: (503, "store_unavailable"),

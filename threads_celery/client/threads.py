@@ -20,6 +20,7 @@ from typing import Any, Self
 from sqlalchemy.exc import OperationalError
 
 from threads_celery.client.agent_tools import AgentToolsMixin
+from threads_celery.client.branches import BranchesMixin
 from threads_celery.client.caller_tx import CallerTransaction
 from threads_celery.client.in_process import InProcessWorkerMixin
 from threads_celery.client.live import LiveMixin
@@ -59,7 +60,7 @@ WAIT_POLL_MIN_S = 0.004
 WAIT_POLL_MAX_S = 0.2
 
 
-class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin, PeopleMixin):
+class Threads(AgentToolsMixin, BranchesMixin, InProcessWorkerMixin, LiveMixin, PeopleMixin):
     """The runtime handle.
 
     ``Threads(database_url=..., broker_url=...)`` talks to a PostgreSQL ledger and a broker
@@ -471,10 +472,12 @@ class Threads(AgentToolsMixin, InProcessWorkerMixin, LiveMixin, PeopleMixin):
                 run_id=run_id, thread_id=thread_id, agent=agent, since=since, until=until, tenant=tenant
             )
 
-    def messages(self, thread_id: str, *, after: int = -1) -> list[Message]:
-        """The thread's stored messages in order (those with ``seq`` greater than ``after``)."""
+    def messages(self, thread_id: str, *, after: int = -1, include_superseded: bool = False) -> list[Message]:
+        """The thread's stored messages in order (those with ``seq`` greater than ``after``): its
+        current branch, or with ``include_superseded`` also those a rewind, regenerate or edit left
+        behind (their ``superseded_by`` names the branch; see :meth:`branches`)."""
         with self.store.read() as tx:
-            return tx.list_messages(thread_id, after=after)
+            return tx.list_messages(thread_id, after=after, include_superseded=include_superseded)
 
     def events(
         self,

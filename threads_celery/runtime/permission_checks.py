@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from threads_celery.decisions.branches import prior_effect_reason
 from threads_celery.decisions.permissions import (
+    Allow,
+    Ask,
     Layer,
     PermissionDecision,
     Permissions,
@@ -19,8 +22,9 @@ from threads_celery.decisions.permissions import (
     decide_with_ceiling,
     may_be_remembered,
 )
-from threads_celery.records import CallRow, Run
+from threads_celery.records import CallRow, PriorEffect, Run
 from threads_celery.store.repository import args_digest
+from threads_celery.transitions.branches import PRIOR_EFFECTS_KEY
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import Agent, AgentRegistry
@@ -42,6 +46,19 @@ def check_call(
         and call.approved_args_hash is not None  # never approved: no digest to take
         and call.approved_args_hash == args_digest(call.args)
     )
+    decision = _decide(store, registry, run, agent, tool, approved)
+    prior = (run.input_meta or {}).get(PRIOR_EFFECTS_KEY)
+    if prior and not approved and isinstance(decision, Allow):
+        # A branch does not undo what the history it left behind did: a repeat asks first.
+        reason = prior_effect_reason(tool.name, [PriorEffect.from_json(p) for p in prior])
+        if reason is not None:
+            return Ask(reason)
+    return decision
+
+
+def _decide(
+    store: Store, registry: AgentRegistry, run: Run, agent: Agent, tool: Tool, approved: bool
+) -> PermissionDecision:
     own: Permissions | None = agent.permissions
     destructive = tool.destructive
     if run.agent_tool_run_id is None and not may_be_remembered(tool.name, tool.effect, own, destructive=destructive):

@@ -126,10 +126,16 @@ class MessageQueries:
         params = {"b_thread": thread_id, "b_first": first_seq, "b_last": last_seq}
         return [message_from_row(row) for row in self.conn.execute(statements.MESSAGE_ENDS, params)]
 
-    def list_messages(self, thread_id: str, *, after: int = -1, limit: int | None = None) -> list[Message]:
+    def list_messages(
+        self, thread_id: str, *, after: int = -1, limit: int | None = None, include_superseded: bool = False
+    ) -> list[Message]:
+        """The thread's messages after ``after``, in order: its current branch, or with
+        ``include_superseded`` every message it ever had (those left behind carry ``superseded_by``)."""
         query = (
             select(messages).where(messages.c.thread_id == thread_id, messages.c.seq > after).order_by(messages.c.seq)
         )
+        if not include_superseded:
+            query = query.where(messages.c.superseded_by.is_(None))
         if limit is not None:
             query = query.limit(limit)
         return [message_from_row(row) for row in self.conn.execute(query)]

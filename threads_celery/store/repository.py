@@ -34,6 +34,7 @@ from threads_celery.records import (
 from threads_celery.store import statements
 from threads_celery.store.agent_tool_queries import AgentToolQueries
 from threads_celery.store.availability import unreachable_as_store_unavailable
+from threads_celery.store.branch_queries import BranchQueries
 from threads_celery.store.call_queries import CallQueries
 from threads_celery.store.console_queries import ConsoleQueries
 from threads_celery.store.direct import DirectStatements
@@ -122,6 +123,7 @@ def args_digest(args: str) -> str:
 
 
 class Tx(
+    BranchQueries,
     CallQueries,
     OutboxQueries,
     MessageQueries,

@@ -26,6 +26,7 @@ def thread_from_row(row: Row[Any]) -> Thread:
         event_seq=int(m["event_seq"] or 0),
         created_at=m["created_at"],
         tenant=m["tenant"],
+        branch=m.get("branch"),
     )
 
 
@@ -115,6 +116,7 @@ def message_from_mapping(m: RowMapping | Mapping[str, Any]) -> Message:
         created_at=m["created_at"],
         meta=m["meta"],
         key=m["key"],
+        superseded_by=m.get("superseded_by"),
     )
 
 

@@ -86,6 +86,8 @@ threads = Table(
     Column("created_at", UTCDateTime, nullable=False),
     # Who owns the thread in the HTTP API (a token's tenant); child threads inherit their parent's.
     Column("tenant", String(128), nullable=False, default="default", server_default="default"),
+    # The thread's current branch (``branches.id``); NULL for a thread never rewound or forked.
+    Column("branch", BigInteger, nullable=True),
     Index(None, "parent_thread_id"),
     Index(None, "tenant"),
 )
@@ -105,6 +107,9 @@ messages = Table(
     # A deterministic key for injected messages, so a redelivery never adds one twice.
     Column("key", String(255), nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
+    # The branch (``branches.id``) that left this message behind (a rewind, a regenerate or an
+    # edit); NULL while it is on the thread's current branch. Superseded messages are kept.
+    Column("superseded_by", BigInteger, nullable=True),
     UniqueConstraint("thread_id", "seq"),
     UniqueConstraint("thread_id", "key"),
 )
@@ -329,4 +334,26 @@ permission_grants = Table(
     Column("tool", String(255), primary_key=True),
     Column("granted_by", String(255), nullable=False),
     Column("granted_at", UTCDateTime, nullable=False),
+)
+
+
+# One row per branch of a thread's history: a rewind, regenerate or edit in place (the messages
+# from ``from_seq`` on are superseded by it), or a fork (a new thread whose history is a copy of
+# ``source_thread_id``'s up to ``source_seq``). Calls that may have had their effect in the
+# history left behind are listed in ``prior_effects``: the branch asks before calling them again.
+branches = Table(
+    "branches",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("thread_id", Id, ForeignKey("threads.id", ondelete="CASCADE"), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("from_seq", Integer, nullable=True),
+    Column("source_thread_id", Id, nullable=True),
+    Column("source_seq", Integer, nullable=True),
+    Column("prior_effects", JSON, nullable=False, default=list),
+    Column("dropped_calls", JSON, nullable=False, default=list),
+    Column("inherit_grants", Boolean, nullable=False, default=False),
+    Column("created_by", String(255), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index(None, "thread_id", "id"),
 )

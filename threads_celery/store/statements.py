@@ -61,12 +61,17 @@ MESSAGE_ENDS = (
     .where(
         messages.c.thread_id == bindparam("b_thread"),
         (messages.c.seq == bindparam("b_first")) | (messages.c.seq >= bindparam("b_last")),
+        messages.c.superseded_by.is_(None),
     )
     .order_by(messages.c.seq)
 )
 
-#: A thread's whole history, in order.
-THREAD_MESSAGES = select(messages).where(messages.c.thread_id == bindparam("b_thread")).order_by(messages.c.seq)
+#: A thread's whole history, in order: its current branch (a superseded message is not in it).
+THREAD_MESSAGES = (
+    select(messages)
+    .where(messages.c.thread_id == bindparam("b_thread"), messages.c.superseded_by.is_(None))
+    .order_by(messages.c.seq)
+)
 
 BUMP_EVENT_SEQ = (
     update(threads)
@@ -557,6 +562,7 @@ SELECT r.*, (
         END ORDER BY m.seq)
     FROM messages m
     WHERE m.thread_id = r.thread_id AND (m.seq = CAST(:first_seq AS integer) OR m.seq >= CAST(:last_seq AS integer))
+        AND m.superseded_by IS NULL
 ) AS history
 FROM r
 """

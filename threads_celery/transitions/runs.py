@@ -18,7 +18,7 @@ from threads_celery.exceptions import ConfigError, FenceLost, RunNotFound, Threa
 from threads_celery.records import DEFAULT_TENANT, TERMINAL_STATUSES, CallRow, OutboxEntry, Run, ToolResult
 from threads_celery.store import Store, Tx
 from threads_celery.telemetry import metrics, tracing
-from threads_celery.transitions import finish_callbacks
+from threads_celery.transitions import branches, finish_callbacks
 from threads_celery.transitions.agent_tools import child_finished, child_signal, deliver_entry
 
 STEP_TASK = "threads.step"
@@ -127,6 +127,11 @@ def submit_run(
                 raise ConfigError(
                     f"agent {agent!r} changed since thread {thread_id!r} began; a config change starts a new thread"
                 )
+            if thread.branch is not None:
+                # A run on a branch asks before repeating what the history left behind did.
+                prior = branches.prior_effects_meta(tx, thread)
+                if prior:
+                    input_meta = {**(input_meta or {}), branches.PRIOR_EFFECTS_KEY: prior}
     # The run's span, under whatever is current (a request, a parent's tool call): its context
     # is stored, so every task of the run joins the same trace (threads_celery.telemetry.tracing).
     traceparent = tracing.start_run_span(run_id, thread_id, agent, parent_run_id=agent_tool_run_id)

@@ -25,6 +25,7 @@ from threads_celery.api.errors import ERROR_STATUS, ApiError
 from threads_celery.api.events import parse_cursor, sse_frame
 from threads_celery.api.tenancy import parse_token_entry
 from threads_celery.exceptions import (
+    BranchPointNotFound,
     BrokerUnavailable,
     CallNotFound,
     CallStateError,
@@ -35,6 +36,7 @@ from threads_celery.exceptions import (
     PayloadTooLarge,
     RunNotFound,
     StoreUnavailable,
+    ThreadBusy,
     ThreadNotFound,
     UnknownAgent,
 )
@@ -277,6 +279,8 @@ LIBRARY_ERRORS = [
     (ThreadNotFound("thread_1"), 404, "thread_not_found"),
     (CallNotFound("k"), 404, "call_not_found"),
     (CallStateError("k", "completed", "parked"), 409, "call_state_conflict"),
+    (ThreadBusy("thread_1", "run_1"), 409, "thread_busy"),
+    (BranchPointNotFound("thread_1", 4), 404, "message_not_found"),
     (InvalidArguments("override arguments rejected"), 422, "invalid_arguments"),
     (PayloadTooLarge(10, 5), 413, "payload_too_large"),
     (StoreUnavailable("cannot reach the database at postgresql://u:pw-secret@db/x"), 503, "store_unavailable"),
