@@ -233,7 +233,9 @@ def test_bad_chat_requests_get_the_usual_error_body(client: TestClient) -> None:
     assert_error(chat(client, "chat_greeter", chat_id, []), 422, "validation_error")
     assert_error(chat(client, "chat_greeter", "bad id!", [user_message("hi")]), 422, "validation_error")
     body = {"id": chat_id, "messages": [user_message("hi")], "trigger": "regenerate-message"}
-    assert_error(client.post("/v1/chat/vercel-ai/chat_greeter", json=body, headers=AUTH), 400, "unsupported_trigger")
+    assert_error(client.post("/v1/chat/vercel-ai/chat_greeter", json=body, headers=AUTH), 404, "message_not_found")
+    body = {"id": chat_id, "messages": [user_message("hi")], "trigger": "rewrite-everything"}
+    assert_error(client.post("/v1/chat/vercel-ai/chat_greeter", json=body, headers=AUTH), 422, "validation_error")
     assert_error(client.post("/v1/chat/vercel-ai/chat_greeter", content=b"{", headers=AUTH), 422, "validation_error")
     huge = chat(client, "chat_greeter", chat_id, [user_message("x" * (2 * 1024 * 1024))])
     assert_error(huge, 413, "payload_too_large")

@@ -57,11 +57,14 @@ from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 from pydantic.alias_generators import to_camel
 from starlette.concurrency import run_in_threadpool
 
+from threads_celery.api import chat_branches as branching
 from threads_celery.api import chat_common as chat
 from threads_celery.api import chat_parts as reply
+from threads_celery.api.chat_branches import CLIENT_RUN_KEY
 from threads_celery.api.chat_common import AgentName
 from threads_celery.api.errors import ApiError
 from threads_celery.api.tenancy import Caller, shown_to, thread_to_start
+from threads_celery.records import BranchKind
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
@@ -214,7 +217,10 @@ async def agui_stream(
     """The run's reply as AG-UI SSE frames, from ``RUN_STARTED`` to ``RUN_FINISHED`` or ``RUN_ERROR``."""
     encoder = EventEncoder(accept=accept or "text/event-stream")
     mapper = AguiEvents(run_input.thread_id, run_input.run_id, _declares_1_0(run_input))
-    yield encoder.encode(RunStartedEvent(thread_id=run_input.thread_id, run_id=run_input.run_id))
+    started = RunStartedEvent(
+        thread_id=run_input.thread_id, run_id=run_input.run_id, parent_run_id=run_input.parent_run_id
+    )
+    yield encoder.encode(started)
     if run_id is None:
         yield encoder.encode(RunFinishedEvent(thread_id=run_input.thread_id, run_id=run_input.run_id))
         return
@@ -276,8 +282,36 @@ def add_ag_ui_routes(
             return thread_id, answered, cursor
         last = run_input.messages[-1] if run_input.messages else None
         if isinstance(last, UserMessage):
-            return chat.start_run(threads, caller, agent, thread_id, _text_of(last), last.id)
+            return _from_user_message(agent, thread_id, last, run_input, caller)
         return chat.run_in_progress(threads, thread_id, latest)
+
+    def _from_user_message(
+        agent: str, thread_id: str, last: UserMessage, run_input: RunAgentInput, caller: Caller
+    ) -> tuple[str, str | None, int]:
+        """A new message starts a run; a message already answered on the thread's current branch
+        is a reconnect (the same input again), or a branch from it: ``parentRunId`` given (a
+        regenerate), other text (an edit), or an earlier message of the chat."""
+        shown, text = shown_to(caller), _text_of(last)
+        on_branch = branching.current_runs(threads, thread_id)
+        known = branching.run_of_message(on_branch, last.id, shown)
+        if known is None:
+            if branching.superseded(threads, caller, thread_id, last.id):
+                raise branching.stale(last.id)
+            return chat.start_run(threads, caller, agent, thread_id, text, last.id)
+        asked_before = next(
+            (r for r in on_branch if (r.input_meta or {}).get(CLIENT_RUN_KEY) == run_input.run_id), None
+        )
+        if asked_before is not None:  # this very request was answered already: replay its run
+            return thread_id, asked_before.id, chat.first_event_seq(threads, thread_id, asked_before.id)
+        regenerate = run_input.parent_run_id is not None
+        if known.id == on_branch[-1].id and known.input == text and not regenerate:
+            return thread_id, known.id, chat.first_event_seq(threads, thread_id, known.id)
+        if not text.strip():
+            raise ApiError(422, "validation_error", "messages: the last user message has no text")
+        kind: BranchKind = "regenerate" if known.input == text else "edit"
+        return branching.branch_and_stream(
+            threads, caller, thread_id, known, text, kind, shown, client_run_id=run_input.run_id
+        )
 
     @router.post(
         "/chat/ag-ui/{agent}",

@@ -3,7 +3,9 @@
 ``GET /v1/chat/vercel-ai/{agent}/{chat id}/messages`` answers, for each run of the thread, the
 user's message (id: the run id) and the run's reply (id: ``reply-<run id>``), the reply built from
 the same parts as its stream (:class:`~threads_celery.api.chat_parts.ReplyParts`) over the
-committed events only. A run in progress shows what it committed so far; ``useChat``'s resume
+committed events only, of the thread's current branch (a regenerate or an edit leaves the runs
+after it behind: see :mod:`~threads_celery.api.chat_branches`); a user message keeps the id the
+client gave it. A run in progress shows what it committed so far; ``useChat``'s resume
 then replays its reply, which replaces that message by its id.
 """
 
@@ -30,6 +32,7 @@ from pydantic_ai.ui.vercel_ai.request_types import (
 
 from threads_celery.api import chat_parts as reply
 from threads_celery.api.bodies import Shown
+from threads_celery.api.chat_branches import message_id_of
 
 if TYPE_CHECKING:
     from threads_celery.client.threads import Threads
@@ -107,10 +110,18 @@ def ui_messages(threads: Threads, thread_id: str, shown: Shown, parts_of: Any) -
     order: list[str] = []
     users: dict[str, str] = {}
     replies: dict[str, tuple[reply.ReplyParts, _Reply]] = {}
+    # The current branch only: a run whose user message a branch left behind is not shown, nor
+    # a message superseded by a rewind.
+    with threads.store.read() as tx:
+        left_runs = tx.superseded_run_ids(thread_id)
+        left_seqs = {m.seq for m in tx.list_messages(thread_id, include_superseded=True) if m.superseded_by is not None}
+    message_ids = {r.id: message_id_of(r, shown) for r in threads.runs(thread_id=thread_id, limit=10_000)}
 
     def feed(event: Event) -> None:
         run_id = event.run_id
-        if run_id is None:
+        if run_id is None or run_id in left_runs:
+            return
+        if event.type == "message" and event.payload.get("seq") in left_seqs:
             return
         if run_id not in replies:
             order.append(run_id)
@@ -130,7 +141,8 @@ def ui_messages(threads: Threads, thread_id: str, shown: Shown, parts_of: Any) -
     for run_id in order:
         shown_run = shown(run_id)
         if run_id in users:
-            user = UIMessage(id=shown_run, role="user", parts=[TextUIPart(text=users[run_id])])
+            user_id = message_ids.get(run_id, shown_run)
+            user = UIMessage(id=user_id, role="user", parts=[TextUIPart(text=users[run_id])])
             messages.append(user.model_dump(mode="json", by_alias=True))
         parts = replies[run_id][1].parts
         if parts:

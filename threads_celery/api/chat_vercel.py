@@ -31,6 +31,7 @@ from fastapi import APIRouter, Body, Depends, Path
 from fastapi.responses import Response, StreamingResponse
 from pydantic_ai.ui.vercel_ai import VercelAIEventStream
 from pydantic_ai.ui.vercel_ai.request_types import (
+    RegenerateMessage,
     RequestData,
     SubmitMessage,
     TextUIPart,
@@ -62,6 +63,7 @@ from pydantic_ai.ui.vercel_ai.response_types import (
 )
 from starlette.concurrency import run_in_threadpool
 
+from threads_celery.api import chat_branches as branching
 from threads_celery.api import chat_common as chat
 from threads_celery.api import chat_parts as reply
 from threads_celery.api.bodies import ID_PATTERN
@@ -196,22 +198,55 @@ def add_vercel_ai_routes(
         )
         return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
 
-    def plan(agent: str, body: SubmitMessage, caller: Caller) -> tuple[str, str | None, int]:
+    def plan(agent: str, body: SubmitMessage | RegenerateMessage, caller: Caller) -> tuple[str, str | None, int]:
         """The stored thread, the run to stream (None: nothing to stream) and the cursor to stream after."""
         if not body.messages:
             raise ApiError(422, "validation_error", "messages: the request holds no message")
         thread_id = thread_to_start(threads, caller, body.id)
         latest = chat.latest_run(threads, thread_id)
         chat.check_agent(threads, agent, latest)
+        shown = shown_to(caller)
         last = body.messages[-1]
+        if isinstance(body, RegenerateMessage):
+            return _regenerate(thread_id, body, caller)
         if last.role == "user":
-            return chat.start_run(threads, caller, agent, thread_id, _text_of(last), last.id)
+            on_branch = branching.current_runs(threads, thread_id)
+            known = branching.run_of_message(on_branch, last.id, shown)
+            if known is None:
+                if branching.superseded(threads, caller, thread_id, last.id):
+                    raise branching.stale(last.id)
+                return chat.start_run(threads, caller, agent, thread_id, _text_of(last), last.id)
+            text = _text_of(last)
+            if known.id == on_branch[-1].id and known.input == text:
+                # The same message sent again: its run, replayed.
+                return thread_id, known.id, chat.first_event_seq(threads, thread_id, known.id)
+            if not text.strip():
+                raise ApiError(422, "validation_error", "messages: the last user message has no text")
+            return branching.branch_and_stream(threads, caller, thread_id, known, text, "edit", shown)
         answers = _answers_of(last) if last.role == "assistant" else []
         if answers:
             # Every answer is checked (another tenant's or thread's approval is 404), even on a new thread.
             answered, cursor = chat.answer_approvals(threads, caller, thread_id, answers)
             return thread_id, answered, cursor
         return chat.run_in_progress(threads, thread_id, latest)
+
+    def _regenerate(thread_id: str, body: RegenerateMessage, caller: Caller) -> tuple[str, str, int]:
+        """``regenerate()``: answer again the user message the request ends with (or names)."""
+        shown = shown_to(caller)
+        on_branch = branching.current_runs(threads, thread_id)
+        named = [body.message_id] if body.message_id else []
+        if body.messages[-1].role == "user":
+            named.append(body.messages[-1].id)
+        target = next((r for r in map(lambda m: branching.run_of_message(on_branch, m, shown), named) if r), None)
+        if target is None and named:
+            if any(branching.superseded(threads, caller, thread_id, m.removeprefix("reply-")) for m in named):
+                raise branching.stale(named[0])
+            raise ApiError(404, "message_not_found", f"no message {named[0]!r} in chat {body.id!r} to regenerate")
+        if target is None:
+            if not on_branch:
+                raise ApiError(404, "message_not_found", f"chat {body.id!r} has no reply to regenerate")
+            target = on_branch[-1]
+        return branching.branch_and_stream(threads, caller, thread_id, target, None, "regenerate", shown)
 
     @router.post(
         "/chat/vercel-ai/{agent}",
@@ -225,11 +260,10 @@ def add_vercel_ai_routes(
         caller: Caller = Depends(caller_of),
     ) -> Response:
         """A ``useChat`` request: start a run on the chat's thread, or answer its approvals; its reply streams."""
-        if not isinstance(body, SubmitMessage):
+        if not isinstance(body, SubmitMessage | RegenerateMessage):
             raise ApiError(
-                400, "unsupported_trigger",
-                "regenerate-message is not supported: the thread's history is kept by the server; send a new message",
-            )  # fmt: skip
+                400, "unsupported_trigger", "the request's trigger is not submit-message or regenerate-message"
+            )
         if not chat.is_id(body.id):
             raise ApiError(422, "validation_error", "id: a chat id is 1-64 letters, digits, '_', '.', ':' or '-'")
         thread_id, run_id, cursor = await run_in_threadpool(plan, agent, body, caller)
