@@ -82,6 +82,7 @@ from threads_celery.api.bodies import (
     StartRun,
 )
 from threads_celery.api.body_limit import BodyLimit, max_body_from_env
+from threads_celery.api.branches import add_branch_routes
 from threads_celery.api.chat_agui import add_ag_ui_routes
 from threads_celery.api.chat_vercel import add_vercel_ai_routes
 from threads_celery.api.children import add_agent_tool_routes
@@ -281,11 +282,15 @@ def v1_routes(
     def thread_messages(
         thread_id: ThreadId,
         after: Annotated[int, Query(ge=-1, le=MAX_SEQ)] = -1,
+        include_superseded: Annotated[
+            bool, Query(description="Also the messages branches left behind (their superseded_by is set).")
+        ] = False,
         caller: Caller = Depends(caller_of),
     ) -> list[MessageOut]:
-        """The thread's messages in order, those with ``seq`` greater than ``after``."""
+        """The thread's messages in order, those with ``seq`` greater than ``after``: its current branch."""
         stored = owned_thread(threads, caller, thread_id)  # 404 for a thread that does not exist or is not the caller's
-        return [MessageOut.of(m, shown_to(caller)) for m in threads.messages(stored, after=after)]
+        found = threads.messages(stored, after=after, include_superseded=include_superseded)
+        return [MessageOut.of(m, shown_to(caller)) for m in found]
 
     @router.get(
         "/threads/{thread_id}/events",
@@ -398,6 +403,7 @@ def v1_routes(
         ),
     )
     add_usage_routes(router, threads, caller_of=caller_of)
+    add_branch_routes(router, threads, caller_of=caller_of)
     for add_chat_routes in (add_vercel_ai_routes, add_ag_ui_routes):
         add_chat_routes(router, threads, caller_of=caller_of, keepalive_s=keepalive_s)
     return router

@@ -224,6 +224,8 @@ class MessageOut(BaseModel):
     tool_calls: list[ToolCallOut] = []
     tool_result: ToolResultOut | None = None
     created_at: datetime | None = None
+    #: The branch that left this message behind (only with ``include_superseded``).
+    superseded_by: int | None = None
 
     @classmethod
     def of(cls, message: Message, shown: Shown = as_stored) -> MessageOut:
@@ -237,6 +239,7 @@ class MessageOut(BaseModel):
             tool_calls=[ToolCallOut(**_shown_payload(c.to_json(), shown)) for c in message.tool_calls],
             tool_result=ToolResultOut(**result.to_json()) if result is not None else None,
             created_at=message.created_at,
+            superseded_by=message.superseded_by,
         )
 
 

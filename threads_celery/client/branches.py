@@ -9,11 +9,13 @@ from collections.abc import Sequence
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
-from threads_celery.exceptions import RunNotFound, ThreadNotFound, UnknownAgent
+from threads_celery.exceptions import PayloadTooLarge, RunNotFound, ThreadNotFound, UnknownAgent
 from threads_celery.records import Branch, BranchKind, Message, OutboxEntry, RunHandle
+from threads_celery.store.storable import unstorable_reason
 from threads_celery.transitions import branches, runs
 
 if TYPE_CHECKING:
+    from threads_celery.settings import Settings
     from threads_celery.store import Store, Tx
     from threads_celery.transitions.publishing import Publisher
 
@@ -24,6 +26,7 @@ class BranchesMixin:
     store: Store
     publisher: Publisher
     is_embedded: bool
+    settings: Settings
 
     if TYPE_CHECKING:
 
@@ -97,6 +100,14 @@ class BranchesMixin:
         new_run_id: str | None = None,
     ) -> RunHandle:
         """Rewind to just before a run's user message and start a run there, in one transaction."""
+        if text is not None:
+            if not isinstance(text, str):
+                raise TypeError(f"text must be a str, not {type(text).__name__}")
+            unstorable = unstorable_reason(text)
+            if unstorable is not None:
+                raise ValueError(f"text {unstorable}")
+            if len(text.encode()) > self.settings.max_message_bytes:
+                raise PayloadTooLarge(len(text.encode()), self.settings.max_message_bytes)
         if self.is_embedded:
             self.start_worker()
         else:
