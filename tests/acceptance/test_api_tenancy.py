@@ -164,6 +164,11 @@ def test_another_tenant_gets_404_for_everything_and_changes_nothing(
         ("GET", f"/v1/runs/{run}/usage", "/v1/runs/{run_id}/usage", {}, "run_not_found"),
         ("GET", f"/v1/threads/{thread}/usage", "/v1/threads/{thread_id}/usage", {}, "thread_not_found"),
         ("POST", f"/v1/runs/{run}/allow-usage", "/v1/runs/{run_id}/allow-usage", {"json": {}}, "run_not_found"),
+        ("GET", f"/v1/threads/{thread}/branches", "/v1/threads/{thread_id}/branches", {}, "thread_not_found"),
+        ("POST", f"/v1/threads/{thread}/rewind", "/v1/threads/{thread_id}/rewind", {"json": {"at": 0}}, "thread_not_found"),
+        ("POST", f"/v1/threads/{thread}/fork", "/v1/threads/{thread_id}/fork", {"json": {"at": 0}}, "thread_not_found"),
+        ("POST", f"/v1/threads/{thread}/regenerate", "/v1/threads/{thread_id}/regenerate", {"json": {}}, "thread_not_found"),
+        ("POST", f"/v1/threads/{thread}/edit", "/v1/threads/{thread_id}/edit", {"json": {"run_id": run, "text": "x"}}, "thread_not_found"),
     ]  # fmt: skip
     for method, path, route, kwargs, kind in checks:
         headers = {**BOB, **kwargs.pop("headers", {})}
