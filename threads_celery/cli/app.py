@@ -2,7 +2,8 @@
 
 The other commands live beside this module, one noun each: :mod:`~threads_celery.cli.run`
 (``run``), :mod:`~threads_celery.cli.runs` (``runs list/show/cancel/allow-usage``, ``events``,
-``usage``), :mod:`~threads_celery.cli.people` (``parked``, ``approve``, ``deny``, ``resolve``) and
+``usage``), :mod:`~threads_celery.cli.threads` (``thread messages/branches/rewind/fork``),
+:mod:`~threads_celery.cli.people` (``parked``, ``approve``, ``deny``, ``resolve``) and
 :mod:`~threads_celery.cli.service` (``worker``, ``beat``, ``flower``, ``api``, ``db``). What they
 share is in :mod:`~threads_celery.cli.common`. This module only assembles them on :data:`app`, so
 no command module imports it.
@@ -34,6 +35,7 @@ from threads_celery.cli.people import approve, deny, parked, resolve
 from threads_celery.cli.run import resume, run
 from threads_celery.cli.runs import events, runs_app, usage_command
 from threads_celery.cli.service import PASS_THROUGH, api, beat, db_app, flower, worker
+from threads_celery.cli.threads import thread_app
 
 app = typer.Typer(
     name="threads-celery",
@@ -90,6 +92,7 @@ app.command()(flower)
 app.command()(api)
 app.add_typer(runs_app, name="runs")
 app.add_typer(db_app, name="db")
+app.add_typer(thread_app, name="thread")
 
 if __name__ == "__main__":
     app()
