@@ -193,3 +193,15 @@ def test_ag_ui_regenerates_with_parent_run_id_and_echoes_it(client: TestClient, 
     third = agui_text(agui(client, thread_id, [edited]))
     assert [m.text for m in threads.messages(thread_id)] == ["hello, edited", third]
     assert [b.kind for b in threads.branches(thread_id)] == ["regenerate", "edit"]
+
+
+def test_a_regenerate_then_an_edit_of_an_earlier_message(client: TestClient) -> None:
+    chat_id = f"chat-{uuid.uuid4().hex[:8]}"
+    u, a = user("first"), user("second")
+    reply_text(post(client, chat_id, [u]))
+    reply_text(post(client, chat_id, [u, a]))
+    body = {"id": chat_id, "messages": [u, a], "trigger": "regenerate-message"}
+    reply_text(client.post("/v1/chat/vercel-ai/branch_talker", json=body, headers=AUTH))
+    edited = {**u, "parts": [{"type": "text", "text": "first, edited"}]}
+    answer = reply_text(post(client, chat_id, [edited]))
+    assert [m[1:] for m in history(client, chat_id)] == [("user", "first, edited"), ("assistant", answer)]

@@ -94,6 +94,22 @@ mailer = Agent(
     tools=[send_email],
 )
 
+replies: list[str] = []
+
+
+def _numbered(messages: list[Any]) -> str:
+    """A reply that names itself and the message it answers (the last user prompt it was given)."""
+    said = [str(p.content) for m in messages for p in m.parts if getattr(p, "part_kind", "") == "user-prompt"]
+    replies.append(f"Reply {len(replies) + 1}: you said {said[-1]}.")
+    return replies[-1]
+
+
+numbered = Agent(
+    name="pages_numbered",
+    instructions="Answer.",
+    model=ScriptedModel([_numbered], chunk_size=4, chunk_delay_s=PIECE_S / 4),
+)
+
 
 # -- the pages, built here ------------------------------------------------------------------------
 
@@ -135,7 +151,7 @@ class Server:
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     with Threads.embedded() as threads:
-        for agent in (forecaster, mailer):
+        for agent in (forecaster, mailer, numbered):
             threads.register(agent)
         app = create_api(threads, tokens=[TOKEN, f"bob@globex={OTHER_TOKEN}"], poll_interval_s=0.02)
         app.mount("/pages", StaticFiles(directory=PAGES), name="pages")
@@ -291,6 +307,58 @@ def test_usechat_reload_mid_turn_resumes(server: Server, browser: Any) -> None:
     eventually(lambda: REPLY in page_text(browser), timeout=WAIT_S, what="the history on the page")
     assert shown_messages(browser) == [("user", "weather in Paris?"), ("assistant", REPLY)]
     assert not chat_log(browser)["errors"]
+
+
+def committed(server: Server, chat: str) -> list[tuple[str, str]]:
+    return [(m.role, m.text) for m in server.threads.messages(chat) if m.text]
+
+
+def settled(browser: Any, server: Server, chat: str, count: int) -> None:
+    """Wait until the page is ready and shows ``count`` messages, the same as the ledger's."""
+    from selenium.webdriver.common.by import By
+
+    eventually(
+        lambda: (
+            [e.text for e in browser.find_elements(By.ID, "status")] == ["ready"]
+            and len(shown_messages(browser)) == count
+            and shown_messages(browser) == committed(server, chat)
+        ),
+        timeout=WAIT_S,
+        what=f"{count} messages on the page, as the ledger holds them",
+        detail=lambda: (shown_messages(browser), committed(server, chat), chat_log(browser)),
+    )
+
+
+def test_usechat_regenerate_and_edit_branch_the_thread(server: Server, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    chat = f"chat-{uuid.uuid4().hex[:10]}"
+    url = server.page("vercel", agent="pages_numbered", chat=chat)
+    browser.get(url)
+    send(browser, "first")
+    settled(browser, server, chat, 2)
+    send(browser, "second")
+    settled(browser, server, chat, 4)
+    [u, a, b_user, b] = shown_messages(browser)
+    # useChat's regenerate(): [U, A, U2, B] gives [U, A, U2, B'], streamed as the ledger committed it.
+    browser.find_element(By.ID, "regenerate").click()
+    eventually(lambda: shown_messages(browser)[-1] not in (b, ("assistant", "")), timeout=WAIT_S, what="B'")
+    settled(browser, server, chat, 4)
+    [u2, a2, b_user2, b_again] = shown_messages(browser)
+    assert (u2, a2, b_user2) == (u, a, b_user) and b_again != b and b_again[1].endswith("you said second.")
+    browser.get(url)  # a reload shows the new branch, from the server's history
+    settled(browser, server, chat, 4)
+    assert shown_messages(browser)[-1] == b_again
+    # Editing the first message drops everything after it; the model answers the new text.
+    browser.find_element(By.ID, "input").send_keys("first, edited")
+    browser.find_elements(By.CSS_SELECTOR, ".message.user button.edit")[0].click()
+    settled(browser, server, chat, 2)
+    assert shown_messages(browser)[0] == ("user", "first, edited")
+    assert shown_messages(browser)[1][1].endswith("you said first, edited.")
+    browser.get(url)
+    settled(browser, server, chat, 2)
+    assert [b.kind for b in server.threads.branches(chat)] == ["regenerate", "edit"]
+    assert not chat_log(browser)["errors"], chat_log(browser)["errors"]
 
 
 # -- AG-UI -----------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ function ToolPart({ part, answer }) {
 
 function Chat({ history }) {
   const [input, setInput] = useState("");
-  const { messages, sendMessage, addToolApprovalResponse, status, error } = useChat({
+  const { messages, sendMessage, regenerate, addToolApprovalResponse, status, error } = useChat({
     id: chatId,
     messages: history,
     resume: true,
@@ -63,6 +63,11 @@ function Chat({ history }) {
       <ul id="messages">
         {messages.map((m) => (
           <li key={m.id} className={`message ${m.role}`} data-id={m.id}>
+            {m.role === "user" && (
+              <button className="edit" onClick={() => { sendMessage({ text: input, messageId: m.id }); setInput(""); }}>
+                Edit
+              </button>
+            )}
             {m.parts.map((part, i) =>
               part.type === "text" ? (
                 <span key={i} className="text">{part.text}</span>
@@ -83,6 +88,7 @@ function Chat({ history }) {
         <input id="input" value={input} onChange={(e) => setInput(e.target.value)} />
         <button id="send" type="submit">Send</button>
       </form>
+      <button id="regenerate" onClick={() => regenerate()}>Regenerate</button>
     </div>
   );
 }
