@@ -59,6 +59,10 @@ _EXPORTS = {
     "Limits": "decisions.usage",
     "UsageTotals": "records",
     "AgentToolRun": "records",
+    "Branch": "records",
+    "PriorEffect": "records",
+    "ThreadBusy": "exceptions",
+    "BranchPointNotFound": "exceptions",
     "install": "worker.own_app",
 }
 
@@ -70,6 +74,8 @@ __all__ = [
     "AgentToolResult",
     "AgentToolRun",
     "Allow",
+    "Branch",
+    "BranchPointNotFound",
     "BrokerUnavailable",
     "ConfigError",
     "Deny",
@@ -87,6 +93,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "Permissions",
+    "PriorEffect",
     "Prompt",
     "Reconcile",
     "Run",
@@ -98,6 +105,7 @@ __all__ = [
     "Stop",
     "StoreUnavailable",
     "SubagentRelationship",
+    "ThreadBusy",
     "Threads",
     "ThreadsError",
     "Tool",
@@ -130,6 +138,7 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
     from threads_celery.definitions.tools import Tool, tool
     from threads_celery.definitions.variables import Variable
     from threads_celery.exceptions import (
+        BranchPointNotFound,
         BrokerUnavailable,
         ConfigError,
         EffectUnknown,
@@ -137,6 +146,7 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
         RunNotFound,
         RunTimeout,
         StoreUnavailable,
+        ThreadBusy,
         ThreadsError,
         UnknownAgent,
     )
@@ -144,7 +154,9 @@ if TYPE_CHECKING:  # names for type checkers; at run time __getattr__ imports th
         AgentToolFailure,
         AgentToolResult,
         AgentToolRun,
+        Branch,
         Message,
+        PriorEffect,
         Run,
         RunHandle,
         ToolCall,

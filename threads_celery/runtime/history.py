@@ -10,7 +10,7 @@ message on, plus its first one:
 * both cached ends come back unchanged: the cache is the thread's prefix, and the rows after the
   last one are appended (their ``seq`` must follow on without a gap);
 * anything else (a first or last message gone or different, a gap): the history is read in
-  full, as without the cache.
+  full, as without the cache (a full read has gaps where a branch left messages behind).
 
 So a step sees exactly the rows a full read at that moment would see, and another worker
 appending to the thread in between is picked up by the same statement. On PostgreSQL that read
