@@ -2,8 +2,11 @@
 
 A model step needs the whole history of its thread. Read in full, it costs a statement whose
 rows, JSON and conversion grow with the thread, so every turn of a long thread gets slower. A
-thread's messages are append-only (each takes the thread's next ``seq``; no code path updates
-or deletes one; a deleted thread takes its messages with it), so a worker keeps the histories it
+thread's messages are append-only (each takes the thread's next ``seq``; a deleted thread takes
+its messages with it). The one update a message ever takes is a branch's mark: a rewind,
+regenerate or edit marks a suffix of the thread ``superseded_by`` it, and every read leaves
+those out, so here the suffix is simply gone: the last cached message missing, or a gap in the
+``seq`` numbers (:mod:`threads_celery.store.branch_queries`). So a worker keeps the histories it
 read and, once the step is claimed, reads in one statement the rows from its last cached
 message on, plus its first one:
 
