@@ -36,6 +36,7 @@ from threads_celery.store.agent_tool_queries import AgentToolQueries
 from threads_celery.store.availability import unreachable_as_store_unavailable
 from threads_celery.store.call_queries import CallQueries
 from threads_celery.store.console_queries import ConsoleQueries
+from threads_celery.store.deploy_queries import DeployQueries
 from threads_celery.store.direct import DirectStatements
 from threads_celery.store.grant_queries import GrantQueries
 from threads_celery.store.message_queries import MessageQueries
@@ -130,6 +131,7 @@ class Tx(
     GrantQueries,
     MetricsQueries,
     ConsoleQueries,
+    DeployQueries,
 ):
     """The named queries of one transaction."""
 

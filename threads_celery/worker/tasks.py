@@ -27,6 +27,8 @@ from threads_celery.decisions.backbone import (
 from threads_celery.decisions.retry import STORE_UNAVAILABLE_BACKOFF, GiveUp
 from threads_celery.exceptions import FenceLost, RetryLater, StoreUnavailable
 from threads_celery.redaction import known_secrets
+from threads_celery.runtime import deploys
+from threads_celery.runtime.deploys import UPGRADE_TASK
 from threads_celery.runtime.failures import apply_task_failure
 from threads_celery.runtime.schedules import start_scheduled_run
 from threads_celery.runtime.tool_faults import describe, is_control, picklable, survives_pickling
@@ -117,7 +119,7 @@ def _run(
 
 
 def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
-    """Register the five tasks on ``app``, each running on ``holder``'s runtime."""
+    """Register the six tasks on ``app``, each running on ``holder``'s runtime."""
     # Control tasks go ahead of all work on Redis by their route's priority (celery_config), and
     # send no task events unless THREADS_CONTROL_TASK_EVENTS: monitors list the agents' work.
     control_events = holder.settings.control_task_events
@@ -153,6 +155,18 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         """Run one tool call, by effect key."""
         runtime = holder.get()
         return _run(self, holder, lambda: runtime.run_tool(effect_key), effect_key)
+
+    @app.task(
+        name=UPGRADE_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, max_retries=None,
+    )  # fmt: skip
+    def upgrade(self: Task[Any, Any], run_id: str, version: str) -> str:
+        """Check an upgrading run against this worker's agents and move it here, or pin it with
+        the reason. Sent to the target version's queue; any other worker leaves it."""
+        runtime = holder.get()
+        if runtime.deploy_version != version:
+            return f"skipped: this worker is version {runtime.deploy_version}, not {version}"
+        report = _run(self, holder, lambda: str(deploys.upgrade_run(runtime, run_id, version).as_dict()))
+        return report
 
     @app.task(
         name=DELIVER_TASK,
