@@ -1,0 +1,252 @@
+"""A rolling deploy, lean: real v1 and v2 worker processes on Redis and PostgreSQL, and Beat.
+
+Runs start on v1 and wait for approval there: a pinned one (``mailer``) and upgrading ones whose
+pending call v2 accepts (``mover``), renames an argument of (``renamed``), removes the tool of
+(``faxer``), or whose current step has a result v2's output schema refuses (``counter``). Then a
+v2 worker starts (a tool removed, an argument renamed, the prompts changed, an output schema
+changed) and becomes current, and v1 drains and stops. At each point ``deploy status`` matches
+the ledger; nothing is lost, no unguarded effect runs twice, no pinned run runs anything on v2,
+and every upgrading run either moved (and finished on v2) or stays pinned with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.clients import registered_client
+from tests.support.processes import THREADS_CELERY, BeatProcess, WorkerProcess, subprocess_env
+from tests.support.waiting import eventually
+from threads_celery.exceptions import DeployRefused
+from threads_celery.transitions import deploy_control
+
+pytestmark = pytest.mark.integration
+
+AGENTS = "tests.integration.deploy_agents"
+DEADLINE_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("deploy") / "effects.jsonl"
+    path.touch()
+    return path
+
+
+def _env(db: str, broker: str, ledger: Path, code: str) -> dict[str, str]:
+    return subprocess_env({
+        "THREADS_DATABASE_URL": db, "THREADS_BROKER_URL": broker, "THREADS_AGENTS": AGENTS,
+        "THREADS_DEPLOY_VERSION": code, "DEPLOY_CODE": code, "DEPLOY_LEDGER": str(ledger),
+        "THREADS_RECONCILE_INTERVAL_S": "1", "THREADS_DEPLOY_HEARTBEAT_S": "1", "THREADS_DEPLOY_LIVENESS_S": "5",
+    })  # fmt: skip
+
+
+def _worker(name: str, env: dict[str, str], tmp: pytest.TempPathFactory) -> WorkerProcess:
+    return WorkerProcess(name, env=env, log_path=tmp.mktemp(name) / f"{name}.log", concurrency=1)
+
+
+@pytest.fixture(scope="module")
+def threads(migrated_pg_url: str, integration_redis_url: str, ledger: Path) -> Iterator[Any]:
+    from tests.integration.deploy_agents import ALL_AGENTS
+
+    with registered_client(migrated_pg_url, integration_redis_url, ALL_AGENTS) as client:
+        yield client
+
+
+def _status(threads: Any) -> dict[str, Any]:
+    from threads_celery.transitions.deploy_control import status_document
+
+    return status_document(threads.store, threads.settings.with_(deploy_liveness_s=5.0))
+
+
+def _version(document: dict[str, Any], version: str) -> dict[str, Any]:
+    return next(v for v in document["versions"] if v["version"] == version)
+
+
+def _ledger_counts(threads: Any) -> dict[str, dict[str, int]]:
+    """Unfinished runs by version and status, straight from the ledger (what status must match)."""
+    with threads.store.read() as tx:
+        rows = tx.unfinished_by_version()
+    counts: dict[str, dict[str, int]] = {}
+    for version, status, count in rows:
+        counts.setdefault(version, {})[status] = count
+    return counts
+
+
+def _assert_status_matches_ledger(threads: Any) -> dict[str, Any]:
+    document = _status(threads)
+    counts = _ledger_counts(threads)
+    for v in document["versions"]:
+        assert v["runs"] == counts.get(v["version"], {}), (v, counts)
+    return document
+
+
+def _effects(ledger: Path) -> list[dict[str, str]]:
+    return [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+
+
+def _awaiting(threads: Any, run_id: str) -> Any:
+    run = threads.get_run(run_id)
+    return run if run.status == "awaiting_approval" else None
+
+
+def _ended(threads: Any, run_id: str) -> Any:
+    run = threads.get_run(run_id)
+    return run if run.is_terminal else None
+
+
+def _pending_key(threads: Any, run_id: str) -> str:
+    [call] = threads.pending(run_id)
+    return str(call.effect_key)
+
+
+def _marks(threads: Any, run_id: str) -> dict[str, str]:
+    with threads.store.read() as tx:
+        return dict(tx.version_marks(run_id))
+
+
+def _runs_upgrade(env: dict[str, str], *flags: str) -> list[dict[str, Any]]:
+    """``threads-celery runs upgrade --from v1 --to v2`` where v2's code is, as a deployer runs it."""
+    done = subprocess.run(
+        [THREADS_CELERY, "runs", "upgrade", "--from", "v1", "--to", "v2", "--json", *flags],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return list(json.loads(done.stdout))
+
+
+def test_a_rolling_deploy_loses_nothing_and_keeps_pinned_runs_on_their_code(
+    threads: Any, migrated_pg_url: str, integration_redis_url: str, ledger: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:  # fmt: skip
+    v1_env = _env(migrated_pg_url, integration_redis_url, ledger, "v1")
+    v2_env = _env(migrated_pg_url, integration_redis_url, ledger, "v2")
+    beat = BeatProcess(
+        "deploy-beat", env=v1_env, log_path=tmp_path_factory.mktemp("beat") / "beat.log",
+        schedule_path=tmp_path_factory.mktemp("beat-state") / "schedule",
+    )  # fmt: skip
+    v1a, v1b, v1c = (_worker(f"deploy-v1{n}", v1_env, tmp_path_factory) for n in "abc")
+    v2 = _worker("deploy-v2", v2_env, tmp_path_factory)
+    with beat.start(), v1a.start(), v1b.start():
+        v1a.wait_ready()
+        v1b.wait_ready()
+        beat.wait_ready()
+        # -- runs in flight on v1, each waiting for a person ------------------------------
+        started = {
+            name: threads.start(name, "go").run_id for name in ("mailer", "mover", "renamed", "faxer", "counter")
+        }
+        late = {name: threads.start(name, "later").run_id for name in ("keeper", "mailer")}  # wait for v1 to stop
+        for run_id in [*started.values(), *late.values()]:
+            run = eventually(lambda r=run_id: _awaiting(threads, r), timeout=DEADLINE_S, what=f"{run_id} to wait")
+            assert run.deploy_version == "v1"
+        document = _assert_status_matches_ledger(threads)
+        assert document["current"] == "v1"
+        assert _version(document, "v1")["state"] == "active"
+        assert _version(document, "v1")["runs"] == {"awaiting_approval": 7}
+        assert len(_version(document, "v1")["workers"]) == 2
+
+        # -- v2 starts, and becomes current ---------------------------------------------
+        with v2.start():
+            v2.wait_ready()
+            document = eventually(
+                lambda: (d := _status(threads)) and any(v["version"] == "v2" and v["workers"] for v in d["versions"]) and d,
+                timeout=DEADLINE_S, what="v2's worker to be seen",
+            )  # fmt: skip
+            assert document["current"] == "v1", "a new version is not current until told"
+
+            deploy_control.set_current(threads.store, "v2")
+            with pytest.raises(DeployRefused, match="unfinished run"):
+                deploy_control.retire(threads.store, "v1")
+
+            # Upgrading runs are checked by v2's code: moved, or pinned with the exact reason.
+            def checked() -> dict[str, Any] | None:
+                runs = {name: threads.get_run(run_id) for name, run_id in started.items() if name != "mailer"}
+                return runs if all(r.deploy_checked == "v2" for r in runs.values()) else None
+
+            upgraded = eventually(checked, timeout=DEADLINE_S, what="the upgrading runs to be checked against v2")
+            assert upgraded["mover"].deploy_version == "v2" and upgraded["mover"].deploy_pin_reason is None
+            assert upgraded["renamed"].deploy_version == "v1"
+            assert "recorded arguments fail 'send_email' in v2" in (upgraded["renamed"].deploy_pin_reason or "")
+            assert "recipient" in (upgraded["renamed"].deploy_pin_reason or "")
+            assert upgraded["faxer"].deploy_version == "v1"
+            assert "tool 'fax' does not exist in v2" in (upgraded["faxer"].deploy_pin_reason or "")
+            assert upgraded["counter"].deploy_version == "v1"
+            assert "output schema in v2" in (upgraded["counter"].deploy_pin_reason or "")
+            assert threads.get_run(started["mailer"]).deploy_version == "v1"  # pinned: never checked
+            document = _assert_status_matches_ledger(threads)
+            assert document["current"] == "v2"
+            assert _version(document, "v1")["state"] == "draining"
+
+            # v1's workers stop one by one: with one left, v1 keeps its runs going.
+            v1a.terminate()
+            document = eventually(
+                lambda: (d := _status(threads)) and len(_version(d, "v1")["workers"]) == 1 and d,
+                timeout=DEADLINE_S, what="v1 to lose a worker",
+            )  # fmt: skip
+            assert document["stranded"] == 0
+
+            # A new run starts on v2, at once.
+            fresh = threads.start("greeter", "hi").run_id
+            done = eventually(lambda: _ended(threads, fresh), timeout=DEADLINE_S, what="the new run to end")
+            assert done.status == "completed" and done.output == "done on v2" and done.deploy_version == "v2"
+
+            # Approvals: each run finishes on the code it is on.
+            for name in ("mailer", "mover", "renamed", "faxer", "counter"):
+                threads.approve(_pending_key(threads, started[name]), principal="oncall")
+            for name, run_id in started.items():
+                run = eventually(lambda r=run_id: _ended(threads, r), timeout=DEADLINE_S, what=f"{name} to end")
+                on = "v2" if name == "mover" else "v1"
+                assert run.status == "completed" and run.output == f"done on {on}", (name, run)
+                assert set(_marks(threads, run_id).values()) <= {on, "v1"}, (name, _marks(threads, run_id))
+                if on == "v1":  # a pinned run never ran anything on v2
+                    assert set(_marks(threads, run_id).values()) == {"v1"}, (name, _marks(threads, run_id))
+            assert _marks(threads, started["mover"])[f"step:{started['mover']}:1"] == "v2"
+
+            # -- v1's last worker stops: its last runs are stranded, flagged, moved explicitly --
+            v1b.terminate()
+            document = eventually(
+                lambda: (d := _status(threads)) and _version(d, "v1")["stranded"] == 2 and d,
+                timeout=DEADLINE_S, what="v1's last runs to be flagged stranded",
+            )  # fmt: skip
+            assert _version(document, "v1")["workers"] == [] and document["stranded"] == 2
+            _assert_status_matches_ledger(threads)
+            dry = _runs_upgrade(v2_env, "--dry-run")
+            assert {r["run_id"]: r["outcome"] for r in dry} == {late["keeper"]: "compatible", late["mailer"]: "pinned"}
+            assert threads.get_run(late["keeper"]).deploy_version == "v1", "a dry run moves nothing"
+            report = {r["run_id"]: r for r in _runs_upgrade(v2_env)}
+            assert report[late["keeper"]]["outcome"] == "moved"
+            assert report[late["mailer"]]["outcome"] == "pinned"
+            assert "recipient" in report[late["mailer"]]["reason"]
+            threads.approve(_pending_key(threads, late["keeper"]), principal="oncall")
+            run = eventually(lambda: _ended(threads, late["keeper"]), timeout=DEADLINE_S, what="the moved run to end")
+            assert run.status == "completed" and run.output == "done on v2"
+            document = _assert_status_matches_ledger(threads)
+            assert _version(document, "v1")["stranded"] == 1
+            with pytest.raises(DeployRefused, match="1 unfinished run"):
+                deploy_control.retire(threads.store, "v1")
+
+            # The run that cannot move waits for v1's code: a v1 worker again finishes it.
+            with v1c.start():
+                v1c.wait_ready()
+                threads.approve(_pending_key(threads, late["mailer"]), principal="oncall")
+                run = eventually(lambda: _ended(threads, late["mailer"]), timeout=DEADLINE_S, what="the last v1 run")
+                assert run.status == "completed" and run.output == "done on v1"
+            document = _assert_status_matches_ledger(threads)
+            assert _version(document, "v1")["state"] == "drained" and document["stranded"] == 0
+            deploy_control.retire(threads.store, "v1")
+            assert all(v["version"] != "v1" for v in _status(threads)["versions"])
+
+    # Nothing lost, nothing twice: every unguarded effect ran once, on the code its run was on.
+    effects = _effects(ledger)
+    keys = [e["key"] for e in effects]
+    assert len(keys) == len(set(keys)), effects
+    by_run = {e["key"].rsplit(":", 2)[0]: e["code"] for e in effects if e["tool"] != "count"}
+    assert by_run[started["mover"]] == "v2"
+    for name in ("mailer", "renamed", "faxer", "counter"):
+        assert by_run[started[name]] == "v1", (name, effects)
+    assert by_run[late["keeper"]] == "v2" and by_run[late["mailer"]] == "v1"
