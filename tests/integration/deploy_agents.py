@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from threads_celery import Agent, Permissions, tool
-from threads_celery.testing import ScriptedModel, call, calls, say
+from threads_celery.testing import Reply, ScriptedModel, call, calls, say
 
 CODE = os.environ.get("DEPLOY_CODE", "v1")
 
@@ -100,6 +100,25 @@ mailer = _agent("mailer", [send_email], call("send_email", ARGS), versioning="pi
 mover = _agent("mover", [notify], call("notify", text="hello"), versioning="upgrade")
 renamed = _agent("renamed", [send_email], call("send_email", ARGS), versioning="upgrade")
 counter = _agent("counter", [count, notify], calls(("count", {}), ("notify", {"text": "after"})), versioning="upgrade")
+# Mid-stream through the deploy: a pinned run whose answer streams slowly, and an upgrading one
+# whose first step streams slowly before it asks (its step in flight holds the move back).
+streamer = Agent(
+    name="streamer",
+    instructions=f"Stream ({CODE}).",
+    model=ScriptedModel([say(f"done on {CODE}" + " ." * 60)], chunk_size=2, chunk_delay_s=0.03),
+)
+slow_mover = Agent(
+    name="slow_mover",
+    instructions=f"slow_mover, as deployed in {CODE}.",
+    model=ScriptedModel(
+        [Reply(text="thinking" + " ." * 60, calls=(("notify", json.dumps({"text": "slow"})),)), DONE],
+        chunk_size=2,
+        chunk_delay_s=0.03,
+    ),
+    tools=[notify],
+    permissions=ASK,
+    versioning="upgrade",
+)
 keeper = _agent("keeper", [notify], call("notify", text="hello"), versioning="pinned")
 greeter = Agent(name="greeter", instructions=f"Greet ({CODE}).", model=ScriptedModel([DONE]))
 if CODE == "v1":
@@ -107,4 +126,4 @@ if CODE == "v1":
 else:  # fax is gone: the agent keeps no tool
     faxer = _agent("faxer", [notify], call("notify", text="hello"), versioning="upgrade")
 
-ALL_AGENTS = [mailer, mover, renamed, counter, keeper, greeter, faxer]
+ALL_AGENTS = [mailer, mover, renamed, counter, keeper, greeter, faxer, streamer, slow_mover]

@@ -12,6 +12,7 @@ and every upgrading run either moved (and finished on v2) or stays pinned with i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,10 +121,29 @@ def _runs_upgrade(env: dict[str, str], *flags: str) -> list[dict[str, Any]]:
     return list(json.loads(done.stdout))
 
 
+#: Runs of each kind (THREADS_DEPLOY_RUNS_PER_KIND): 1 in the main suite; 25 makes the full
+#: size, 200 runs in flight across the deploy (9 kinds, late ones included), on the same workers.
+PER_KIND = int(os.environ.get("THREADS_DEPLOY_RUNS_PER_KIND", "1"))
+#: What happens to each kind's runs: the version it finishes on, and the pin reason's telltale.
+UPGRADING = {
+    "mover": ("v2", None),
+    "slow_mover": ("v2", None),
+    "renamed": ("v1", "recorded arguments fail 'send_email' in v2"),
+    "faxer": ("v1", "tool 'fax' does not exist in v2"),
+    "counter": ("v1", "output schema in v2"),
+}
+WAITING = ["mailer", *UPGRADING]  # each waits for approval on v1 before v2 starts
+
+
+def _ids(kinds: dict[str, list[str]]) -> list[str]:
+    return [run_id for ids in kinds.values() for run_id in ids]
+
+
 def test_a_rolling_deploy_loses_nothing_and_keeps_pinned_runs_on_their_code(
     threads: Any, migrated_pg_url: str, integration_redis_url: str, ledger: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:  # fmt: skip
+    deadline = DEADLINE_S * max(1, PER_KIND // 5)
     v1_env = _env(migrated_pg_url, integration_redis_url, ledger, "v1")
     v2_env = _env(migrated_pg_url, integration_redis_url, ledger, "v2")
     beat = BeatProcess(
@@ -136,48 +156,52 @@ def test_a_rolling_deploy_loses_nothing_and_keeps_pinned_runs_on_their_code(
         v1a.wait_ready()
         v1b.wait_ready()
         beat.wait_ready()
-        # -- runs in flight on v1, each waiting for a person ------------------------------
-        started = {
-            name: threads.start(name, "go").run_id for name in ("mailer", "mover", "renamed", "faxer", "counter")
-        }
-        late = {name: threads.start(name, "later").run_id for name in ("keeper", "mailer")}  # wait for v1 to stop
-        for run_id in [*started.values(), *late.values()]:
-            run = eventually(lambda r=run_id: _awaiting(threads, r), timeout=DEADLINE_S, what=f"{run_id} to wait")
+        # -- runs in flight on v1: waiting for approval, and two streaming as v2 starts ----
+        started = {name: [threads.start(name, "go").run_id for _ in range(PER_KIND)] for name in WAITING}
+        late = {name: [threads.start(name, "later").run_id for _ in range(PER_KIND)] for name in ("keeper", "mailer")}
+        for run_id in _ids(started) + _ids(late):
+            run = eventually(lambda r=run_id: _awaiting(threads, r), timeout=deadline, what=f"{run_id} to wait")
             assert run.deploy_version == "v1"
+        waiting = len(_ids(started)) + len(_ids(late))
         document = _assert_status_matches_ledger(threads)
         assert document["current"] == "v1"
         assert _version(document, "v1")["state"] == "active"
-        assert _version(document, "v1")["runs"] == {"awaiting_approval": 7}
+        assert _version(document, "v1")["runs"] == {"awaiting_approval": waiting}
         assert len(_version(document, "v1")["workers"]) == 2
+        streaming = [threads.start("streamer", "go").run_id for _ in range(PER_KIND)]
+        slow = [threads.start("slow_mover", "go").run_id for _ in range(PER_KIND)]
+        started["slow_mover"] = slow
 
         # -- v2 starts, and becomes current ---------------------------------------------
         with v2.start():
             v2.wait_ready()
             document = eventually(
                 lambda: (d := _status(threads)) and any(v["version"] == "v2" and v["workers"] for v in d["versions"]) and d,
-                timeout=DEADLINE_S, what="v2's worker to be seen",
+                timeout=deadline, what="v2's worker to be seen",
             )  # fmt: skip
             assert document["current"] == "v1", "a new version is not current until told"
-
             deploy_control.set_current(threads.store, "v2")
             with pytest.raises(DeployRefused, match="unfinished run"):
                 deploy_control.retire(threads.store, "v1")
 
             # Upgrading runs are checked by v2's code: moved, or pinned with the exact reason.
-            def checked() -> dict[str, Any] | None:
-                runs = {name: threads.get_run(run_id) for name, run_id in started.items() if name != "mailer"}
-                return runs if all(r.deploy_checked == "v2" for r in runs.values()) else None
+            def checked() -> bool:
+                return all(threads.get_run(r).deploy_checked == "v2" for name in UPGRADING for r in started[name])
 
-            upgraded = eventually(checked, timeout=DEADLINE_S, what="the upgrading runs to be checked against v2")
-            assert upgraded["mover"].deploy_version == "v2" and upgraded["mover"].deploy_pin_reason is None
-            assert upgraded["renamed"].deploy_version == "v1"
-            assert "recorded arguments fail 'send_email' in v2" in (upgraded["renamed"].deploy_pin_reason or "")
-            assert "recipient" in (upgraded["renamed"].deploy_pin_reason or "")
-            assert upgraded["faxer"].deploy_version == "v1"
-            assert "tool 'fax' does not exist in v2" in (upgraded["faxer"].deploy_pin_reason or "")
-            assert upgraded["counter"].deploy_version == "v1"
-            assert "output schema in v2" in (upgraded["counter"].deploy_pin_reason or "")
-            assert threads.get_run(started["mailer"]).deploy_version == "v1"  # pinned: never checked
+            eventually(checked, timeout=deadline, what="the upgrading runs to be checked against v2")
+            for name, (on, reason) in UPGRADING.items():
+                for run_id in started[name]:
+                    run = threads.get_run(run_id)
+                    assert run.deploy_version == on, (name, run)
+                    if reason is None:
+                        assert run.deploy_pin_reason is None, (name, run)
+                    else:
+                        assert reason in (run.deploy_pin_reason or ""), (name, run)
+            for run_id in started["renamed"]:
+                assert "recipient" in (threads.get_run(run_id).deploy_pin_reason or "")
+            for run_id in [*started["mailer"], *streaming]:
+                run = threads.get_run(run_id)
+                assert run.deploy_version == "v1" and run.deploy_checked is None  # pinned: never checked
             document = _assert_status_matches_ledger(threads)
             assert document["current"] == "v2"
             assert _version(document, "v1")["state"] == "draining"
@@ -186,67 +210,80 @@ def test_a_rolling_deploy_loses_nothing_and_keeps_pinned_runs_on_their_code(
             v1a.terminate()
             document = eventually(
                 lambda: (d := _status(threads)) and len(_version(d, "v1")["workers"]) == 1 and d,
-                timeout=DEADLINE_S, what="v1 to lose a worker",
+                timeout=deadline, what="v1 to lose a worker",
             )  # fmt: skip
             assert document["stranded"] == 0
 
             # A new run starts on v2, at once.
             fresh = threads.start("greeter", "hi").run_id
-            done = eventually(lambda: _ended(threads, fresh), timeout=DEADLINE_S, what="the new run to end")
+            done = eventually(lambda: _ended(threads, fresh), timeout=deadline, what="the new run to end")
             assert done.status == "completed" and done.output == "done on v2" and done.deploy_version == "v2"
 
             # Approvals: each run finishes on the code it is on.
-            for name in ("mailer", "mover", "renamed", "faxer", "counter"):
-                threads.approve(_pending_key(threads, started[name]), principal="oncall")
-            for name, run_id in started.items():
-                run = eventually(lambda r=run_id: _ended(threads, r), timeout=DEADLINE_S, what=f"{name} to end")
-                on = "v2" if name == "mover" else "v1"
-                assert run.status == "completed" and run.output == f"done on {on}", (name, run)
-                assert set(_marks(threads, run_id).values()) <= {on, "v1"}, (name, _marks(threads, run_id))
-                if on == "v1":  # a pinned run never ran anything on v2
-                    assert set(_marks(threads, run_id).values()) == {"v1"}, (name, _marks(threads, run_id))
-            assert _marks(threads, started["mover"])[f"step:{started['mover']}:1"] == "v2"
+            for run_id in _ids(started):
+                eventually(lambda r=run_id: threads.pending(r), timeout=deadline, what=f"{run_id} to wait")
+                threads.approve(_pending_key(threads, run_id), principal="oncall")
+            for name, ids in [*started.items(), ("streamer", streaming)]:
+                on = UPGRADING.get(name, ("v1", None))[0]
+                for run_id in ids:
+                    run = eventually(lambda r=run_id: _ended(threads, r), timeout=deadline, what=f"{name} to end")
+                    assert run.status == "completed" and run.output.startswith(f"done on {on}"), (name, run)
+                    marks = _marks(threads, run_id)
+                    if on == "v1":  # a pinned run never ran anything on v2
+                        assert set(marks.values()) == {"v1"}, (name, marks)
+                    else:  # it moved at a step boundary: its last step ran on v2
+                        assert marks[f"step:{run_id}:1"] == "v2", (name, marks)
+            _assert_status_matches_ledger(threads)
 
             # -- v1's last worker stops: its last runs are stranded, flagged, moved explicitly --
             v1b.terminate()
+            stranded = len(_ids(late))
             document = eventually(
-                lambda: (d := _status(threads)) and _version(d, "v1")["stranded"] == 2 and d,
-                timeout=DEADLINE_S, what="v1's last runs to be flagged stranded",
+                lambda: (d := _status(threads)) and _version(d, "v1")["stranded"] == stranded and d,
+                timeout=deadline, what="v1's last runs to be flagged stranded",
             )  # fmt: skip
-            assert _version(document, "v1")["workers"] == [] and document["stranded"] == 2
+            assert _version(document, "v1")["workers"] == [] and document["stranded"] == stranded
             _assert_status_matches_ledger(threads)
-            dry = _runs_upgrade(v2_env, "--dry-run")
-            assert {r["run_id"]: r["outcome"] for r in dry} == {late["keeper"]: "compatible", late["mailer"]: "pinned"}
-            assert threads.get_run(late["keeper"]).deploy_version == "v1", "a dry run moves nothing"
+            dry = {r["run_id"]: r["outcome"] for r in _runs_upgrade(v2_env, "--dry-run")}
+            assert dry == {
+                **{r: "compatible" for r in late["keeper"]},
+                **{r: "pinned" for r in late["mailer"]},
+            }
+            assert all(threads.get_run(r).deploy_version == "v1" for r in late["keeper"]), "a dry run moves nothing"
             report = {r["run_id"]: r for r in _runs_upgrade(v2_env)}
-            assert report[late["keeper"]]["outcome"] == "moved"
-            assert report[late["mailer"]]["outcome"] == "pinned"
-            assert "recipient" in report[late["mailer"]]["reason"]
-            threads.approve(_pending_key(threads, late["keeper"]), principal="oncall")
-            run = eventually(lambda: _ended(threads, late["keeper"]), timeout=DEADLINE_S, what="the moved run to end")
-            assert run.status == "completed" and run.output == "done on v2"
+            for run_id in late["keeper"]:
+                assert report[run_id]["outcome"] == "moved"
+            for run_id in late["mailer"]:
+                assert report[run_id]["outcome"] == "pinned" and "recipient" in report[run_id]["reason"]
+            for run_id in late["keeper"]:
+                threads.approve(_pending_key(threads, run_id), principal="oncall")
+            for run_id in late["keeper"]:
+                run = eventually(lambda r=run_id: _ended(threads, r), timeout=deadline, what="a moved run to end")
+                assert run.status == "completed" and run.output == "done on v2"
             document = _assert_status_matches_ledger(threads)
-            assert _version(document, "v1")["stranded"] == 1
-            with pytest.raises(DeployRefused, match="1 unfinished run"):
+            assert _version(document, "v1")["stranded"] == PER_KIND
+            with pytest.raises(DeployRefused, match=f"{PER_KIND} unfinished run"):
                 deploy_control.retire(threads.store, "v1")
 
-            # The run that cannot move waits for v1's code: a v1 worker again finishes it.
+            # The runs that cannot move wait for v1's code: a v1 worker again finishes them.
             with v1c.start():
                 v1c.wait_ready()
-                threads.approve(_pending_key(threads, late["mailer"]), principal="oncall")
-                run = eventually(lambda: _ended(threads, late["mailer"]), timeout=DEADLINE_S, what="the last v1 run")
-                assert run.status == "completed" and run.output == "done on v1"
+                for run_id in late["mailer"]:
+                    threads.approve(_pending_key(threads, run_id), principal="oncall")
+                for run_id in late["mailer"]:
+                    run = eventually(lambda r=run_id: _ended(threads, r), timeout=deadline, what="a last v1 run")
+                    assert run.status == "completed" and run.output == "done on v1"
             document = _assert_status_matches_ledger(threads)
             assert _version(document, "v1")["state"] == "drained" and document["stranded"] == 0
             deploy_control.retire(threads.store, "v1")
             assert all(v["version"] != "v1" for v in _status(threads)["versions"])
 
-    # Nothing lost, nothing twice: every unguarded effect ran once, on the code its run was on.
+    # Nothing lost, nothing twice: every effect ran once, on the code its run was on.
     effects = _effects(ledger)
     keys = [e["key"] for e in effects]
     assert len(keys) == len(set(keys)), effects
     by_run = {e["key"].rsplit(":", 2)[0]: e["code"] for e in effects if e["tool"] != "count"}
-    assert by_run[started["mover"]] == "v2"
-    for name in ("mailer", "renamed", "faxer", "counter"):
-        assert by_run[started[name]] == "v1", (name, effects)
-    assert by_run[late["keeper"]] == "v2" and by_run[late["mailer"]] == "v1"
+    for name, ids in started.items():
+        on = UPGRADING.get(name, ("v1", None))[0]
+        assert all(by_run[r] == on for r in ids), (name, effects)
+    assert all(by_run[r] == "v2" for r in late["keeper"]) and all(by_run[r] == "v1" for r in late["mailer"])

@@ -191,6 +191,10 @@ def run_summary(run: Run, usage: UsageTotals | None = None) -> RenderableType:
     table.add_row("agent", run.agent)
     table.add_row("status", Text(run.status, style=STATUS_STYLES.get(run.status, "")))
     table.add_row("step", str(run.step))
+    if run.deploy_version is not None:
+        table.add_row("version", f"{run.deploy_version} ({run.deploy_policy or 'pinned'})")
+    if run.deploy_pin_reason:
+        table.add_row("pinned", Text(f"checked against {run.deploy_checked}: {run.deploy_pin_reason}", style="yellow"))
     for name in ("created_at", "started_at", "finished_at"):
         value = getattr(run, name)
         if value is not None:
