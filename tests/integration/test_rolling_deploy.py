@@ -2,7 +2,8 @@
 
 Runs start on v1 and wait for approval there: a pinned one (``mailer``) and upgrading ones whose
 pending call v2 accepts (``mover``), renames an argument of (``renamed``), removes the tool of
-(``faxer``), or whose current step has a result v2's output schema refuses (``counter``). Then a
+(``faxer``), or whose current step has a result v2's output schema refuses (``counter``); detached
+children of a finished parent wait in the background; two more runs are mid-stream. Then a
 v2 worker starts (a tool removed, an argument renamed, the prompts changed, an output schema
 changed) and becomes current, and v1 drains and stops. At each point ``deploy status`` matches
 the ledger; nothing is lost, no unguarded effect runs twice, no pinned run runs anything on v2,
@@ -159,6 +160,21 @@ def test_a_rolling_deploy_loses_nothing_and_keeps_pinned_runs_on_their_code(
         # -- runs in flight on v1: waiting for approval, and two streaming as v2 starts ----
         started = {name: [threads.start(name, "go").run_id for _ in range(PER_KIND)] for name in WAITING}
         late = {name: [threads.start(name, "later").run_id for _ in range(PER_KIND)] for name in ("keeper", "mailer")}
+        # Detached children of a finished parent, each waiting for approval in the background.
+        parent = threads.start("greeter", "parent").run_id
+        parent_thread = eventually(lambda: _ended(threads, parent), timeout=deadline, what="the parent").thread_id
+        handles = [
+            threads.run_agent_tool(parent_thread, "keeper", {"message": "in the background"}, detached=True)
+            for _ in range(PER_KIND)
+        ]
+
+        def child_of(handle: Any) -> str | None:
+            row = threads.inspect_agent_tool_run(handle.run_id)
+            return None if row is None else row.child_run_id
+
+        started["detached"] = [
+            eventually(lambda h=h: child_of(h), timeout=deadline, what="a detached child") for h in handles
+        ]
         for run_id in _ids(started) + _ids(late):
             run = eventually(lambda r=run_id: _awaiting(threads, r), timeout=deadline, what=f"{run_id} to wait")
             assert run.deploy_version == "v1"
@@ -286,6 +302,14 @@ def test_a_rolling_deploy_loses_nothing_and_keeps_pinned_runs_on_their_code(
             assert _version(document, "v1")["state"] == "drained" and document["stranded"] == 0
             deploy_control.retire(threads.store, "v1")
             assert all(v["version"] != "v1" for v in _status(threads)["versions"])
+
+    # The detached children's finish reached their parent.
+    for handle in handles:
+        row = eventually(
+            lambda h=handle: (r := threads.inspect_agent_tool_run(h.run_id)) and r.status == "completed" and r,
+            timeout=deadline, what="a detached child's finish to be recorded",
+        )  # fmt: skip
+        assert row.child_run_id in started["detached"]
 
     # Nothing lost, nothing twice: every effect ran once, on the code its run was on.
     effects = _effects(ledger)
