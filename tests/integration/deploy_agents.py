@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,14 @@ def _fax(inp: Note, ctx: Any) -> str:
     return "faxed"
 
 
+def _hang(inp: Note, ctx: Any) -> str:
+    """Records its pool process, then hangs until that process is killed: the call is parked."""
+    with Path(os.environ["DEPLOY_LEDGER"]).open("a") as ledger:
+        ledger.write(json.dumps({"key": ctx.effect_key, "tool": "hang", "code": CODE, "pid": os.getpid()}) + "\n")
+    while True:
+        time.sleep(0.2)
+
+
 def _count(inp: Nothing, ctx: Any) -> Any:
     _record(ctx, "count")
     return 7 if CODE == "v1" else {"n": 7}
@@ -74,13 +83,14 @@ send_email = tool(
     effect="unguarded", execute=_send,
 )  # fmt: skip
 notify = tool(name="notify", description="Notify.", input=Note, effect="unguarded", execute=_notify)
+hang = tool(name="hang", description="Hang.", input=Note, effect="unguarded", execute=_hang)
 fax = tool(name="fax", description="Send a fax.", input=Note, effect="unguarded", execute=_fax)
 count = tool(
     name="count", description="Count.", input=Nothing, effect="read_only", execute=_count,
     output=int if CODE == "v1" else Counted,
 )  # fmt: skip
 
-ASK = Permissions(ask=["send_email", "notify", "fax"], allow=["count"])
+ASK = Permissions(ask=["send_email", "notify", "fax"], allow=["count", "hang"])
 ARGS = {"to": "ops@example.com"} if CODE == "v1" else {"recipient": "ops@example.com"}
 DONE = say(f"done on {CODE}")
 
@@ -119,6 +129,7 @@ slow_mover = Agent(
     permissions=ASK,
     versioning="upgrade",
 )
+parker = _agent("parker", [hang], call("hang", text="hello"), versioning="upgrade")
 keeper = _agent("keeper", [notify], call("notify", text="hello"), versioning="pinned")
 greeter = Agent(name="greeter", instructions=f"Greet ({CODE}).", model=ScriptedModel([DONE]))
 if CODE == "v1":
@@ -126,4 +137,4 @@ if CODE == "v1":
 else:  # fax is gone: the agent keeps no tool
     faxer = _agent("faxer", [notify], call("notify", text="hello"), versioning="upgrade")
 
-ALL_AGENTS = [mailer, mover, renamed, counter, keeper, greeter, faxer, streamer, slow_mover]
+ALL_AGENTS = [mailer, mover, renamed, counter, keeper, greeter, faxer, streamer, slow_mover, parker]

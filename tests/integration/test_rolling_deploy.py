@@ -3,7 +3,9 @@
 Runs start on v1 and wait for approval there: a pinned one (``mailer``) and upgrading ones whose
 pending call v2 accepts (``mover``), renames an argument of (``renamed``), removes the tool of
 (``faxer``), or whose current step has a result v2's output schema refuses (``counter``); detached
-children of a finished parent wait in the background; two more runs are mid-stream. Then a
+children of a finished parent wait in the background; an upgrading run is parked (its unguarded
+call's pool process killed mid-call) and moves, to go on on v2 once a person settles the call;
+two more runs are mid-stream. Then a
 v2 worker starts (a tool removed, an argument renamed, the prompts changed, an output schema
 changed) and becomes current, and v1 drains and stops. At each point ``deploy status`` matches
 the ledger; nothing is lost, no unguarded effect runs twice, no pinned run runs anything on v2,
@@ -122,8 +124,8 @@ def _runs_upgrade(env: dict[str, str], *flags: str) -> list[dict[str, Any]]:
     return list(json.loads(done.stdout))
 
 
-#: Runs of each kind (THREADS_DEPLOY_RUNS_PER_KIND): 1 in the main suite; 25 makes the full
-#: size, 200 runs in flight across the deploy (9 kinds, late ones included), on the same workers.
+#: Runs of each kind (THREADS_DEPLOY_RUNS_PER_KIND): 1 in the main suite; 20 makes the full
+#: size, over 200 runs in flight across the deploy (11 kinds, late ones included), on the same workers.
 PER_KIND = int(os.environ.get("THREADS_DEPLOY_RUNS_PER_KIND", "1"))
 #: What happens to each kind's runs: the version it finishes on, and the pin reason's telltale.
 UPGRADING = {
@@ -132,8 +134,9 @@ UPGRADING = {
     "renamed": ("v1", "recorded arguments fail 'send_email' in v2"),
     "faxer": ("v1", "tool 'fax' does not exist in v2"),
     "counter": ("v1", "output schema in v2"),
+    "parker": ("v2", None),
 }
-WAITING = ["mailer", *UPGRADING]  # each waits for approval on v1 before v2 starts
+WAITING = ["mailer", "mover", "renamed", "faxer", "counter"]  # each waits for approval on v1
 
 
 def _ids(kinds: dict[str, list[str]]) -> list[str]:
@@ -160,6 +163,19 @@ def test_a_rolling_deploy_loses_nothing_and_keeps_pinned_runs_on_their_code(
         # -- runs in flight on v1: waiting for approval, and two streaming as v2 starts ----
         started = {name: [threads.start(name, "go").run_id for _ in range(PER_KIND)] for name in WAITING}
         late = {name: [threads.start(name, "later").run_id for _ in range(PER_KIND)] for name in ("keeper", "mailer")}
+        # Parked: an unguarded call whose pool process is killed mid-call waits for a person.
+        started["parker"] = []
+        for _ in range(PER_KIND):
+            run_id = threads.start("parker", "go").run_id
+            started["parker"].append(run_id)
+            hung = eventually(
+                lambda r=run_id: next((e for e in _effects(ledger) if e["tool"] == "hang" and e["key"].startswith(r)), None),
+                timeout=deadline, what="the call to hang",
+            )  # fmt: skip
+            next(w for w in (v1a, v1b) if w.owns(int(hung["pid"]))).kill_child(int(hung["pid"]))
+            eventually(
+                lambda r=run_id: threads.get_run(r).status == "parked", timeout=deadline, what="the call to park"
+            )
         # Detached children of a finished parent, each waiting for approval in the background.
         parent = threads.start("greeter", "parent").run_id
         parent_thread = eventually(lambda: _ended(threads, parent), timeout=deadline, what="the parent").thread_id
@@ -175,14 +191,15 @@ def test_a_rolling_deploy_loses_nothing_and_keeps_pinned_runs_on_their_code(
         started["detached"] = [
             eventually(lambda h=h: child_of(h), timeout=deadline, what="a detached child") for h in handles
         ]
-        for run_id in _ids(started) + _ids(late):
+        for run_id in [r for name, ids in started.items() if name != "parker" for r in ids] + _ids(late):
             run = eventually(lambda r=run_id: _awaiting(threads, r), timeout=deadline, what=f"{run_id} to wait")
             assert run.deploy_version == "v1"
-        waiting = len(_ids(started)) + len(_ids(late))
+        assert all(threads.get_run(r).deploy_version == "v1" for r in started["parker"])
+        waiting = len(_ids(started)) + len(_ids(late)) - PER_KIND  # the parked ones are parked
         document = _assert_status_matches_ledger(threads)
         assert document["current"] == "v1"
         assert _version(document, "v1")["state"] == "active"
-        assert _version(document, "v1")["runs"] == {"awaiting_approval": waiting}
+        assert _version(document, "v1")["runs"] == {"awaiting_approval": waiting, "parked": PER_KIND}
         assert len(_version(document, "v1")["workers"]) == 2
         streaming = [threads.start("streamer", "go").run_id for _ in range(PER_KIND)]
         slow = [threads.start("slow_mover", "go").run_id for _ in range(PER_KIND)]
@@ -243,9 +260,13 @@ def test_a_rolling_deploy_loses_nothing_and_keeps_pinned_runs_on_their_code(
             assert done.status == "completed" and done.output == "done on v2" and done.deploy_version == "v2"
 
             # Approvals: each run finishes on the code it is on.
-            for run_id in _ids(started):
-                eventually(lambda r=run_id: threads.pending(r), timeout=deadline, what=f"{run_id} to wait")
-                threads.approve(_pending_key(threads, run_id), principal="oncall")
+            for name, ids in started.items():
+                for run_id in ids:
+                    eventually(lambda r=run_id: threads.pending(r), timeout=deadline, what=f"{run_id} to wait")
+                    if name == "parker":  # a person says the hung call happened
+                        threads.resolve(_pending_key(threads, run_id), "assume_done", principal="oncall")
+                    else:
+                        threads.approve(_pending_key(threads, run_id), principal="oncall")
             for name, ids in [*started.items(), ("streamer", streaming)]:
                 on = UPGRADING.get(name, ("v1", None))[0]
                 for run_id in ids:
@@ -317,6 +338,7 @@ def test_a_rolling_deploy_loses_nothing_and_keeps_pinned_runs_on_their_code(
     assert len(keys) == len(set(keys)), effects
     by_run = {e["key"].rsplit(":", 2)[0]: e["code"] for e in effects if e["tool"] != "count"}
     for name, ids in started.items():
-        on = UPGRADING.get(name, ("v1", None))[0]
+        # The parked call ran on v1 before its run moved; a person settled it, and it never ran again.
+        on = "v1" if name == "parker" else UPGRADING.get(name, ("v1", None))[0]
         assert all(by_run[r] == on for r in ids), (name, effects)
     assert all(by_run[r] == "v2" for r in late["keeper"]) and all(by_run[r] == "v1" for r in late["mailer"])
