@@ -33,6 +33,7 @@ from threads_celery.runtime.failures import apply_task_failure
 from threads_celery.runtime.schedules import start_scheduled_run
 from threads_celery.runtime.tool_faults import describe, is_control, picklable, survives_pickling
 from threads_celery.telemetry.metrics import timed_tick
+from threads_celery.transitions.publishing import deploy_version_of
 from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
 from threads_celery.worker.lost_workers import LossCounter, counting_request
 from threads_celery.worker.task_states import stated_request
@@ -119,7 +120,7 @@ def _run(
 
 
 def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
-    """Register the six tasks on ``app``, each running on ``holder``'s runtime."""
+    """Register the five tasks on ``app``, each running on ``holder``'s runtime."""
     # Control tasks go ahead of all work on Redis by their route's priority (celery_config), and
     # send no task events unless THREADS_CONTROL_TASK_EVENTS: monitors list the agents' work.
     control_events = holder.settings.control_task_events
@@ -156,17 +157,8 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         runtime = holder.get()
         return _run(self, holder, lambda: runtime.run_tool(effect_key), effect_key)
 
-    @app.task(
-        name=UPGRADE_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, max_retries=None,
-    )  # fmt: skip
-    def upgrade(self: Task[Any, Any], run_id: str, version: str) -> str:
-        """Check an upgrading run against this worker's agents and move it here, or pin it with
-        the reason. Sent to the target version's queue; any other worker leaves it."""
-        runtime = holder.get()
-        if runtime.deploy_version != version:
-            return f"skipped: this worker is version {runtime.deploy_version}, not {version}"
-        report = _run(self, holder, lambda: str(deploys.upgrade_run(runtime, run_id, version).as_dict()))
-        return report
+    if deploy_version_of(app) is not None:  # only versioned workers take upgrades (threads@V)
+        _install_upgrade(app, holder)
 
     @app.task(
         name=DELIVER_TASK,
@@ -215,3 +207,19 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         """Start the run of one slot of a schedule (Beat publishes it); idempotent by slot."""
         runtime = holder.get()
         return _run(self, holder, lambda: start_scheduled_run(runtime, holder.schedules, schedule_name, slot_iso))
+
+
+def _install_upgrade(app: Celery, holder: RuntimeHolder) -> None:
+    """Register ``threads.upgrade`` (see :mod:`threads_celery.runtime.deploys`) on a versioned app."""
+
+    @app.task(
+        name=UPGRADE_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, max_retries=None,
+    )  # fmt: skip
+    def upgrade(self: Task[Any, Any], run_id: str, version: str) -> str:
+        """Check an upgrading run against this worker's agents and move it here, or pin it with
+        the reason. Sent to the target version's queue; any other worker leaves it."""
+        runtime = holder.get()
+        if runtime.deploy_version != version:
+            return f"skipped: this worker is version {runtime.deploy_version}, not {version}"
+        report = _run(self, holder, lambda: str(deploys.upgrade_run(runtime, run_id, version).as_dict()))
+        return report
