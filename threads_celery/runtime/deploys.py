@@ -15,7 +15,7 @@ A worker of version V (``THREADS_DEPLOY_VERSION``) takes a step or a call only o
 An upgrade (``threads.upgrade``, sent by the backbone for runs of ``versioning="upgrade"``
 agents, or ``threads-celery runs upgrade``) runs on a worker of the target version, whose agents
 are the new code: the pure :func:`~threads_celery.decisions.deploys.check_upgrade` decides, and
-:func:`move_run` applies.
+:func:`threads_celery.transitions.upgrades.move_run` applies.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from threads_celery.decisions.deploys import (
 from threads_celery.definitions.tools import ToolArgumentsError, ToolOutputError
 from threads_celery.records import CallRow, OutboxEntry, Run
 from threads_celery.transitions import runs as run_transitions
-from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
+from threads_celery.transitions import upgrades
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import Agent, AgentRegistry
@@ -239,12 +239,7 @@ def upgrade_run(
     if isinstance(decision, Incompatible):
         if not dry_run and record_pin and run.deploy_version != target and not run.is_terminal:
             with worker.store.transaction() as tx:
-                tx.pin_run_version(run.id, checked=target, reason="; ".join(decision.reasons))
-                tx.append_event(
-                    run.thread_id, run.id, "deploy",
-                    {"run_id": run.id, "version": run.deploy_version, "pinned": decision.reason, "checked": target},
-                    now,
-                )  # fmt: skip
+                upgrades.pin_run(tx, run, target, decision.reasons, now)
         return UpgradeReport(run_id, run.deploy_version, target, "pinned", "; ".join(decision.reasons))
     assert isinstance(decision, Compatible)
     if dry_run:
@@ -256,22 +251,12 @@ def upgrade_run(
 
 
 def move_run(worker: Worker, run: Run, target: str, now: datetime) -> list[OutboxEntry] | None:
-    """The upgrade transition: the run moves to ``target`` (fenced, only with no lease live), and
-    the work waiting for it is sent to ``target``'s queues. None if the run moved on meanwhile."""
-    entries: list[OutboxEntry] = []
+    """The upgrade transition (:func:`threads_celery.transitions.upgrades.move_run`), committed
+    and its rerouted work published. None if the run moved on meanwhile."""
     with worker.store.transaction() as tx:
-        fence = tx.move_run_version(run.id, fence=run.fence, version=target, now=now)
-        if fence is None:
-            return None
-        for entry in tx.outbox_of_runs([run.id]):
-            if entry.task not in (STEP_TASK, TOOL_TASK):
-                continue
-            queue = versioned_queue(entry.queue, target)
-            tx.reroute_outbox(entry.key, queue)
-            entries.append(replace(entry, queue=queue))
-        tx.append_event(
-            run.thread_id, run.id, "deploy", {"run_id": run.id, "version": target, "from": run.deploy_version}, now
-        )
+        entries = upgrades.move_run(tx, run, target, now)
+    if entries is None:
+        return None
     worker.publish(entries)
     log.info("run %s: moved from version %s to %s", run.id, run.deploy_version, target)
     return entries
