@@ -188,3 +188,23 @@ def test_the_command_line_shows_the_status_and_fails_on_stranded_runs(runtime: t
     assert "v0: 1 unfinished run(s) and no live worker" in " ".join(stranded.output.split())
     refused = CliRunner().invoke(cli_app, ["deploy", "retire", "v1"], env=env)
     assert refused.exit_code == 2 and "is current" in refused.output
+
+
+def test_runs_show_names_the_version_of_the_run_and_of_each_step_and_call(runtime: tuple[Threads, Path]) -> None:
+    threads, db = runtime
+    run_id = _waiting_run(threads)
+    with threads.store.transaction() as tx:
+        tx.place_run(run_id, "v1", "upgrade")
+        tx.mark_version(f"step:{run_id}:0", run_id, "v1", utcnow())
+        tx.mark_version(f"{run_id}:0:0", run_id, "v1", utcnow())
+        tx.pin_run_version(run_id, checked="v2", reason="call x: tool 'notify' does not exist in v2")
+    env = {"THREADS_DATABASE_URL": f"sqlite:///{db}", "THREADS_BROKER_URL": ""}
+    shown = CliRunner().invoke(cli_app, ["runs", "show", run_id], env=env)
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    assert "version v1 (upgrade)" in text and "taken by step 0 v1, call 0:0 v1" in text
+    assert "checked against v2: call x: tool 'notify' does not exist in v2" in text
+    as_json = CliRunner().invoke(cli_app, ["runs", "show", run_id, "--json"], env=env)
+    document = json.loads(as_json.output)
+    assert document["deploy_version"] == "v1"
+    assert document["version_marks"] == {f"step:{run_id}:0": "v1", f"{run_id}:0:0": "v1"}
