@@ -91,8 +91,7 @@ def test_version_states_workers_runs_and_stranded() -> None:
     ]
     unfinished = [("v1", "parked", 2), ("v1", "running", 1), ("v2", "running", 4), ("v9", "queued", 1)]
     by = {
-        s.version: s
-        for s in version_statuses(versions, workers, unfinished, now=NOW, liveness=timedelta(seconds=30))
+        s.version: s for s in version_statuses(versions, workers, unfinished, now=NOW, liveness=timedelta(seconds=30))
     }
     assert by["v0"].state == "drained" and by["v0"].unfinished == 0
     assert by["v1"].state == "draining" and by["v1"].runs == {"parked": 2, "running": 1}
