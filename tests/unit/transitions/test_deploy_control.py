@@ -169,6 +169,12 @@ def test_the_http_api_answers_the_status(runtime: tuple[Threads, Path]) -> None:
     assert body["current"] == "v1" and body["versions"][0]["workers"] == ["host:1"]
     assert body == deploy_control.status_document(threads.store)
 
+    def tenant() -> Caller:
+        return Caller("someone", "acme")
+
+    other = TestClient(create_api(threads, caller=tenant, console=False)).get("/v1/deploy")
+    assert other.status_code == 403 and other.json()["error"]["type"] == "forbidden"
+
 
 def test_the_command_line_shows_the_status_and_fails_on_stranded_runs(runtime: tuple[Threads, Path]) -> None:
     threads, db = runtime
