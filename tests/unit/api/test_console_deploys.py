@@ -18,6 +18,7 @@ from threads_celery.testing import ScriptedModel, call, say
 from threads_celery.transitions.runs import utcnow
 
 TOKEN = "tok-oncall-0123456789"
+TENANT_TOKEN = "tok-tenant-0123456789"
 
 
 class Note(BaseModel):
@@ -38,7 +39,8 @@ ASKER = Agent(
 def client(tmp_path: Path) -> Iterator[tuple[Threads, TestClient]]:
     with Threads.embedded(tmp_path / "ledger.db") as threads:
         threads.register(ASKER)
-        with TestClient(create_api(threads, tokens=[f"oncall@default={TOKEN}"]), follow_redirects=False) as app:
+        tokens = [f"oncall@default={TOKEN}", f"tenant@acme={TENANT_TOKEN}"]
+        with TestClient(create_api(threads, tokens=tokens), follow_redirects=False) as app:
             signed = TestClient(app.app, follow_redirects=False)
             assert signed.post("/console/sign-in", data={"token": TOKEN}).status_code == 303
             yield threads, signed
@@ -66,6 +68,9 @@ def test_the_versions_their_stranded_runs_and_a_runs_version_are_shown(client: t
     assert 'id="deploy-stranded"' in page and "<b>1</b> unfinished run(s)" in page
     assert "1: call x: tool &#39;notify&#39; does not exist in v2" in page
     assert "host:2" in page and "draining" in page
+    tenant = TestClient(console.app, follow_redirects=False)
+    assert tenant.post("/console/sign-in", data={"token": TENANT_TOKEN}).status_code == 303
+    assert 'id="deploy-versions"' not in tenant.get("/console/agents").text  # the fleet's: operators only
     run_page = console.get(f"/console/runs/{run_id}").text
     assert 'id="run-version">v1</b> (upgrade)' in run_page
     assert "stays pinned, checked against v2" in run_page

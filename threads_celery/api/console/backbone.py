@@ -21,6 +21,7 @@ from fastapi.responses import HTMLResponse
 from threads_celery.api.console.pages import Console
 from threads_celery.api.readiness import census_of
 from threads_celery.exceptions import ConfigError
+from threads_celery.records import DEFAULT_TENANT
 from threads_celery.runtime.schedules import Schedule, ScheduleRegistry
 from threads_celery.transitions.deploy_control import status_document
 
@@ -73,7 +74,8 @@ def add_routes(app: FastAPI, console: Console) -> None:
             outbox_depth=snapshot.outbox_depth,
             reconcile_lag_s=snapshot.reconcile_lag_s,
             workers=census().workers(),
-            deploy=status_document(threads.store, threads.settings),
+            # The fleet's, across tenants: shown to the operators' (default) tenant only.
+            deploy=status_document(threads.store, threads.settings) if session.caller.tenant == DEFAULT_TENANT else {},
             now=now,
         )
 
