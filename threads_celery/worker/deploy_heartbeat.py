@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ class Heartbeat:
         self.version = version
         self.interval_s = interval_s
         self._stopped = threading.Event()
+        self._pid = os.getpid()
         self._thread = threading.Thread(target=self._beat, name="threads-deploy-heartbeat", daemon=True)
 
     def register(self, agents: dict[str, str]) -> None:
@@ -56,8 +58,9 @@ class Heartbeat:
                 log.warning("deploy heartbeat of %s failed: %s: %s", self.worker, type(exc).__name__, exc)
 
     def stop(self) -> None:
-        """Stop beating and remove this worker's row; never raises."""
-        if self._stopped.is_set():
+        """Stop beating and remove this worker's row; never raises. Only in the process that
+        started it: a pool process forked from it inherits its exit handler, not its row."""
+        if self._stopped.is_set() or os.getpid() != self._pid:
             return
         self._stopped.set()
         try:
