@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from tests.support.clients import registered_client
 from tests.support.processes import THREADS_CELERY, BeatProcess, WorkerProcess, subprocess_env
 from tests.support.waiting import eventually
+from threads_celery.api import Caller, create_api
 from threads_celery.exceptions import DeployRefused
 from threads_celery.transitions import deploy_control
 
@@ -296,9 +298,20 @@ def test_a_rolling_deploy_loses_nothing_and_keeps_pinned_runs_on_their_code(
                 **{r: "pinned" for r in late["mailer"]},
             }
             assert all(threads.get_run(r).deploy_version == "v1" for r in late["keeper"]), "a dry run moves nothing"
+            # Moved over HTTP by v2's own workers, then checked again on the command line.
+            api = TestClient(create_api(threads, caller=lambda: Caller("oncall", "default"), console=False))
+            sent = api.post("/v1/deploy/upgrade", json={"from": "v1", "to": "v2"})
+            assert sent.status_code == 202, sent.text
+            assert sorted(sent.json()["runs"]) == sorted(_ids(late))
+            eventually(
+                lambda: all(threads.get_run(r).deploy_version == "v2" for r in late["keeper"])
+                and all(threads.get_run(r).deploy_checked == "v2" for r in late["mailer"]),
+                timeout=deadline, what="v2's workers to move or pin v1's last runs",
+            )  # fmt: skip
+            for run_id in late["mailer"]:
+                assert "recipient" in (threads.get_run(run_id).deploy_pin_reason or "")
             report = {r["run_id"]: r for r in _runs_upgrade(v2_env)}
-            for run_id in late["keeper"]:
-                assert report[run_id]["outcome"] == "moved"
+            assert set(report) == set(late["mailer"]), "the moved runs are on v2 now"
             for run_id in late["mailer"]:
                 assert report[run_id]["outcome"] == "pinned" and "recipient" in report[run_id]["reason"]
             for run_id in late["keeper"]:

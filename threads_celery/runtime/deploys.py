@@ -45,6 +45,7 @@ from threads_celery.definitions.tools import ToolArgumentsError, ToolOutputError
 from threads_celery.records import CallRow, OutboxEntry, Run
 from threads_celery.transitions import runs as run_transitions
 from threads_celery.transitions import upgrades
+from threads_celery.transitions.upgrades import upgrade_entry
 
 if TYPE_CHECKING:
     from threads_celery.definitions.agents import Agent, AgentRegistry
@@ -54,24 +55,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("threads_celery.runtime.deploys")
 
-UPGRADE_TASK = "threads.upgrade"
 #: Upgrades the backbone sends per tick at most.
 UPGRADES_PER_TICK = 100
 #: Workers not seen for this long are dropped from the ledger (they are long gone).
 FORGET_WORKERS_AFTER = timedelta(days=1)
 #: How often a version's stranded runs are logged again while they stay stranded.
 STRANDED_LOG_EVERY_S = 60.0
-
-
-def upgrade_entry(run_id: str, version: str) -> OutboxEntry:
-    """The task that checks and moves one run, on a worker of ``version`` (its queue)."""
-    return OutboxEntry(
-        key=f"upgrade:{run_id}:{version}",
-        task=UPGRADE_TASK,
-        args=(run_id, version),
-        queue=versioned_queue(None, version),
-        argsrepr=f"(run {run_id} to {version})",
-    )
 
 
 def _step_queue(worker: Worker, agent: str, version: str) -> str | None:

@@ -8,14 +8,20 @@ already placed stay where they are (pinned), or move by upgrade.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 from threads_celery.decisions.deploys import VersionStatus, check_version_name, retire_refusal, version_statuses
 from threads_celery.exceptions import DeployRefused
+from threads_celery.records import OutboxEntry
 from threads_celery.settings import Settings
 from threads_celery.store import Store
 from threads_celery.transitions.runs import utcnow
+from threads_celery.transitions.upgrades import upgrade_entry
+
+#: Sends task messages after commit (the client's or a worker's publisher).
+Publish = Callable[[Sequence[OutboxEntry]], None]
 
 
 def deploy_status(store: Store, settings: Settings | None = None) -> list[VersionStatus]:
@@ -113,3 +119,25 @@ def retire(store: Store, version: str) -> None:
         if refused is not None:
             raise DeployRefused(refused)
         tx.retire_version(version, utcnow())
+
+
+def send_upgrades(
+    store: Store, publish: Publish, from_version: str, to_version: str, *, limit: int = 10_000
+) -> list[str]:
+    """Ask the workers of ``to_version`` to check each unfinished run of ``from_version`` and move
+    it there, or pin it with the reason (what ``runs upgrade`` does in process, done by the target's
+    own workers): the ids of the runs asked about. Refused unless ``to_version`` has a live worker."""
+    if from_version == to_version:
+        raise DeployRefused("the two versions are the same")
+    for version in (from_version, to_version):
+        refused = check_version_name(version)
+        if refused is not None:
+            raise DeployRefused(refused)
+    _known(store, to_version)
+    live = {s.version for s in deploy_status(store) if s.workers}
+    if to_version not in live:
+        raise DeployRefused(f"version {to_version!r} has no live worker to check the runs")
+    with store.read() as tx:
+        run_ids = [run.id for run in tx.runs_on_version(from_version, limit=limit)]
+    publish([upgrade_entry(run_id, to_version) for run_id in run_ids])
+    return run_ids

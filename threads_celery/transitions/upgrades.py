@@ -17,6 +17,20 @@ from threads_celery.records import OutboxEntry, Run
 from threads_celery.store import Tx
 from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
 
+UPGRADE_TASK = "threads.upgrade"
+
+
+def upgrade_entry(run_id: str, version: str) -> OutboxEntry:
+    """The task that checks and moves one run, on a worker of ``version`` (its queue), whose
+    agents are the code the run would move to."""
+    return OutboxEntry(
+        key=f"upgrade:{run_id}:{version}",
+        task=UPGRADE_TASK,
+        args=(run_id, version),
+        queue=versioned_queue(None, version),
+        argsrepr=f"(run {run_id} to {version})",
+    )
+
 
 def move_run(tx: Tx, run: Run, target: str, now: datetime) -> list[OutboxEntry] | None:
     """Move ``run`` to ``target``: fenced on the run as it was checked, and only with no lease

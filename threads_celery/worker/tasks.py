@@ -28,13 +28,13 @@ from threads_celery.decisions.retry import STORE_UNAVAILABLE_BACKOFF, GiveUp
 from threads_celery.exceptions import FenceLost, RetryLater, StoreUnavailable
 from threads_celery.redaction import known_secrets
 from threads_celery.runtime import deploys
-from threads_celery.runtime.deploys import UPGRADE_TASK
 from threads_celery.runtime.failures import apply_task_failure
 from threads_celery.runtime.schedules import start_scheduled_run
 from threads_celery.runtime.tool_faults import describe, is_control, picklable, survives_pickling
 from threads_celery.telemetry.metrics import timed_tick
 from threads_celery.transitions.publishing import deploy_version_of
 from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
+from threads_celery.transitions.upgrades import UPGRADE_TASK
 from threads_celery.worker.lost_workers import LossCounter, counting_request
 from threads_celery.worker.task_states import stated_request
 

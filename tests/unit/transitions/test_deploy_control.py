@@ -214,3 +214,29 @@ def test_runs_show_names_the_version_of_the_run_and_of_each_step_and_call(runtim
     document = json.loads(as_json.output)
     assert document["deploy_version"] == "v1"
     assert document["version_marks"] == {f"step:{run_id}:0": "v1", f"{run_id}:0:0": "v1"}
+
+
+def test_an_upgrade_over_http_is_refused_without_a_live_worker_of_the_target(runtime: tuple[Threads, Path]) -> None:
+    threads, _ = runtime
+    _register(threads, "v1", worker="host:1")
+    _register(threads, "v2")  # registered, but no worker of it is alive
+
+    def operator() -> Caller:
+        return Caller("ops", "default")
+
+    def tenant() -> Caller:
+        return Caller("someone", "acme")
+
+    client = TestClient(create_api(threads, caller=operator, console=False))
+    for body, status, words in (
+        ({"from": "v1", "to": "v2"}, 409, "no live worker"),
+        ({"from": "v1", "to": "v9"}, 409, "no worker of version 'v9'"),
+        ({"from": "v1", "to": "v1"}, 409, "the same"),
+        ({"from": "v1", "to": "v@2"}, 409, "letters, digits"),
+        ({"from": "v1"}, 422, ""),
+    ):
+        answer = client.post("/v1/deploy/upgrade", json=body)
+        assert answer.status_code == status, (body, answer.text)
+        assert words in answer.text
+    other = TestClient(create_api(threads, caller=tenant, console=False))
+    assert other.post("/v1/deploy/upgrade", json={"from": "v1", "to": "v2"}).status_code == 403
