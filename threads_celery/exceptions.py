@@ -225,3 +225,7 @@ class EffectUnknown(ThreadsError):
     Raised by a tool's ``execute``: a read_only call ends as a tool error the model sees; any
     other call parks for a person, as after a crash mid-call.
     """
+
+
+class DeployRefused(RuntimeFailure):
+    """The deploy command was refused; nothing was changed."""

@@ -241,6 +241,12 @@ class Run:
     #: The step whose attempts were voided after they may have reached the provider, and how many.
     voided_step: int | None = None
     voided_requests: int = 0
+    #: The deployment version the run is on (None: not placed yet, or versions not in use), its
+    #: policy (``pinned`` or ``upgrade``), and why an upgrade to ``deploy_checked`` left it pinned.
+    deploy_version: str | None = None
+    deploy_policy: str | None = None
+    deploy_pin_reason: str | None = None
+    deploy_checked: str | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -574,3 +580,18 @@ def storable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [storable(v) for v in value]
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class DeployVersion:
+    """A deployment version as the ledger records it (see :mod:`threads_celery.decisions.deploys`)."""
+
+    version: str
+    #: ``current`` (new runs start on it), ``ramping`` (a share of new runs does) or None.
+    role: str | None = None
+    ramp_percent: int = 0
+    #: The agents' config hashes of the version, as its first worker registered them.
+    agents: dict[str, str] = field(default_factory=dict)
+    created_at: datetime | None = None
+    promoted_at: datetime | None = None
+    retired_at: datetime | None = None

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from threads_celery.celery_settings import user_celery_settings
+from threads_celery.decisions.deploys import AUTO_VERSION, check_version_name
 from threads_celery.decisions.provider_limits import (
     DEFAULT_RETRY_FOR_S,
     RATE_LIMITS_VARIABLE,
@@ -133,6 +134,15 @@ class Settings:
     # THREADS_RABBITMQ_QUEUE_TYPE: on RabbitMQ, quorum queues (kept through a broker restart,
     # replicated in a cluster) or classic ones (what a deployment made before quorum declared).
     rabbitmq_queue_type: str = "quorum"
+    # THREADS_DEPLOY_VERSION: the deployment version of this worker's code (None: versions are not
+    # in use, work goes to queue ``threads``); ``auto`` derives it from the agents' config hashes.
+    # A worker of version V consumes ``threads@V`` (see threads_celery.decisions.deploys).
+    deploy_version: str | None = None
+    # THREADS_DEPLOY_HEARTBEAT_S: how often a versioned worker records that it is alive.
+    deploy_heartbeat_s: float = 5.0
+    # THREADS_DEPLOY_LIVENESS_S: a version with no worker seen for this long has no live worker;
+    # its unfinished runs are flagged stranded (deploy status, the console, metrics).
+    deploy_liveness_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.task_time_limit_s >= self.visibility_timeout_s:
@@ -154,6 +164,10 @@ class Settings:
             raise ConfigError(
                 f"THREADS_RABBITMQ_QUEUE_TYPE must be quorum or classic, not {self.rabbitmq_queue_type!r}"
             )
+        if self.deploy_version is not None and self.deploy_version != AUTO_VERSION:
+            refused = check_version_name(self.deploy_version)
+            if refused is not None:
+                raise ConfigError(f"THREADS_DEPLOY_VERSION: {refused}")
         if (
             isinstance(self.max_parallel_tool_calls, bool)
             or not isinstance(self.max_parallel_tool_calls, int)
@@ -209,6 +223,9 @@ class Settings:
             "model_prices": Prices.from_json(env.get(PRICES_VARIABLE, "")),
             "rate_limits": rate_limits_from_json(env.get(RATE_LIMITS_VARIABLE, "")),
             "provider_retry_for_s": retry_for_from_env(env.get(RETRY_FOR_VARIABLE)),
+            "deploy_version": env.get("THREADS_DEPLOY_VERSION", "").strip() or None,
+            "deploy_heartbeat_s": _float(env, "THREADS_DEPLOY_HEARTBEAT_S", 5.0),
+            "deploy_liveness_s": _float(env, "THREADS_DEPLOY_LIVENESS_S", 30.0),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -342,6 +342,22 @@ def test_a_chat_on_another_tenants_thread_id_is_the_callers_own(
     assert [len(threads.messages(t)) for t in (acme["thread"], acme["parent_thread"])] == before
 
 
+def test_the_deploy_routes_answer_only_the_operators_tenant(
+    world: tuple[TestClient, Threads], acme: dict[str, str]
+) -> None:
+    http, threads = world
+    before = snapshot(threads, acme)
+    for method, route, kwargs in (
+        ("GET", "/v1/deploy", {}),
+        ("POST", "/v1/deploy/upgrade", {"json": {"from": "v1", "to": "v2"}}),
+    ):
+        for caller in (ALICE, BOB):  # both are tenants' callers, not the operators'
+            response = request(http, method, route, route, caller, **kwargs)
+            assert response.status_code == 403, response.text
+            assert response.json()["error"]["type"] == "forbidden"
+    assert snapshot(threads, acme) == before
+
+
 def test_every_v1_route_was_exercised_across_tenants(world: tuple[TestClient, Threads]) -> None:
     http, _ = world
     paths = http.app.openapi()["paths"]  # type: ignore[attr-defined]

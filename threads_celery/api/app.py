@@ -87,6 +87,7 @@ from threads_celery.api.chat_agui import add_ag_ui_routes
 from threads_celery.api.chat_vercel import add_vercel_ai_routes
 from threads_celery.api.children import add_agent_tool_routes
 from threads_celery.api.console import console_enabled, create_console
+from threads_celery.api.deploys import add_deploy_routes
 from threads_celery.api.errors import ERROR_RESPONSES, ApiError, install_error_handlers
 from threads_celery.api.events import (
     DEFAULT_KEEPALIVE_S,
@@ -404,6 +405,7 @@ def v1_routes(
     )
     add_usage_routes(router, threads, caller_of=caller_of)
     add_branch_routes(router, threads, caller_of=caller_of)
+    add_deploy_routes(router, threads, caller_of=caller_of)
     for add_chat_routes in (add_vercel_ai_routes, add_ag_ui_routes):
         add_chat_routes(router, threads, caller_of=caller_of, keepalive_s=keepalive_s)
     return router

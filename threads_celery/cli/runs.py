@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
@@ -153,6 +154,7 @@ def runs_show(
         history = [event for event in threads.events(found.thread_id) if event.run_id == found.id]
         with threads.store.read() as tx:
             answered = tx.call_timeline(found.id, preview_chars=0)
+            marks = tx.version_marks(found.id)
         children = agent_tool_runs_of(threads, found.thread_id) if as_json else []
         messages = threads.messages(found.thread_id) if as_json else []
     finally:
@@ -163,10 +165,11 @@ def runs_show(
             "usage": usage.to_json(),
             "messages": [message_to_json(m) for m in messages],
             "agent_tool_runs": [agent_tool_run_to_json(r) for r in children],
+            "version_marks": dict(marks),
         }
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
-    out.print(run_summary(found, usage))
+    out.print(run_summary(found, usage, marks))
     out.print()
     view = RunView(agent=found.agent)
     view.note_answers(answered)  # who approved, denied or resolved its calls, as a live run says
@@ -181,7 +184,18 @@ def usage_line(usage: UsageTotals) -> str:
     return line if usage.cost is None else f"{line}, cost {usage.cost:.6g}"
 
 
-def run_summary(run: Run, usage: UsageTotals | None = None) -> RenderableType:
+def _taken_by(run_id: str, marks: Sequence[tuple[str, str]]) -> str:
+    """``step 0 v1, call 0:0 v1, step 1 v2``: the version that took each step and call."""
+    step_prefix, call_prefix = f"step:{run_id}:", f"{run_id}:"
+    return ", ".join(
+        f"step {key.removeprefix(step_prefix)} {version}"
+        if key.startswith(step_prefix)
+        else f"call {key.removeprefix(call_prefix)} {version}"
+        for key, version in marks
+    )
+
+
+def run_summary(run: Run, usage: UsageTotals | None = None, marks: Sequence[tuple[str, str]] = ()) -> RenderableType:
     """A run's fields as a two-column table."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
@@ -191,6 +205,12 @@ def run_summary(run: Run, usage: UsageTotals | None = None) -> RenderableType:
     table.add_row("agent", run.agent)
     table.add_row("status", Text(run.status, style=STATUS_STYLES.get(run.status, "")))
     table.add_row("step", str(run.step))
+    if run.deploy_version is not None:
+        table.add_row("version", f"{run.deploy_version} ({run.deploy_policy or 'pinned'})")
+    if marks:  # which version took each step and call, in order
+        table.add_row("taken by", _taken_by(run.id, marks))
+    if run.deploy_pin_reason:
+        table.add_row("pinned", Text(f"checked against {run.deploy_checked}: {run.deploy_pin_reason}", style="yellow"))
     for name in ("created_at", "started_at", "finished_at"):
         value = getattr(run, name)
         if value is not None:

@@ -64,8 +64,10 @@ worker busy with a backlog would never get to them.
 
 
 def control_queue_for(work_queue: str) -> str:
-    """The control queue paired with ``work_queue`` (``threads`` -> ``threads.control``)."""
-    return work_queue + CONTROL_SUFFIX
+    """The control queue paired with ``work_queue`` (``threads`` -> ``threads.control``). The
+    work queues of every deployment version share one (``threads@v2`` -> ``threads.control``):
+    recovery never waits for a worker of one particular version."""
+    return work_queue.split("@", 1)[0] + CONTROL_SUFFIX
 
 
 def queue_for(task: str, requested: str | None, *, work_queue: str | None, control_queue: str) -> str | None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, Field
 
 from threads_celery.decisions.backbone import check_queue_name
+from threads_celery.decisions.deploys import VERSIONING_POLICIES
 from threads_celery.decisions.permissions import Permissions
 from threads_celery.decisions.usage import UsageLimits
 from threads_celery.definitions.hooks import HOOK_POINTS
@@ -83,6 +84,10 @@ class Agent:
     hook_timeout_s: float = 5.0
     #: Caps on model usage per run, per thread and per agent per day (see :mod:`threads_celery.decisions.usage`).
     usage_limits: UsageLimits | None = None
+    #: What a deploy does to this agent's runs (see :mod:`threads_celery.decisions.deploys`):
+    #: ``pinned`` (the default) keeps each run on the version it started on; ``upgrade`` moves it
+    #: to the current version at a step boundary, once a compatibility check passes.
+    versioning: str = "pinned"
 
     def __init__(
         self,
@@ -101,6 +106,7 @@ class Agent:
         hook_timeout_s: float | None = None,
         mcp_servers: Sequence[Any] | None = None,
         usage_limits: UsageLimits | None = None,
+        versioning: str | None = None,
     ) -> None:
         # Instance attributes shadow the class attributes, so subclasses may set either. ``name``
         # is declared a ClassVar for subclasses, which mypy forbids setting on an instance.
@@ -122,6 +128,8 @@ class Agent:
             self.queue = queue
         if usage_limits is not None:
             self.usage_limits = usage_limits
+        if versioning is not None:
+            self.versioning = versioning
         self.hooks = tuple(hooks if hooks is not None else type(self).hooks)
         if hook_timeout_s is not None:
             self.hook_timeout_s = hook_timeout_s
@@ -147,6 +155,10 @@ class Agent:
         if self.usage_limits is not None and not isinstance(self.usage_limits, UsageLimits):
             raise ConfigError(
                 f"agent {self.name!r}: usage_limits must be a UsageLimits(...), not {self.usage_limits!r}"
+            )
+        if self.versioning not in VERSIONING_POLICIES:
+            raise ConfigError(
+                f"agent {self.name!r}: versioning must be one of {', '.join(VERSIONING_POLICIES)}, not {self.versioning!r}"
             )
         refused = check_queue_name(f"agent {self.name!r}", self.queue)
         if refused is not None:

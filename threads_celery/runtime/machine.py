@@ -58,6 +58,7 @@ from threads_celery.runtime import (
     batches,
     child_runs,
     delivery,
+    deploys,
     failures,
     hooks,
     live_stream,
@@ -137,6 +138,9 @@ class Runtime:
         self.progress = ProgressReporter(self)
         #: The thread the current task (on this worker thread) works on, nudged when it ends.
         self._touched = threading.local()
+        #: The deployment version this worker runs (None: versions are not in use); see
+        #: :mod:`.deploys`. Set by the worker's application, from its Celery app.
+        self.deploy_version: str | None = None
 
     # -- model steps -----------------------------------------------------------------------
 
@@ -193,6 +197,10 @@ class Runtime:
                 raise RetryLater(0.1, "run was claimed concurrently")
             fence = new_fence
         self._touched.thread_id = run.thread_id
+        if self.deploy_version is not None and (
+            routed := deploys.route_step(self, self.deploy_version, run, fence, step)
+        ):
+            return routed
         if lost := failures.ended_lost_step(self, run, step):
             return lost
         if run.status == "queued":  # the claim committed the run's "running" event: read it now
@@ -327,6 +335,8 @@ class Runtime:
             return "skipped: no such call"
         call, run = loaded
         self._touched.thread_id = run.thread_id
+        if self.deploy_version is not None and (routed := deploys.route_call(self, self.deploy_version, run, call)):
+            return routed
         if lost := failures.ended_lost_call(self, call):
             return lost
         agent = self.registry.get(run.agent) if run.agent in self.registry else None
@@ -635,7 +645,10 @@ class Runtime:
 
     def reconcile_tick(self, *, limit: int = 500) -> dict[str, int]:
         """One pass of the backbone (``threads.reconcile``, see :mod:`.recovery`)."""
-        return recovery.reconcile_tick(self, limit=limit)
+        counts = recovery.reconcile_tick(self, limit=limit)
+        if self.deploy_version is not None:
+            counts.update({k: v for k, v in deploys.deploy_sweep(self).items() if v})
+        return counts
 
     def deliver(self, run_id: str, status: str) -> str:
         """Deliver an agent-tool run's finish (``threads.deliver``, see :mod:`.delivery`)."""

@@ -37,6 +37,7 @@ from threads_celery.store.availability import unreachable_as_store_unavailable
 from threads_celery.store.branch_queries import BranchQueries
 from threads_celery.store.call_queries import CallQueries
 from threads_celery.store.console_queries import ConsoleQueries
+from threads_celery.store.deploy_queries import DeployQueries
 from threads_celery.store.direct import DirectStatements
 from threads_celery.store.grant_queries import GrantQueries
 from threads_celery.store.message_queries import MessageQueries
@@ -132,6 +133,7 @@ class Tx(
     GrantQueries,
     MetricsQueries,
     ConsoleQueries,
+    DeployQueries,
 ):
     """The named queries of one transaction."""
 

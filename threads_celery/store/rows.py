@@ -57,6 +57,10 @@ def run_from_mapping(m: RowMapping | Mapping[str, Any]) -> Run:
         lost_times=m.get("lost_times") or 0,
         voided_step=m.get("voided_step"),
         voided_requests=m.get("voided_requests") or 0,
+        deploy_version=m.get("deploy_version"),
+        deploy_policy=m.get("deploy_policy"),
+        deploy_pin_reason=m.get("deploy_pin_reason"),
+        deploy_checked=m.get("deploy_checked"),
     )
 
 

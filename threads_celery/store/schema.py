@@ -161,12 +161,20 @@ runs = Table(
     # many: the provider billed them, so the step's usage counts them (migration 0012).
     Column("voided_step", Integer, nullable=True),
     Column("voided_requests", Integer, nullable=False, default=0, server_default="0"),
+    # The deployment version the run is on (migration 0013): set at its first step, changed only
+    # by an upgrade; NULL while versions are not in use. Its policy (pinned or upgrade), why an
+    # upgrade left it pinned, and the version that check was against.
+    Column("deploy_version", String(64), nullable=True),
+    Column("deploy_policy", String(16), nullable=True),
+    Column("deploy_pin_reason", Text, nullable=True),
+    Column("deploy_checked", String(64), nullable=True),
     Index(None, "thread_id", "created_at"),
     Index(None, "status", "lease_expires_at"),
     # The console's run list: newest first, by agent or status (migration 0009).
     Index(None, "created_at", "id"),
     Index(None, "agent", "created_at"),
     Index(None, "status", "created_at"),
+    Index(None, "deploy_version", "status"),
 )
 
 tool_calls = Table(
@@ -356,4 +364,43 @@ branches = Table(
     Column("created_by", String(255), nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
     Index(None, "thread_id", "id"),
+)
+
+
+# Deployment versions (migration 0013): each version a worker registered, which one new runs start
+# on (role ``current``), which one takes a share of them (``ramping``, ``ramp_percent``), and when
+# one was retired (it takes no new work and is hidden from the status).
+deploy_versions = Table(
+    "deploy_versions",
+    metadata,
+    Column("version", String(64), primary_key=True),
+    Column("role", String(16), nullable=True),
+    Column("ramp_percent", Integer, nullable=False, default=0, server_default="0"),
+    # The agents' config hashes of the version, as its first worker registered them.
+    Column("agents", JSON, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("promoted_at", UTCDateTime, nullable=True),
+    Column("retired_at", UTCDateTime, nullable=True),
+)
+
+# The workers of each version, as each records itself alive every THREADS_DEPLOY_HEARTBEAT_S.
+deploy_workers = Table(
+    "deploy_workers",
+    metadata,
+    Column("worker", String(255), primary_key=True),
+    Column("version", String(64), nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("seen_at", UTCDateTime, nullable=False),
+    Index(None, "version"),
+)
+
+# Which version took each step and call of a run (``step:<run>:<n>`` or the call's effect key).
+deploy_marks = Table(
+    "deploy_marks",
+    metadata,
+    Column("key", String(255), primary_key=True),
+    Column("run_id", Id, nullable=False),
+    Column("version", String(64), nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Index(None, "run_id"),
 )

@@ -27,8 +27,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry  # optional: threads-celery[metrics]
@@ -132,9 +132,12 @@ def run_finished(status: str) -> None:
 class LedgerCollector:
     """A prometheus_client collector that reads the ledger at each scrape (a few counting queries)."""
 
-    def __init__(self, store: Store, *, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self, store: Store, *, clock: Callable[[], datetime] | None = None, deploy_liveness_s: float = 30.0
+    ) -> None:
         self.store = store
         self.clock = clock or (lambda: datetime.now(UTC))
+        self.deploy_liveness_s = deploy_liveness_s
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily  # optional: threads-celery[metrics]
@@ -160,6 +163,30 @@ class LedgerCollector:
             "How long the most overdue outbox row waited past its republish time.",
             value=snapshot.reconcile_lag_s,
         )
+        yield from self._deploy_metrics(GaugeMetricFamily)
+
+    def _deploy_metrics(self, gauge: Any) -> Iterator[Metric]:
+        """Per deployment version: live workers, unfinished runs, and runs stranded with no live
+        worker (an alert on ``threads_deploy_stranded_runs > 0`` catches a drain gone wrong)."""
+        from threads_celery.decisions.deploys import version_statuses
+
+        with self.store.read() as tx:
+            versions = tx.deploy_versions()
+            if not versions:
+                return
+            workers, unfinished = tx.deploy_workers_seen(), tx.unfinished_by_version()
+        statuses = version_statuses(
+            versions, workers, unfinished, now=self.clock(), liveness=timedelta(seconds=self.deploy_liveness_s)
+        )
+        for name, doc, value_of in (
+            ("threads_deploy_workers", "Live workers per deployment version.", lambda s: len(s.workers)),
+            ("threads_deploy_unfinished_runs", "Unfinished runs per deployment version.", lambda s: s.unfinished),
+            ("threads_deploy_stranded_runs", "Unfinished runs on a version with no live worker.", lambda s: s.stranded),
+        ):
+            family = gauge(name, doc, labels=["version", "state"])
+            for status in statuses:
+                family.add_metric([status.version, status.state], value_of(status))
+            yield family
 
 
 def registry_for(store: Store) -> CollectorRegistry:

@@ -37,6 +37,7 @@ from threads_celery.decisions.backbone import (
     message_priority,
     queue_for,
 )
+from threads_celery.decisions.deploys import AUTO_VERSION, version_of_queue, versioned_queue
 from threads_celery.exceptions import BrokerUnavailable
 from threads_celery.records import OutboxEntry
 from threads_celery.settings import Settings
@@ -46,6 +47,9 @@ from threads_celery.transitions.held_producers import ProducerStack
 from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
 
 log = logging.getLogger("threads_celery.transitions.publishing")
+
+#: The tasks of a run's own work, which a deployment version's queues carry.
+VERSIONED_TASKS = frozenset({STEP_TASK, TOOL_TASK, "threads.upgrade"})
 
 #: The broker of the embedded default: Celery's in-process memory transport.
 EMBEDDED_BROKER = "memory://"
@@ -60,6 +64,20 @@ AppT = TypeVar("AppT", bound=Celery)
 REDIS_CONNECT_TIMEOUT_S = 5
 #: Seconds a Redis command may wait for its answer (kombu's default waits for ever).
 REDIS_SOCKET_TIMEOUT_S = 10
+
+
+def worker_version(settings: Settings, broker_url: str) -> str | None:
+    """The deployment version whose queues an app of ``settings`` consumes, or None: versions not
+    in use, still to be derived (``auto``: see threads_celery.worker.application), or the
+    embedded worker, which is one process and one version by construction."""
+    version = settings.deploy_version
+    if version is None or version == AUTO_VERSION or broker_url.startswith("memory://"):
+        return None
+    return version
+
+
+#: The setting a versioned app keeps its deployment version in.
+DEPLOY_VERSION_SETTING = "threads_deploy_version"
 
 #: URL schemes of RabbitMQ (py-amqp and librabbitmq transports).
 RABBITMQ_SCHEMES = ("amqp://", "amqps://", "pyamqp://", "librabbitmq://")
@@ -144,6 +162,12 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         # The memory transport's queues are shared by the whole process: queues of our own keep
         # two embedded runtimes (or a stopping one) from taking each other's tasks.
         work_queue = f"threads-embedded-{uuid.uuid4().hex[:12]}"
+    version = worker_version(settings, broker_url)
+    if version is not None:
+        # A worker of version V takes the work of the runs on V (threads@V), the work of runs on
+        # no version yet (threads: a new run's first step, a run from before versions), and the
+        # shared control queue. See threads_celery.decisions.deploys.
+        work_queue = versioned_queue(WORK_QUEUE, version) or WORK_QUEUE
     config: dict[str, Any] = {
         "broker_url": broker_url,
         "broker_connection_retry_on_startup": True,
@@ -173,6 +197,7 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "task_queues": (
             task_queue(work_queue, quorum=quorum),
             task_queue(control_queue_for(work_queue), quorum=quorum),
+            *((task_queue(WORK_QUEUE, quorum=quorum),) if version is not None else ()),
         ),
         # Control tasks go ahead of all work on Redis however they are sent (Beat, a retry): the
         # priority is the route's, a message option, as Celery 6 keeps it (a task's own
@@ -194,6 +219,8 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
             }
         },
     }
+    if version is not None:  # the deployment version whose queues this app's workers consume
+        config[DEPLOY_VERSION_SETTING] = version
     if message_priority(STEP_TASK, recovered=False, broker_url=broker_url) is not None:
         # What Celery sends itself (a task's retry) queues as ordinary work, behind recoveries;
         # the control tasks carry their route's priority.
@@ -270,6 +297,7 @@ class Publisher:
         self.single_queue = single_queue
         self.broker_url = str(app.conf.broker_url or "")
         self.control_queue = control_queue_for(work_queue_of(app))
+        self.version = None if single_queue is not None else deploy_version_of(app)
         # On plain Redis, producers of our own that keep one Redis client each (see held_producers).
         self._producers = ProducerStack(app) if held_producers.serves(self.broker_url) else None
         # Nor do they declare the queue on every send (a copy and bind of it each time, a fifth of
@@ -332,6 +360,11 @@ class Publisher:
         if entry.user_task:  # the project's task: its own queue, else the app's routes
             return entry.queue, None
         queue = queue_for(entry.task, entry.queue, work_queue=self.single_queue, control_queue=self.control_queue)
+        if self.version is not None and queue and version_of_queue(queue) is None and entry.task in VERSIONED_TASKS:
+            # A versioned worker's follow-up work on a queue an agent or tool names stays with its
+            # version (``email`` -> ``email@v2``); work on no named queue takes the app's default,
+            # ``threads@v2``. A run on another version is routed there by the worker that takes it.
+            queue = versioned_queue(queue, self.version)
         return queue, message_priority(entry.task, recovered=entry.recovered, broker_url=self.broker_url)
 
     def _send_held(self, entries: Sequence[OutboxEntry]) -> bool:
@@ -450,6 +483,12 @@ class Publisher:
         if self._unreachable is not None and now < self._unreachable_until:
             raise BrokerUnavailable(str(self._unreachable))
         self.check()
+
+
+def deploy_version_of(app: Celery) -> str | None:
+    """The deployment version of ``app``'s workers (None: versions are not in use)."""
+    version = app.conf.get(DEPLOY_VERSION_SETTING)
+    return str(version) if version else None
 
 
 #: The setting an app that ``threads_celery.install`` made a threads app keeps its work queue in.

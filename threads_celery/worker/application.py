@@ -19,6 +19,7 @@ from celery.concurrency.prefork import TaskPool as PreforkPool
 from celery.signals import celeryd_after_setup, worker_init, worker_process_init, worker_process_shutdown
 
 from threads_celery.decisions.backbone import control_queue_for
+from threads_celery.decisions.deploys import AUTO_VERSION, derive_version, version_of_queue, versioned_queue
 from threads_celery.definitions.agents import AgentRegistry
 from threads_celery.exceptions import ConfigError, StoreUnavailable
 from threads_celery.runtime.heap import settle_heap
@@ -35,9 +36,16 @@ from threads_celery.runtime.schedules import ScheduleRegistry
 from threads_celery.settings import Settings
 from threads_celery.store import Store
 from threads_celery.telemetry.metrics import METRICS_PORT_VARIABLE, serve
-from threads_celery.transitions.publishing import Publisher, celery_app, open_store, task_queue, work_queue_of
+from threads_celery.transitions.publishing import (
+    Publisher,
+    celery_app,
+    deploy_version_of,
+    open_store,
+    task_queue,
+    work_queue_of,
+)
 from threads_celery.transitions.runs import utcnow
-from threads_celery.worker import output_capture, quiet_ticks
+from threads_celery.worker import deploy_heartbeat, output_capture, quiet_ticks
 from threads_celery.worker.tasks import install_tasks
 
 
@@ -77,6 +85,7 @@ class RuntimeHolder:
                     publish=Publisher(self.app, single_queue=self.single_queue),
                     settings=self.settings,
                 )
+                self._runtime.deploy_version = None if self.single_queue else deploy_version_of(self.app)
             return self._runtime
 
 
@@ -159,11 +168,30 @@ def consume_control_queue(app: Celery) -> None:
     A worker started with ``-Q email`` for slow tools still takes reconcile ticks and finish
     deliveries, so recovery never depends on one particular worker being alive.
     """
+    version = deploy_version_of(app)
+    if version is not None:
+        # ``-Q email`` on a worker of version V takes ``email@V`` too: the calls of V's runs there.
+        for name in list(app.amqp.queues.consume_from):
+            if version_of_queue(name) is None and not name.endswith(".control"):
+                versioned = versioned_queue(name, version)
+                if versioned is not None and versioned not in app.amqp.queues.consume_from:
+                    app.amqp.queues.select_add(task_queue(versioned))
     control = control_queue_for(work_queue_of(app))
     if control not in app.amqp.queues.consume_from:
         # The queue as the app declares it (a quorum queue on RabbitMQ), else as task_queue makes it.
         declared = app.amqp.queues.get(control)
         app.amqp.queues.select_add(declared if declared is not None else task_queue(control))
+
+
+def resolve_deploy_version(settings: Settings, registry: AgentRegistry) -> Settings:
+    """``settings`` with ``THREADS_DEPLOY_VERSION=auto`` replaced by the version derived from the
+    config hashes of the agents of ``THREADS_AGENTS`` (loaded into ``registry`` to hash them)."""
+    if settings.deploy_version != AUTO_VERSION:
+        return settings
+    if not settings.agents:
+        raise ConfigError("THREADS_DEPLOY_VERSION=auto derives the version from THREADS_AGENTS, which is not set")
+    registry.load(settings.agents)
+    return settings.with_(deploy_version=derive_version({a.name: a.config_hash() for a in registry}))
 
 
 def serve_metrics(store: Store) -> None:
@@ -194,6 +222,7 @@ def app_from_environment() -> ThreadsCelery:
     if not settings.broker_url:
         raise ConfigError("THREADS_BROKER_URL is not set (e.g. redis://127.0.0.1:6379/0)")
     registry = AgentRegistry()
+    settings = resolve_deploy_version(settings, registry)
     app = create_app(settings, registry)
     connect_service_signals(app, settings)
     return app
@@ -237,6 +266,8 @@ def connect_service_signals(app: Celery, settings: Settings) -> None:
             for agent in runtime.registry:
                 with runtime.store.transaction() as tx:
                     tx.upsert_agent(agent.name, agent.config_hash(), agent.describe(), utcnow())
+            if runtime.deploy_version is not None:
+                deploy_heartbeat.start(runtime, runtime.deploy_version, settings.deploy_heartbeat_s)
         # Before a prefork pool forks: its processes share these pages, never walked again. Not
         # in an embedded worker: the process is the user's, and so is the choice of freezing it.
         if not getattr(sender, "threads_embedded", False):

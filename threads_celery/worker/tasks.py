@@ -27,11 +27,14 @@ from threads_celery.decisions.backbone import (
 from threads_celery.decisions.retry import STORE_UNAVAILABLE_BACKOFF, GiveUp
 from threads_celery.exceptions import FenceLost, RetryLater, StoreUnavailable
 from threads_celery.redaction import known_secrets
+from threads_celery.runtime import deploys
 from threads_celery.runtime.failures import apply_task_failure
 from threads_celery.runtime.schedules import start_scheduled_run
 from threads_celery.runtime.tool_faults import describe, is_control, picklable, survives_pickling
 from threads_celery.telemetry.metrics import timed_tick
+from threads_celery.transitions.publishing import deploy_version_of
 from threads_celery.transitions.runs import STEP_TASK, TOOL_TASK
+from threads_celery.transitions.upgrades import UPGRADE_TASK
 from threads_celery.worker.lost_workers import LossCounter, counting_request
 from threads_celery.worker.task_states import stated_request
 
@@ -154,6 +157,9 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         runtime = holder.get()
         return _run(self, holder, lambda: runtime.run_tool(effect_key), effect_key)
 
+    if deploy_version_of(app) is not None:  # only versioned workers take upgrades (threads@V)
+        _install_upgrade(app, holder)
+
     @app.task(
         name=DELIVER_TASK,
         bind=True,
@@ -201,3 +207,19 @@ def install_tasks(app: Celery, holder: RuntimeHolder) -> None:
         """Start the run of one slot of a schedule (Beat publishes it); idempotent by slot."""
         runtime = holder.get()
         return _run(self, holder, lambda: start_scheduled_run(runtime, holder.schedules, schedule_name, slot_iso))
+
+
+def _install_upgrade(app: Celery, holder: RuntimeHolder) -> None:
+    """Register ``threads.upgrade`` (see :mod:`threads_celery.runtime.deploys`) on a versioned app."""
+
+    @app.task(
+        name=UPGRADE_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, max_retries=None,
+    )  # fmt: skip
+    def upgrade(self: Task[Any, Any], run_id: str, version: str) -> str:
+        """Check an upgrading run against this worker's agents and move it here, or pin it with
+        the reason. Sent to the target version's queue; any other worker leaves it."""
+        runtime = holder.get()
+        if runtime.deploy_version != version:
+            return f"skipped: this worker is version {runtime.deploy_version}, not {version}"
+        report = _run(self, holder, lambda: str(deploys.upgrade_run(runtime, run_id, version).as_dict()))
+        return report

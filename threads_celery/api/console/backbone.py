@@ -4,7 +4,8 @@ Agents are read from the ledger (what each worker recorded of its agents: tools,
 variables, model) and, for the agents this process loaded, their permission rules. Schedules are
 the ``SCHEDULES`` of the ``THREADS_AGENTS`` modules, with their next firing. The backbone's
 health is the outbox's depth and the most overdue row's lag (the reconcile lag, as the
-Prometheus gauges read it) and the workers that answer a ping (as ``/readyz`` lists them).
+Prometheus gauges read it) and the workers that answer a ping (as ``/readyz`` lists them). The
+deployment versions are as ``threads-celery deploy status`` shows them, stranded runs first.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from fastapi.responses import HTMLResponse
 from threads_celery.api.console.pages import Console
 from threads_celery.api.readiness import census_of
 from threads_celery.exceptions import ConfigError
+from threads_celery.records import DEFAULT_TENANT
 from threads_celery.runtime.schedules import Schedule, ScheduleRegistry
+from threads_celery.transitions.deploy_control import status_document
 
 log = logging.getLogger("threads_celery.api.console")
 
@@ -71,6 +74,8 @@ def add_routes(app: FastAPI, console: Console) -> None:
             outbox_depth=snapshot.outbox_depth,
             reconcile_lag_s=snapshot.reconcile_lag_s,
             workers=census().workers(),
+            # The fleet's, across tenants: shown to the operators' (default) tenant only.
+            deploy=status_document(threads.store, threads.settings) if session.caller.tenant == DEFAULT_TENANT else {},
             now=now,
         )
 
