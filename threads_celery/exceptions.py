@@ -200,3 +200,20 @@ class EffectUnknown(ThreadsError):
     Raised by a tool's ``execute``: a read_only call ends as a tool error the model sees; any
     other call parks for a person, as after a crash mid-call.
     """
+
+
+class HistoryRefused(RuntimeFailure):
+    """Export, erasure or retention refuses this thread now (it is running, holds a call whose
+    effect has no outcome yet, or is held); nothing of it was changed."""
+
+    def __init__(self, thread_id: str, reason: str) -> None:
+        self.thread_id, self.reason = thread_id, reason
+        super().__init__(reason)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.thread_id, self.reason))
+
+
+class HistoryFormatError(ThreadsError, ValueError):
+    """A history export (or archive) cannot be read: not JSON Lines, no header, or a format
+    version this release does not know."""

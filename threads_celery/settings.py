@@ -16,6 +16,7 @@ from threads_celery.decisions.provider_limits import (
     rate_limits_from_json,
     retry_for_from_env,
 )
+from threads_celery.decisions.retention import RETENTION_VARIABLE, RetentionPolicy
 from threads_celery.decisions.usage import PRICES_VARIABLE, Prices
 from threads_celery.exceptions import ConfigError
 
@@ -133,6 +134,11 @@ class Settings:
     # THREADS_RABBITMQ_QUEUE_TYPE: on RabbitMQ, quorum queues (kept through a broker restart,
     # replicated in a cluster) or classic ones (what a deployment made before quorum declared).
     rabbitmq_queue_type: str = "quorum"
+    # THREADS_RETENTION: how long finished threads are kept, and what the sweep does with them
+    # (decisions/retention.py); the default keeps everything.
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    # THREADS_RETENTION_INTERVAL_S: how often Beat starts a retention sweep (when a policy is set).
+    retention_interval_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.task_time_limit_s >= self.visibility_timeout_s:
@@ -209,6 +215,8 @@ class Settings:
             "model_prices": Prices.from_json(env.get(PRICES_VARIABLE, "")),
             "rate_limits": rate_limits_from_json(env.get(RATE_LIMITS_VARIABLE, "")),
             "provider_retry_for_s": retry_for_from_env(env.get(RETRY_FOR_VARIABLE)),
+            "retention": RetentionPolicy.from_json(env.get(RETENTION_VARIABLE, "")),
+            "retention_interval_s": _float(env, "THREADS_RETENTION_INTERVAL_S", 3600.0),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -38,6 +38,7 @@ from threads_celery.telemetry.metrics import METRICS_PORT_VARIABLE, serve
 from threads_celery.transitions.publishing import Publisher, celery_app, open_store, task_queue, work_queue_of
 from threads_celery.transitions.runs import utcnow
 from threads_celery.worker import output_capture, quiet_ticks
+from threads_celery.worker.retention_task import install_retention_task
 from threads_celery.worker.tasks import install_tasks
 
 
@@ -108,6 +109,7 @@ def install_worker(
     # it (the in-process worker's ticker, Beat's scheduler, tests) reaches the runtime here.
     app.threads_runtime = holder  # type: ignore[attr-defined]  # declared on ThreadsCelery only
     install_tasks(app, holder)
+    install_retention_task(app, holder)
     return holder
 
 

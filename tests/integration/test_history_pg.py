@@ -1,0 +1,258 @@
+"""Export, read-back, erasure, holds and a prune by hand, on PostgreSQL with a real worker.
+
+The worker (prefork, Redis) runs :mod:`tests.integration.history_agents`; the client on the same
+ledger exports, erases and prunes. What is checked is the ledger itself: every table a thread
+has rows in, before and after.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from tests.integration import history_agents
+from tests.support.clients import registered_client
+from tests.support.processes import WorkerProcess, subprocess_env
+
+AGENTS = "tests.integration.history_agents"
+TABLES_BY_THREAD = ("messages", "events", "runs", "tool_calls", "model_usage", "variables", "permission_grants")
+
+
+@pytest.fixture(scope="module")
+def secret_key() -> Iterator[str]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("THREADS_SECRET_KEY", history_agents.FERNET_KEY)
+    yield history_agents.FERNET_KEY
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def files_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("files")
+
+
+@pytest.fixture(scope="module")
+def hist_worker(
+    migrated_pg_url: str, integration_redis_url: str, secret_key: str, files_root: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[WorkerProcess]:  # fmt: skip
+    env = subprocess_env(
+        {
+            "THREADS_DATABASE_URL": migrated_pg_url,
+            "THREADS_BROKER_URL": integration_redis_url,
+            "THREADS_AGENTS": AGENTS,
+            "THREADS_SECRET_KEY": secret_key,
+            "THREADS_FILES_ROOT": str(files_root),
+        }
+    )
+    process = WorkerProcess("hist", env=env, log_path=tmp_path_factory.mktemp("worker") / "hist.log", concurrency=2)
+    with process.running():
+        yield process
+
+
+def _settings(pg: str, redis: str, files_root: Path, retention: dict[str, Any] | None = None) -> Any:
+    from threads_celery import Settings
+
+    env = {"THREADS_FILES_ROOT": str(files_root)}
+    if retention is not None:
+        env["THREADS_RETENTION"] = json.dumps(retention)
+    return Settings.from_env(env=env, database_url=pg, broker_url=redis)
+
+
+@pytest.fixture(scope="module")
+def client(
+    hist_worker: WorkerProcess, migrated_pg_url: str, integration_redis_url: str, files_root: Path
+) -> Iterator[Any]:
+    settings = _settings(migrated_pg_url, integration_redis_url, files_root)
+    with registered_client(migrated_pg_url, integration_redis_url, history_agents.ALL_AGENTS, settings=settings) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def sql(migrated_pg_url: str) -> Iterator[Any]:
+    from threads_celery.store import create_store_engine, parse_database_url
+
+    engine = create_store_engine(parse_database_url(migrated_pg_url))
+    yield engine
+    engine.dispose()
+
+
+def _count(sql: Any, table: str, column: str, ids: list[str]) -> int:
+    with sql.connect() as conn:
+        return int(
+            conn.execute(text(f"SELECT count(*) FROM {table} WHERE {column} = ANY(:ids)"), {"ids": ids}).scalar()
+        )
+
+
+def _finished_tools_thread(client: Any, thread_id: str, tenant: str | None = None) -> str:
+    handle = client.start(
+        "hist_tools", "look it up", thread_id=thread_id,
+        env={"API_TOKEN": history_agents.SECRET_VALUE, "CITY": "Lisbon"}, tenant=tenant,
+    )  # fmt: skip
+    assert client.wait(handle.run_id, timeout=60).status == "completed"
+    return handle.thread_id
+
+
+def _child_threads(sql: Any, thread_id: str) -> list[str]:
+    with sql.connect() as conn:
+        return list(
+            conn.execute(text("SELECT id FROM threads WHERE parent_thread_id = :t"), {"t": thread_id}).scalars()
+        )
+
+
+def test_export_holds_every_row_of_a_thread_and_no_secret(client: Any, sql: Any, tmp_path: Path) -> None:
+    thread_id = _finished_tools_thread(client, "hist-export-1")
+    target = tmp_path / "out" / "thread.jsonl"
+    summary = client.export(str(target), thread_id=thread_id)
+    raw = target.read_text()
+    lines = [json.loads(line) for line in raw.splitlines()]
+    assert lines[0]["record"] == "header" and lines[0]["version"] == 1 and lines[0]["scope"] == {"thread": thread_id}
+    assert lines[-1]["record"] == "end" and lines[-1]["threads"] == 1
+    exported = client.read_export(str(target))
+    assert exported.complete and exported.roots == (thread_id,)
+    for kind, table in (("message", "messages"), ("event", "events"), ("run", "runs"), ("tool_call", "tool_calls"),
+                        ("usage", "model_usage"), ("variable", "variables")):  # fmt: skip
+        assert len(exported.rows(kind)) == _count(sql, table, "thread_id", [thread_id]) > 0, kind
+    call = exported.rows("tool_call")[0]
+    assert call["tool"] == "lookup" and call["status"] == "completed" and call["effect"] == "read_only"
+    assert "Lisbon" in call["result"]
+    # Every column of the row is there, as the table has them.
+    with sql.connect() as conn:
+        columns = set(conn.execute(text("SELECT * FROM messages LIMIT 0")).keys())
+    assert set(exported.rows("message")[0]) == columns
+    secret = next(v for v in exported.rows("variable") if v["name"] == "API_TOKEN")
+    assert secret["value"] is None and secret["value_redacted"] is True
+    with sql.connect() as conn:
+        ciphertext = conn.execute(
+            text("SELECT value FROM variables WHERE thread_id = :t AND name = 'API_TOKEN'"), {"t": thread_id}
+        ).scalar()
+    assert ciphertext and ciphertext not in raw and history_agents.SECRET_VALUE not in raw
+    assert summary.rows["message"] == len(exported.rows("message"))
+
+
+def test_export_and_erase_refuse_a_running_thread_and_change_nothing(client: Any, sql: Any, tmp_path: Path) -> None:
+    from threads_celery.exceptions import HistoryRefused
+
+    handle = client.start("hist_asks", "send it", thread_id="hist-running-1")
+    run = client.wait(handle.run_id, timeout=60)
+    assert run.status == "awaiting_approval"
+    target = tmp_path / "never.jsonl"
+    with pytest.raises(HistoryRefused, match=r"is running: run .* has not finished"):
+        client.export(str(target), thread_id=handle.thread_id)
+    assert not target.exists()
+    before = {t: _count(sql, t, "thread_id", [handle.thread_id]) for t in TABLES_BY_THREAD}
+    with pytest.raises(HistoryRefused, match="not erased: thread hist-running-1 is running"):
+        client.erase(thread_id=handle.thread_id)
+    assert {t: _count(sql, t, "thread_id", [handle.thread_id]) for t in TABLES_BY_THREAD} == before
+    # The run goes on as if nothing was asked.
+    pending = [p for p in client.parked() if p.run_id == handle.run_id]
+    assert len(pending) == 1
+    client.approve(pending[0].effect_key, principal="tester")
+    assert client.wait(handle.run_id, timeout=60).status == "completed"
+
+
+def test_erase_removes_a_thread_its_children_files_and_secrets_and_reports_it(
+    client: Any, sql: Any, files_root: Path
+) -> None:
+    handle = client.start("hist_parent", "ask", thread_id="hist-erase-1")
+    assert client.wait(handle.run_id, timeout=60).status == "completed"
+    children = _child_threads(sql, handle.thread_id)
+    assert len(children) == 1
+    other = _finished_tools_thread(client, "hist-erase-keep")
+    secret_thread = _finished_tools_thread(client, "hist-erase-secret")
+    area = files_root / handle.thread_id
+    (area / "notes").mkdir(parents=True)
+    (area / "notes" / "a.txt").write_text("attachment")
+    ids = [handle.thread_id, *children]
+    before = {t: _count(sql, t, "thread_id", ids) for t in TABLES_BY_THREAD}
+
+    report = client.erase(thread_id=handle.thread_id)
+
+    assert set(report.threads) == set(ids) and report.complete and report.files == 1
+    assert report.rows["threads"] == 2
+    for table in ("messages", "events", "runs", "tool_calls", "model_usage"):
+        assert report.rows[table] == before[table] > 0, table
+    assert report.rows["agent_tool_runs"] == 1
+    assert all(_count(sql, t, "thread_id", ids) == 0 for t in TABLES_BY_THREAD)
+    assert _count(sql, "threads", "id", ids) == 0
+    assert _count(sql, "agent_tool_runs", "parent_thread_id", ids) == 0
+    assert not area.exists()
+    assert _count(sql, "messages", "thread_id", [other]) > 0  # another thread is untouched
+    json.dumps(report.as_dict())  # the audit record is plain JSON
+
+    secret_report = client.erase(thread_id=secret_thread)
+    assert secret_report.rows["variables"] == 2
+    with sql.connect() as conn:
+        assert (
+            conn.execute(text("SELECT count(*) FROM variables WHERE thread_id = :t"), {"t": secret_thread}).scalar()
+            == 0
+        )
+
+
+def test_erase_of_a_tenant_erases_the_finished_and_lists_the_running(client: Any, sql: Any) -> None:
+    done = [_finished_tools_thread(client, f"hist-tenant-{i}", tenant="acme") for i in range(3)]
+    waiting = client.start("hist_asks", "send it", thread_id="hist-tenant-run", tenant="acme")
+    assert client.wait(waiting.run_id, timeout=60).status == "awaiting_approval"
+    mine = _finished_tools_thread(client, "hist-tenant-other", tenant="globex")
+
+    report = client.erase(tenant="acme")
+
+    assert set(report.threads) == set(done)
+    assert [t for t, _ in report.refused] == [waiting.thread_id] and "is running" in report.refused[0][1]
+    assert not report.complete
+    assert _count(sql, "threads", "id", done) == 0
+    assert _count(sql, "threads", "id", [waiting.thread_id, mine]) == 2
+
+
+def test_prune_dry_run_hold_archive_read_back_and_a_second_sweep(
+    hist_worker: WorkerProcess, migrated_pg_url: str, integration_redis_url: str, files_root: Path, sql: Any,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    archive = tmp_path / "archive"
+    retention = {
+        "rules": [{"status": "succeeded", "keep_days": 7}, {"status": "failed", "keep_days": 30}],
+        "action": "archive", "archive_url": str(archive), "batch_size": 2,
+    }  # fmt: skip
+    settings = _settings(migrated_pg_url, integration_redis_url, files_root, retention)
+    with registered_client(migrated_pg_url, integration_redis_url, history_agents.ALL_AGENTS, settings=settings) as c:
+        old = [_finished_tools_thread(c, f"hist-prune-{i}") for i in range(3)]
+        held = _finished_tools_thread(c, "hist-prune-held")
+        c.hold(held, reason="support case 12", held_by="dpo@example.com")
+        waiting = c.start("hist_asks", "send it", thread_id="hist-prune-waiting")
+        assert c.wait(waiting.run_id, timeout=60).status == "awaiting_approval"
+        exported = tmp_path / "before.jsonl"
+        c.export(str(exported), thread_id=old[0])
+        before = c.read_export(str(exported))
+
+        soon = datetime.now(UTC) + timedelta(days=1)
+        assert c.prune(dry_run=True, now=soon).due == 0  # succeeded threads keep 7 days
+
+        later = datetime.now(UTC) + timedelta(days=8)
+        dry = c.prune(dry_run=True, now=later)
+        assert dry.dry_run and dry.pruned == []
+        kept = {k.thread_id: k.reason for k in dry.kept}
+        assert "is held" in kept[held] and "is running" in kept[waiting.thread_id]
+        due_ids = set(old)
+        assert dry.due >= len(due_ids) and _count(sql, "threads", "id", old) == 3
+
+        swept = c.prune(dry_run=False, now=later)
+        assert due_ids <= set(swept.pruned) and held not in swept.pruned and waiting.thread_id not in swept.pruned
+        assert swept.batches >= 2  # batch_size 2: bounded batches, each its own transaction
+        assert _count(sql, "threads", "id", old) == 0
+        assert _count(sql, "threads", "id", [held, waiting.thread_id]) == 2
+
+        back = c.read_archive(old[0])
+        assert back.complete
+        assert back.records == before.records  # the same rows, column for column
+        assert back.header["version"] == before.header["version"] == 1
+
+        again = c.prune(dry_run=False, now=later)
+        assert again.pruned == [] and sum(again.rows.values()) == 0
+        assert c.release_hold(held) is True
+        assert held in c.prune(dry_run=False, now=later).pruned

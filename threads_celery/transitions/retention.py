@@ -1,0 +1,153 @@
+"""The retention sweep's shell: load one batch, decide (pure: decisions/retention.py), apply.
+
+A batch is at most ``policy.batch_size`` root threads, taken oldest first over the
+``threads(created_at, id)`` index, from a cursor (the last thread the batch before it looked at)
+and only among threads created before ``now - shortest keep`` (younger ones cannot be due).
+Deciding reads the trees' facts outside any transaction; pruning is one short transaction per
+batch that locks the doomed trees (skipping any another transaction holds), decides again on what
+it reads under the lock, and deletes only what is still due: a run started meanwhile keeps its
+thread. ``archive`` first writes each doomed tree as an export file (see
+:func:`~threads_celery.transitions.history_export.archive_location`); a tree whose facts moved
+between its archive and the delete is kept, and its archive is written again next time.
+
+A sweep that finds nothing due changes nothing: a second sweep right after a first does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from threads_celery.decisions.retention import Keep, Prune, RetentionDecision, RetentionPolicy, sweep_decisions
+from threads_celery.store import Store
+from threads_celery.store.history_queries import TreeFacts
+from threads_celery.transitions.history_export import ExportWriter, archive_location, open_text
+
+log = logging.getLogger("threads_celery.retention")
+
+Cursor = tuple[datetime, str]
+
+
+@dataclass(frozen=True)
+class SweepBatch:
+    """What one batch decided and did; ``next_after`` is where the next batch starts (None: done)."""
+
+    decisions: tuple[RetentionDecision, ...]
+    pruned: tuple[str, ...]
+    archived: tuple[str, ...]
+    rows: Mapping[str, int]
+    next_after: Cursor | None
+    dry_run: bool
+
+    @property
+    def due(self) -> tuple[Prune, ...]:
+        return tuple(d for d in self.decisions if isinstance(d, Prune))
+
+
+@dataclass
+class SweepTotals:
+    """A whole sweep's batches added up."""
+
+    examined: int = 0
+    due: int = 0
+    pruned: list[str] = field(default_factory=list)
+    archived: list[str] = field(default_factory=list)
+    kept: list[Keep] = field(default_factory=list)
+    rows: Counter[str] = field(default_factory=Counter)
+    batches: int = 0
+    dry_run: bool = False
+
+    def add(self, batch: SweepBatch) -> None:
+        self.batches += 1
+        self.examined += len(batch.decisions)
+        self.due += len(batch.due)
+        self.pruned.extend(batch.pruned)
+        self.archived.extend(batch.archived)
+        self.kept.extend(d for d in batch.decisions if isinstance(d, Keep))
+        self.rows.update(batch.rows)
+
+
+def _archive(
+    store: Store, policy: RetentionPolicy, facts: TreeFacts, now: datetime, options: Mapping[str, Any] | None
+) -> str:
+    assert policy.archive_url is not None
+    location = archive_location(policy.archive_url, facts.tenant, facts.thread_id)
+    with store.read() as tx, open_text(location, "w", options) as stream:
+        writer = ExportWriter(stream)
+        writer.header({"thread": facts.thread_id, "archived_by": "retention"}, now)
+        writer.tree(facts.thread_id, tx.tree_rows(facts.tree))
+        writer.end()
+    return location
+
+
+def sweep_batch(
+    store: Store,
+    policy: RetentionPolicy,
+    *,
+    now: datetime,
+    after: Cursor | None = None,
+    dry_run: bool | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> SweepBatch:
+    """One bounded batch of the sweep (``dry_run`` None: the policy's)."""
+    dry = policy.dry_run if dry_run is None else dry_run
+    shortest = policy.shortest_keep
+    if shortest is None:  # nothing can ever be due
+        return SweepBatch((), (), (), {}, None, dry)
+    with store.read() as tx:
+        page = tx.root_page(after=after, limit=policy.batch_size, created_before=now - shortest)
+        facts = tx.tree_facts([thread_id for _, thread_id in page])
+    decisions = sweep_decisions(facts, policy, now)
+    next_after = page[-1] if len(page) == policy.batch_size else None
+    due = {d.thread_id: d for d in decisions if isinstance(d, Prune)}
+    if dry or not due:
+        return SweepBatch(decisions, (), (), {}, next_after, dry)
+    seen = {f.thread_id: f for f in facts}
+    archived: dict[str, str] = {}
+    if policy.action == "archive":
+        for thread_id in due:
+            archived[thread_id] = _archive(store, policy, seen[thread_id], now, storage_options)
+    pruned: list[str] = []
+    with store.transaction() as tx:
+        doomed: list[str] = []
+        for fresh in tx.tree_facts(list(due), lock=True, skip_locked=True):
+            again = sweep_decisions([fresh], policy, now)[0]
+            if not isinstance(again, Prune) or fresh.last_activity != seen[fresh.thread_id].last_activity:
+                continue  # it moved since it was decided (or archived): the next sweep looks again
+            if fresh.tree != seen[fresh.thread_id].tree:
+                continue  # a child thread appeared after the archive was written
+            doomed.extend(fresh.tree)
+            pruned.append(fresh.thread_id)
+        rows = tx.delete_trees(doomed) if doomed else {}
+    if pruned:
+        log.info("retention: pruned %d threads (%s)", len(pruned), policy.action)
+    return SweepBatch(
+        decisions, tuple(pruned), tuple(archived[t] for t in pruned if t in archived), rows, next_after, dry
+    )
+
+
+def sweep(
+    store: Store,
+    policy: RetentionPolicy,
+    *,
+    now: datetime,
+    dry_run: bool | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    max_batches: int | None = None,
+) -> SweepTotals:
+    """Every batch of a sweep in this process, one after another (the CLI's ``prune``)."""
+    totals = SweepTotals(dry_run=policy.dry_run if dry_run is None else dry_run)
+    after: Cursor | None = None
+    while True:
+        batch = sweep_batch(store, policy, now=now, after=after, dry_run=dry_run, storage_options=storage_options)
+        totals.add(batch)
+        after = batch.next_after
+        if after is None or (max_batches is not None and totals.batches >= max_batches):
+            return totals
+
+
+__all__ = ["Cursor", "SweepBatch", "SweepTotals", "sweep", "sweep_batch"]
