@@ -8,6 +8,7 @@ has rows in, before and after.
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +19,7 @@ from sqlalchemy import text
 
 from tests.integration import history_agents
 from tests.support.clients import registered_client
-from tests.support.processes import WorkerProcess, subprocess_env
+from tests.support.processes import THREADS_CELERY, WorkerProcess, subprocess_env
 
 AGENTS = "tests.integration.history_agents"
 TABLES_BY_THREAD = ("messages", "events", "runs", "tool_calls", "model_usage", "variables", "permission_grants")
@@ -256,3 +257,48 @@ def test_prune_dry_run_hold_archive_read_back_and_a_second_sweep(
         assert again.pruned == [] and sum(again.rows.values()) == 0
         assert c.release_hold(held) is True
         assert held in c.prune(dry_run=False, now=later).pruned
+
+
+def _cli(pg: str, *args: str, retention: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
+    extra = {"THREADS_DATABASE_URL": pg, "THREADS_SECRET_KEY": history_agents.FERNET_KEY}
+    if retention is not None:
+        extra["THREADS_RETENTION"] = json.dumps(retention)
+    return subprocess.run(
+        [THREADS_CELERY, "history", *args], env=subprocess_env(extra), capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_cli_exports_holds_prunes_and_erases(client: Any, migrated_pg_url: str, sql: Any, tmp_path: Path) -> None:
+    thread_id = _finished_tools_thread(client, "hist-cli-1")
+    target = tmp_path / "cli.jsonl"
+    done = _cli(migrated_pg_url, "export", "--thread", thread_id, "--to", str(target))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["threads"] == 1
+    assert client.read_export(str(target)).roots == (thread_id,)
+
+    held = _cli(migrated_pg_url, "hold", thread_id, "--reason", "case 7", "--principal", "dpo")
+    assert held.returncode == 0, held.stderr
+    listed = _cli(migrated_pg_url, "holds", "--json")
+    assert [h["thread"] for h in json.loads(listed.stdout) if h["thread"] == thread_id] == [thread_id]
+
+    policy = {"rules": [{"status": "succeeded", "keep_days": 0}]}
+    dry = _cli(migrated_pg_url, "prune", "--dry-run", "--json", retention=policy)
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["dry_run"] is True and json.loads(dry.stdout)["pruned"] == []
+    assert _count(sql, "threads", "id", [thread_id]) == 1
+
+    refused = _cli(migrated_pg_url, "erase", "--thread", thread_id, "--yes")
+    assert refused.returncode == 2 and "is held" in refused.stderr
+    assert _cli(migrated_pg_url, "release", thread_id).returncode == 0
+    erased = _cli(migrated_pg_url, "erase", "--thread", thread_id, "--yes")
+    assert erased.returncode == 0, erased.stderr
+    report = json.loads(erased.stdout)
+    assert report["threads"] == [thread_id] and report["rows"]["messages"] > 0 and report["refused"] == []
+    assert _count(sql, "threads", "id", [thread_id]) == 0
+
+    waiting = client.start("hist_asks", "send it", thread_id="hist-cli-waiting")
+    assert client.wait(waiting.run_id, timeout=60).status == "awaiting_approval"
+    busy = _cli(migrated_pg_url, "erase", "--thread", waiting.thread_id, "--yes")
+    assert busy.returncode == 2 and "is running" in busy.stderr and "Traceback" not in busy.stderr
+    bad = _cli(migrated_pg_url, "export", "--since", "yesterday", "--to", str(tmp_path / "x.jsonl"))
+    assert bad.returncode == 2 and "ISO 8601" in bad.stderr

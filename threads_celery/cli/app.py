@@ -30,6 +30,7 @@ import sys
 
 import typer
 
+from threads_celery.cli.history import history_app
 from threads_celery.cli.people import approve, deny, parked, resolve
 from threads_celery.cli.run import resume, run
 from threads_celery.cli.runs import events, runs_app, usage_command
@@ -90,6 +91,7 @@ app.command()(flower)
 app.command()(api)
 app.add_typer(runs_app, name="runs")
 app.add_typer(db_app, name="db")
+app.add_typer(history_app, name="history")
 
 if __name__ == "__main__":
     app()
