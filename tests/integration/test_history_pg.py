@@ -302,3 +302,58 @@ def test_the_cli_exports_holds_prunes_and_erases(client: Any, migrated_pg_url: s
     assert busy.returncode == 2 and "is running" in busy.stderr and "Traceback" not in busy.stderr
     bad = _cli(migrated_pg_url, "export", "--since", "yesterday", "--to", str(tmp_path / "x.jsonl"))
     assert bad.returncode == 2 and "ISO 8601" in bad.stderr
+
+
+@pytest.fixture
+def s3_endpoint() -> Iterator[dict[str, Any]]:
+    """A real S3 endpoint (moto's server mode) on a free port, with a bucket ``history``."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from tests.support.processes import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    options = {
+        "endpoint_url": f"http://127.0.0.1:{port}", "key": "testing", "secret": "testing",
+        "client_kwargs": {"region_name": "us-east-1"}, "skip_instance_cache": True,
+    }  # fmt: skip
+    try:
+        boto3.client(
+            "s3", endpoint_url=options["endpoint_url"], aws_access_key_id="testing",
+            aws_secret_access_key="testing", region_name="us-east-1",
+        ).create_bucket(Bucket="history")  # fmt: skip
+        yield options
+    finally:
+        server.stop()
+
+
+def test_export_and_archive_to_s3_read_back_identical(
+    client: Any, migrated_pg_url: str, integration_redis_url: str, files_root: Path, sql: Any,
+    s3_endpoint: dict[str, Any], tmp_path: Path,
+) -> None:  # fmt: skip
+    import fsspec
+
+    thread_id = _finished_tools_thread(client, "hist-s3-1")
+    summary = client.export("s3://history/exports/one.jsonl", thread_id=thread_id, storage_options=s3_endpoint)
+    assert summary.threads == (thread_id,)
+    s3 = fsspec.filesystem("s3", **s3_endpoint)
+    assert s3.exists("history/exports/one.jsonl")
+    exported = client.read_export("s3://history/exports/one.jsonl", storage_options=s3_endpoint)
+    local = tmp_path / "one.jsonl"
+    client.export(str(local), thread_id=thread_id)
+    assert exported.records == client.read_export(str(local)).records
+
+    retention = {
+        "rules": [{"status": "succeeded", "keep_days": 0}], "action": "archive",
+        "archive_url": "s3://history/archive", "archive_options": s3_endpoint,
+    }  # fmt: skip
+    settings = _settings(migrated_pg_url, integration_redis_url, files_root, retention)
+    with registered_client(migrated_pg_url, integration_redis_url, history_agents.ALL_AGENTS, settings=settings) as c:
+        swept = c.prune(dry_run=False)
+        assert thread_id in swept.pruned
+        assert "s3://history/archive/default/hist-s3-1.jsonl" in swept.archived
+        assert _count(sql, "threads", "id", [thread_id]) == 0
+        back = c.read_archive(thread_id)
+    assert back.complete and back.records == exported.records
