@@ -357,3 +357,29 @@ def test_export_and_archive_to_s3_read_back_identical(
         assert _count(sql, "threads", "id", [thread_id]) == 0
         back = c.read_archive(thread_id)
     assert back.complete and back.records == exported.records
+
+
+def test_old_events_go_in_batches_and_newer_ones_and_messages_stay(
+    client: Any, migrated_pg_url: str, integration_redis_url: str, files_root: Path, sql: Any
+) -> None:
+    older = _finished_tools_thread(client, "hist-events-old")
+    cutoff = datetime.now(UTC)
+    newer = _finished_tools_thread(client, "hist-events-new")
+    kept_events = _count(sql, "events", "thread_id", [newer])
+    messages = _count(sql, "messages", "thread_id", [older, newer])
+    assert _count(sql, "events", "thread_id", [older]) > 0 and kept_events > 0
+    policy = {"events_keep_days": 1, "events_batch_size": 3}
+    settings = _settings(migrated_pg_url, integration_redis_url, files_root, policy)
+    with registered_client(migrated_pg_url, integration_redis_url, history_agents.ALL_AGENTS, settings=settings) as c:
+        dry = c.prune(dry_run=True, now=cutoff + timedelta(days=1))
+        assert dry.events == 0 and dry.events_through is not None
+        assert _count(sql, "events", "thread_id", [older]) > 0
+        done = c.prune(dry_run=False, now=cutoff + timedelta(days=1))
+        assert done.events >= 4  # more than one batch of 3
+        assert _count(sql, "events", "thread_id", [older]) == 0
+        assert _count(sql, "events", "thread_id", [newer]) == kept_events
+        assert _count(sql, "messages", "thread_id", [older, newer]) == messages
+        assert c.prune(dry_run=False, now=cutoff + timedelta(days=1)).events == 0
+        # A replay of a thread whose old events are gone is empty, not an error; its messages stay.
+        assert list(c.events(older, after=0)) == []
+        assert len(c.messages(older)) > 0

@@ -143,6 +143,7 @@ def prune(
     data = {
         "dry_run": totals.dry_run, "examined": totals.examined, "due": totals.due, "pruned": totals.pruned,
         "archived": totals.archived, "rows": dict(totals.rows), "batches": totals.batches,
+        "events_deleted": totals.events, "events_through_id": totals.events_through,
     }  # fmt: skip
     if as_json:
         _print(data)
@@ -150,6 +151,9 @@ def prune(
     verb = "would prune" if totals.dry_run else "pruned"
     count = totals.due if totals.dry_run else len(totals.pruned)
     out.print(f"examined {totals.examined} threads in {totals.batches} batches; {verb} {count}")
+    if totals.events_through is not None:
+        what = "would delete the events" if totals.dry_run else f"deleted {totals.events} events"
+        out.print(f"{what} through id {totals.events_through}")
     for kept in totals.kept:
         if "not due" not in kept.reason and "for good" not in kept.reason:
             out.print(f"  kept {kept.thread_id}: {kept.reason}")

@@ -45,6 +45,7 @@ NO_OUTCOME_STATUSES: Final = ("pending", "awaiting_approval", "awaiting_variable
 
 Action = Literal["delete", "archive"]
 DEFAULT_BATCH_SIZE: Final = 200
+DEFAULT_EVENTS_BATCH_SIZE: Final = 5000
 
 
 class ThreadFacts(Protocol):
@@ -126,6 +127,10 @@ class RetentionPolicy:
     batch_size: int = DEFAULT_BATCH_SIZE
     #: The sweep says what it would prune and prunes nothing.
     dry_run: bool = False
+    #: Events (the replay log of event streams) older than this go, from every thread, in
+    #: batches of ``events_batch_size``; None keeps them as long as their thread.
+    events_keep: timedelta | None = None
+    events_batch_size: int = DEFAULT_EVENTS_BATCH_SIZE
     #: fsspec's options for ``archive_url`` (an endpoint, a profile); never logged.
     archive_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
@@ -140,11 +145,14 @@ class RetentionPolicy:
             or not 1 <= self.batch_size <= 10_000
         ):
             raise ConfigError(f"retention batch_size must be an integer in 1..10000, not {self.batch_size!r}")
+        size = self.events_batch_size
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 100_000:
+            raise ConfigError(f"retention events_batch_size must be an integer in 1..100000, not {size!r}")
 
     @property
     def enabled(self) -> bool:
         """Whether anything can ever expire under this policy."""
-        return self.shortest_keep is not None
+        return self.shortest_keep is not None or self.events_keep is not None
 
     @property
     def shortest_keep(self) -> timedelta | None:
@@ -187,7 +195,10 @@ class RetentionPolicy:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> RetentionPolicy:
-        known = {"rules", "default_keep_days", "action", "archive_url", "archive_options", "batch_size", "dry_run"}
+        known = {
+            "rules", "default_keep_days", "action", "archive_url", "archive_options", "batch_size", "dry_run",
+            "events_keep_days", "events_batch_size",
+        }  # fmt: skip
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"retention: unknown keys {unknown}; known: {sorted(known)}")
@@ -207,6 +218,8 @@ class RetentionPolicy:
             action=data.get("action", "delete"),
             archive_url=data.get("archive_url"),
             batch_size=data.get("batch_size", DEFAULT_BATCH_SIZE),
+            events_keep=_keep(data.get("events_keep_days"), "events_keep_days"),
+            events_batch_size=data.get("events_batch_size", DEFAULT_EVENTS_BATCH_SIZE),
             dry_run=dry_run,
         )
 

@@ -60,6 +60,9 @@ class SweepTotals:
     rows: Counter[str] = field(default_factory=Counter)
     batches: int = 0
     dry_run: bool = False
+    #: Old events deleted, and the last id the events' cutoff reached.
+    events: int = 0
+    events_through: int | None = None
 
     def add(self, batch: SweepBatch) -> None:
         self.batches += 1
@@ -130,6 +133,33 @@ def sweep_batch(
     )
 
 
+@dataclass(frozen=True)
+class EventsBatch:
+    """One batch of old events: how many went (or, in a dry run, the last id that would)."""
+
+    deleted: int
+    through_id: int | None
+    more: bool
+    dry_run: bool
+
+
+def trim_events_batch(
+    store: Store, policy: RetentionPolicy, *, now: datetime, dry_run: bool | None = None
+) -> EventsBatch:
+    """Delete one batch of the events older than ``policy.events_keep``, oldest first, in a
+    transaction of its own (what dropping a day's partition would do, in bounded steps)."""
+    dry = policy.dry_run if dry_run is None else dry_run
+    if policy.events_keep is None:
+        return EventsBatch(0, None, False, dry)
+    with store.read() as tx:
+        through = tx.last_event_before(now - policy.events_keep)
+    if through is None or dry:
+        return EventsBatch(0, through, False, dry)
+    with store.transaction() as tx:
+        deleted = tx.delete_events_through(through, limit=policy.events_batch_size)
+    return EventsBatch(deleted, through, deleted == policy.events_batch_size, dry)
+
+
 def sweep(
     store: Store,
     policy: RetentionPolicy,
@@ -146,8 +176,16 @@ def sweep(
         batch = sweep_batch(store, policy, now=now, after=after, dry_run=dry_run, storage_options=storage_options)
         totals.add(batch)
         after = batch.next_after
-        if after is None or (max_batches is not None and totals.batches >= max_batches):
+        if max_batches is not None and totals.batches >= max_batches:
+            return totals
+        if after is None:
+            break
+    while True:
+        trimmed = trim_events_batch(store, policy, now=now, dry_run=dry_run)
+        totals.events += trimmed.deleted
+        totals.events_through = trimmed.through_id
+        if not trimmed.more:
             return totals
 
 
-__all__ = ["Cursor", "SweepBatch", "SweepTotals", "sweep", "sweep_batch"]
+__all__ = ["Cursor", "EventsBatch", "SweepBatch", "SweepTotals", "sweep", "sweep_batch", "trim_events_batch"]

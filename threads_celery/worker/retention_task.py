@@ -3,7 +3,8 @@
 Beat publishes the first batch every ``THREADS_RETENTION_INTERVAL_S`` when ``THREADS_RETENTION``
 sets a policy; a batch that was full publishes the next one with its cursor, as ordinary work
 priority on Redis, so the sweep's batches queue behind the work already waiting instead of
-holding a worker process from one batch to the next. Each batch is one read and one short
+holding a worker process from one batch to the next. Once the threads are done, a policy with
+``events_keep_days`` goes on with batches of old events (``phase="events"``). Each batch is one read and one short
 transaction (:func:`threads_celery.transitions.retention.sweep_batch`). Two sweeps at once (two
 Beats, a sweep longer than the interval) are safe: the delete locks its trees, skipping any
 that another holds, and decides again under the lock.
@@ -20,7 +21,7 @@ from celery import Celery, Task
 from threads_celery.decisions.backbone import RETENTION_TASK, WORK_PRIORITY, message_priority
 from threads_celery.decisions.retention import Prune
 from threads_celery.exceptions import StoreUnavailable
-from threads_celery.transitions.retention import sweep_batch
+from threads_celery.transitions.retention import sweep_batch, trim_events_batch
 
 if TYPE_CHECKING:
     from threads_celery.worker.application import RuntimeHolder
@@ -40,9 +41,32 @@ def install_retention_task(app: Celery, holder: RuntimeHolder) -> None:
         after_created_at: str | None = None,
         after_id: str | None = None,
         dry_run: bool | None = None,
+        phase: str = "threads",
     ) -> str:
-        """Prune (or, in a dry run, list) one batch of expired threads; publish the next batch."""
+        """Prune (or, in a dry run, list) one batch of expired threads, or of old events once the
+        threads are done (``phase="events"``); publish the next batch."""
         policy = holder.settings.retention
+
+        def publish_next(**kwargs: Any) -> None:
+            options: dict[str, Any] = {}
+            if message_priority("threads.step", recovered=False, broker_url=str(app.conf.broker_url or "")) is not None:
+                options["priority"] = WORK_PRIORITY
+            self.apply_async(kwargs={"dry_run": dry_run, **kwargs}, **options)
+
+        if phase == "events":
+            try:
+                runtime = holder.get()
+                trimmed = trim_events_batch(runtime.store, policy, now=runtime.clock(), dry_run=dry_run)
+            except StoreUnavailable as exc:
+                log.warning("%s: the store is unavailable; the next sweep starts again: %s", self.name, exc)
+                return "store unavailable"
+            summary = f"events: deleted {trimmed.deleted} through id {trimmed.through_id}" + (
+                " (dry run)" if trimmed.dry_run else ""
+            )
+            log.info("retention sweep batch: %s", summary)
+            if trimmed.more:
+                publish_next(phase="events")
+            return summary
         after = (datetime.fromisoformat(after_created_at), after_id) if after_created_at and after_id else None
         try:
             runtime = holder.get()
@@ -65,12 +89,7 @@ def install_retention_task(app: Celery, holder: RuntimeHolder) -> None:
         log.info("retention sweep batch: %s", summary)
         if batch.next_after is not None:
             created_at, thread_id = batch.next_after
-            options: dict[str, Any] = {}
-            priority = message_priority("threads.step", recovered=False, broker_url=str(app.conf.broker_url or ""))
-            if priority is not None:
-                options["priority"] = WORK_PRIORITY
-            self.apply_async(
-                kwargs={"after_created_at": created_at.isoformat(), "after_id": thread_id, "dry_run": dry_run},
-                **options,
-            )
+            publish_next(after_created_at=created_at.isoformat(), after_id=thread_id)
+        elif policy.events_keep is not None:
+            publish_next(phase="events")
         return summary
