@@ -91,5 +91,6 @@ class HistoryMixin:
         (``THREADS_RETENTION``). A dry run (the default) says what is due and changes nothing."""
         policy = self.settings.retention
         return sweep(
-            self.store, policy, now=now or datetime.now(UTC), dry_run=dry_run, storage_options=policy.archive_options
-        )
+            self.store, policy, now=now or datetime.now(UTC), dry_run=dry_run,
+            storage_options=policy.archive_options, files_root=self.settings.files_root,
+        )  # fmt: skip

@@ -196,7 +196,7 @@ class ErasureReport:
         }
 
 
-def _remove_files(files_root: str | None, thread_ids: tuple[str, ...]) -> int:
+def remove_files(files_root: str | None, thread_ids: tuple[str, ...]) -> int:
     """Remove the threads' attachment folders; how many files they held."""
     if not files_root:
         return 0
@@ -235,7 +235,7 @@ def erase_history(
             if doomed:
                 rows.update(tx.delete_trees(doomed))
         erased.extend(doomed)
-    files = _remove_files(files_root, tuple(erased))
+    files = remove_files(files_root, tuple(erased))
     finished = clock() if clock is not None else datetime.now(UTC)
     report = ErasureReport(
         scope=scope.as_dict(), started_at=started, finished_at=finished, threads=tuple(erased),
@@ -272,4 +272,5 @@ __all__ = [
     "export_to_stream",
     "hold",
     "release",
+    "remove_files",
 ]

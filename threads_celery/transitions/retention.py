@@ -25,6 +25,7 @@ from typing import Any
 from threads_celery.decisions.retention import Keep, Prune, RetentionDecision, RetentionPolicy, sweep_decisions
 from threads_celery.store import Store
 from threads_celery.store.history_queries import TreeFacts
+from threads_celery.transitions.history import remove_files
 from threads_celery.transitions.history_export import ExportWriter, archive_location, open_text
 
 log = logging.getLogger("threads_celery.retention")
@@ -95,8 +96,10 @@ def sweep_batch(
     after: Cursor | None = None,
     dry_run: bool | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    files_root: str | None = None,
 ) -> SweepBatch:
-    """One bounded batch of the sweep (``dry_run`` None: the policy's)."""
+    """One bounded batch of the sweep (``dry_run`` None: the policy's). The pruned threads'
+    attachment folders under ``files_root`` go too, once their rows are gone."""
     dry = policy.dry_run if dry_run is None else dry_run
     shortest = policy.shortest_keep
     if shortest is None:  # nothing can ever be due
@@ -126,6 +129,9 @@ def sweep_batch(
             doomed.extend(fresh.tree)
             pruned.append(fresh.thread_id)
         rows = tx.delete_trees(doomed) if doomed else {}
+    files = remove_files(files_root, tuple(doomed))
+    if files:
+        rows = {**rows, "files": files}
     if pruned:
         log.info("retention: pruned %d threads (%s)", len(pruned), policy.action)
     return SweepBatch(
@@ -168,12 +174,15 @@ def sweep(
     dry_run: bool | None = None,
     storage_options: Mapping[str, Any] | None = None,
     max_batches: int | None = None,
+    files_root: str | None = None,
 ) -> SweepTotals:
     """Every batch of a sweep in this process, one after another (the CLI's ``prune``)."""
     totals = SweepTotals(dry_run=policy.dry_run if dry_run is None else dry_run)
     after: Cursor | None = None
     while True:
-        batch = sweep_batch(store, policy, now=now, after=after, dry_run=dry_run, storage_options=storage_options)
+        batch = sweep_batch(
+            store, policy, now=now, after=after, dry_run=dry_run, storage_options=storage_options, files_root=files_root
+        )
         totals.add(batch)
         after = batch.next_after
         if max_batches is not None and totals.batches >= max_batches:

@@ -72,7 +72,7 @@ def install_retention_task(app: Celery, holder: RuntimeHolder) -> None:
             runtime = holder.get()
             batch = sweep_batch(
                 runtime.store, policy, now=runtime.clock(), after=after, dry_run=dry_run,
-                storage_options=policy.archive_options,
+                storage_options=policy.archive_options, files_root=holder.settings.files_root,
             )  # fmt: skip
         except StoreUnavailable as exc:
             log.warning("%s: the store is unavailable; the next sweep starts again: %s", self.name, exc)

@@ -102,3 +102,28 @@ def test_holds_and_bad_input(tmp_path: Path) -> None:
                 threads.read_export(str(bad))
         with pytest.raises(HistoryFormatError, match="no such export"):
             threads.read_export(str(tmp_path / "missing.jsonl"))
+
+
+def test_prune_on_sqlite_walks_batches_of_one_and_removes_files(tmp_path: Path) -> None:
+    from threads_celery import Settings
+
+    files = tmp_path / "files"
+    settings = Settings.from_env(
+        env={
+            "THREADS_RETENTION": '{"rules": [{"status": "succeeded", "keep_days": 1}], "batch_size": 1}',
+            "THREADS_FILES_ROOT": str(files),
+        }
+    )
+    with Threads.embedded(tmp_path / "e.db", reconcile_interval=None, settings=settings) as threads:
+        agent = _agent()
+        for i in range(3):
+            handle = threads.start(agent, "hi", thread_id=f"old-{i}")
+            assert threads.wait(handle.run_id, timeout=30).status == "completed"
+        (files / "old-1").mkdir(parents=True)
+        (files / "old-1" / "a.txt").write_text("x")
+        threads.hold("old-2", reason="kept", held_by="me")
+        assert threads.prune(dry_run=False).pruned == []  # a day is not over
+        swept = threads.prune(dry_run=False, now=datetime.now(UTC) + timedelta(days=2))
+        assert sorted(swept.pruned) == ["old-0", "old-1"] and swept.batches == 4 and swept.rows["files"] == 1
+        assert not (files / "old-1").exists()
+        assert [h.thread_id for h in threads.holds()] == ["old-2"]
