@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tick-every", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=200)
     parser.add_argument("--pause-ms", type=float, default=0.0)
+    parser.add_argument("--repeat", type=int, default=1, help="sittings, each on a database of its own")
     parser.add_argument("--pg-host", default="127.0.0.1")
     parser.add_argument("--pg-port", type=int, default=5432)
     parser.add_argument("--pg-user", default="postgres")
@@ -197,6 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.getLogger("threads_celery").setLevel(logging.ERROR)
+    for sitting in range(args.repeat):
+        print(
+            f"retention prune, sitting {sitting + 1}/{args.repeat}: rows={args.rows} turns={args.turns} "
+            f"batch_size={args.batch_size} pause={args.pause_ms}ms date={time.strftime('%Y-%m-%d %H:%M:%S %z')} "
+            f"load={load_average()}"
+        )
+        one_sitting(args)
+    return 0
+
+
+def one_sitting(args: argparse.Namespace) -> None:
     from bench.bench_agents import bench_turns
     from threads_celery.definitions.agents import AgentRegistry
     from threads_celery.records import OutboxEntry
@@ -204,10 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     from threads_celery.transitions import runs
     from threads_celery.transitions.publishing import open_store
 
-    print(
-        f"retention prune: rows={args.rows} turns={args.turns} batch_size={args.batch_size} "
-        f"pause={args.pause_ms}ms date={time.strftime('%Y-%m-%d %H:%M:%S %z')} load={load_average()}"
-    )
     with fresh_database(args.pg_host, args.pg_port, args.pg_user, False) as url:
         began = time.perf_counter()
         threads = fill(url, args.rows)
@@ -254,7 +262,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratio step p99: {pct(during_steps, 0.99) / pct(base_steps, 0.99):.2f}x (target <= 1.2x)")
     print(f"ratio tick p99: {pct(during_ticks, 0.99) / pct(base_ticks, 0.99):.2f}x (target <= 1.2x)")
     print(f"ratio tick median: {statistics.median(during_ticks) / statistics.median(base_ticks):.2f}x")
-    return 0
 
 
 if __name__ == "__main__":

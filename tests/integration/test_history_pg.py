@@ -172,6 +172,18 @@ def test_erase_removes_a_thread_its_children_files_and_secrets_and_reports_it(
     (area / "notes" / "a.txt").write_text("attachment")
     ids = [handle.thread_id, *children]
     before = {t: _count(sql, t, "thread_id", ids) for t in TABLES_BY_THREAD}
+    # Doorbells a crash could have left: the run's next step and the child run's delivery.
+    with sql.begin() as conn:
+        step = conn.execute(text("SELECT step FROM runs WHERE id = :r"), {"r": handle.run_id}).scalar()
+        tool_run = conn.execute(
+            text("SELECT run_id FROM agent_tool_runs WHERE parent_thread_id = :t"), {"t": handle.thread_id}
+        ).scalar()
+        for key in (f"step:{handle.run_id}:{step}", f"deliver:{tool_run}:completed"):
+            conn.execute(
+                text("INSERT INTO outbox (key, task, args, created_at, due_at, publish_count) "
+                     "VALUES (:k, 'threads.step', '[]', now(), now() + interval '1 hour', 0)"),
+                {"k": key},
+            )  # fmt: skip
 
     report = client.erase(thread_id=handle.thread_id)
 
@@ -179,7 +191,7 @@ def test_erase_removes_a_thread_its_children_files_and_secrets_and_reports_it(
     assert report.rows["threads"] == 2
     for table in ("messages", "events", "runs", "tool_calls", "model_usage"):
         assert report.rows[table] == before[table] > 0, table
-    assert report.rows["agent_tool_runs"] == 1
+    assert report.rows["agent_tool_runs"] == 1 and report.rows["outbox"] == 2
     assert all(_count(sql, t, "thread_id", ids) == 0 for t in TABLES_BY_THREAD)
     assert _count(sql, "threads", "id", ids) == 0
     assert _count(sql, "agent_tool_runs", "parent_thread_id", ids) == 0

@@ -23,6 +23,7 @@ from threads_celery.exceptions import (
     CallNotFound,
     CallStateError,
     ConfigError,
+    HistoryRefused,
     InvalidArguments,
     ModelUnavailable,
     PayloadTooLarge,
@@ -42,6 +43,8 @@ ERROR_STATUS: dict[type[ThreadsError], tuple[int, str]] = {
     ThreadNotFound: (404, "thread_not_found"),
     CallNotFound: (404, "call_not_found"),
     CallStateError: (409, "call_state_conflict"),
+    # Export or erasure of a thread that is running, has a call without an outcome, or is held.
+    HistoryRefused: (409, "history_refused"),
     InvalidArguments: (422, "invalid_arguments"),
     PayloadTooLarge: (413, "payload_too_large"),
     StoreUnavailable: (503, "store_unavailable"),

@@ -40,8 +40,12 @@ NO_RUN: Final = "none"
 
 #: The effects whose call, without an outcome, may be doing or have done its side effect.
 RISKY_EFFECTS: Final = ("unguarded", "reconcilable")
-#: Call statuses that are not an outcome: waiting to run, running, waiting for a person.
-NO_OUTCOME_STATUSES: Final = ("pending", "awaiting_approval", "awaiting_variable", "started", "parked")
+#: Call statuses without an outcome whose effect may have begun: claimed and running (or its
+#: worker died: started), or parked for a person to say whether it happened. A call still
+#: pending or awaiting an approval or a variable never began (its claim is committed before
+#: ``execute``); while its run is unfinished, the run keeps the thread, and once the run has
+#: ended it never will begin, so it does not keep the thread for good.
+NO_OUTCOME_STATUSES: Final = ("started", "parked")
 
 Action = Literal["delete", "archive"]
 DEFAULT_BATCH_SIZE: Final = 200
@@ -127,6 +131,9 @@ class RetentionPolicy:
     batch_size: int = DEFAULT_BATCH_SIZE
     #: The sweep says what it would prune and prunes nothing.
     dry_run: bool = False
+    #: Seconds between one batch and the next (the worker publishes the next with this countdown):
+    #: the sweep's share of the database, traded against how long a large prune takes.
+    pause_s: float = 0.0
     #: Events (the replay log of event streams) older than this go, from every thread, in
     #: batches of ``events_batch_size``; None keeps them as long as their thread.
     events_keep: timedelta | None = None
@@ -145,6 +152,9 @@ class RetentionPolicy:
             or not 1 <= self.batch_size <= 10_000
         ):
             raise ConfigError(f"retention batch_size must be an integer in 1..10000, not {self.batch_size!r}")
+        pause = self.pause_s
+        if isinstance(pause, bool) or not isinstance(pause, int | float) or not 0 <= pause <= 3600:
+            raise ConfigError(f"retention pause_s must be a number of seconds in 0..3600, not {pause!r}")
         size = self.events_batch_size
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 100_000:
             raise ConfigError(f"retention events_batch_size must be an integer in 1..100000, not {size!r}")
@@ -197,7 +207,7 @@ class RetentionPolicy:
     def from_mapping(cls, data: Mapping[str, Any]) -> RetentionPolicy:
         known = {
             "rules", "default_keep_days", "action", "archive_url", "archive_options", "batch_size", "dry_run",
-            "events_keep_days", "events_batch_size",
+            "events_keep_days", "events_batch_size", "pause_s",
         }  # fmt: skip
         unknown = sorted(set(data) - known)
         if unknown:
@@ -220,6 +230,7 @@ class RetentionPolicy:
             batch_size=data.get("batch_size", DEFAULT_BATCH_SIZE),
             events_keep=_keep(data.get("events_keep_days"), "events_keep_days"),
             events_batch_size=data.get("events_batch_size", DEFAULT_EVENTS_BATCH_SIZE),
+            pause_s=data.get("pause_s", 0.0),
             dry_run=dry_run,
         )
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, delete, func, insert, or_, select, tuple_
+from sqlalchemy import Table, delete, func, insert, select, tuple_
 from sqlalchemy.engine import Connection
 
-from threads_celery.records import TERMINAL_STATUSES
+from threads_celery.records import AGENT_TOOL_STATUSES, TERMINAL_STATUSES
 from threads_celery.store.schema import (
     agent_tool_runs,
     events,
@@ -40,7 +40,7 @@ PAGE = 1000
 #: The effects and call statuses that make a call "without an outcome" that retention must not
 #: touch (threads_celery.decisions.retention holds the rule; the store cannot import it).
 RISKY_EFFECTS = ("unguarded", "reconcilable")
-NO_OUTCOME_STATUSES = ("pending", "awaiting_approval", "awaiting_variable", "started", "parked")
+NO_OUTCOME_STATUSES = ("started", "parked")
 
 #: What an export holds, in the order it writes them, and the record kind of each row.
 EXPORTED_TABLES: tuple[tuple[str, Table], ...] = (
@@ -184,7 +184,7 @@ class HistoryQueries:
             run_rows = self.conn.execute(
                 select(runs.c.id, runs.c.thread_id, runs.c.status, runs.c.created_at, runs.c.updated_at)
                 .where(runs.c.thread_id.in_(chunk))
-            )  # fmt: skip
+            ).all()  # fmt: skip
             for run in run_rows:
                 root = owner[run.thread_id]
                 activity[root] = max(activity[root], run.updated_at)
@@ -192,15 +192,17 @@ class HistoryQueries:
                     unfinished[root].append(run.id)
                 if run.thread_id == root and (root not in last or run.created_at >= last[root][0]):
                     last[root] = (run.created_at, run.status)
-            call_rows = self.conn.execute(
-                select(tool_calls.c.effect_key, tool_calls.c.thread_id).where(
-                    tool_calls.c.thread_id.in_(chunk),
-                    tool_calls.c.effect.in_(RISKY_EFFECTS),
-                    tool_calls.c.status.in_(NO_OUTCOME_STATUSES),
+            # By run: tool_calls has no index on its thread, and (run_id, step, idx) is unique.
+            for run_chunk in _chunks([run.id for run in run_rows]):
+                call_rows = self.conn.execute(
+                    select(tool_calls.c.effect_key, tool_calls.c.thread_id).where(
+                        tool_calls.c.run_id.in_(run_chunk),
+                        tool_calls.c.effect.in_(RISKY_EFFECTS),
+                        tool_calls.c.status.in_(NO_OUTCOME_STATUSES),
+                    )
                 )
-            )
-            for key, thread_id in call_rows:
-                risky[owner[thread_id]].append(key)
+                for key, thread_id in call_rows:
+                    risky[owner[thread_id]].append(key)
             # A detached agent-tool run whose child is still going keeps its parent's tree too.
             child_rows = self.conn.execute(
                 select(agent_tool_runs.c.run_id, agent_tool_runs.c.parent_thread_id).where(
@@ -256,6 +258,10 @@ class HistoryQueries:
                 query = select(threads).where(threads.c.id.in_(ids))
             elif table is agent_tool_runs:
                 query = select(table).where(table.c.parent_thread_id.in_(ids))
+            elif table is tool_calls:  # by run: the calls' index (their thread has none)
+                query = select(tool_calls).where(
+                    tool_calls.c.run_id.in_(select(runs.c.id).where(runs.c.thread_id.in_(ids)).scalar_subquery())
+                )
             else:
                 query = select(table).where(table.c.thread_id.in_(ids))
             rows = [_row(r) for r in self.conn.execute(query.order_by(*table.primary_key.columns))]
@@ -288,23 +294,42 @@ class HistoryQueries:
         ids = list(dict.fromkeys(tree_ids))
         counts = {name: 0 for name in _ERASED_TABLES}
         for chunk in _chunks(ids):
-            run_ids = list(self.conn.execute(select(runs.c.id).where(runs.c.thread_id.in_(chunk))).scalars())
-            keys = list(
-                self.conn.execute(select(tool_calls.c.effect_key).where(tool_calls.c.thread_id.in_(chunk))).scalars()
+            run_steps = self.conn.execute(select(runs.c.id, runs.c.step).where(runs.c.thread_id.in_(chunk))).all()
+            run_ids = [run_id for run_id, _ in run_steps]
+            tool_runs = list(
+                self.conn.execute(
+                    select(agent_tool_runs.c.run_id).where(agent_tool_runs.c.parent_thread_id.in_(chunk))
+                ).scalars()
             )
-            agent_runs = select(agent_tool_runs.c.run_id).where(
-                or_(agent_tool_runs.c.parent_thread_id.in_(chunk), agent_tool_runs.c.child_thread_id.in_(chunk))
-            )
-            counts["milestones"] += self._deleted(milestones, milestones.c.agent_tool_run_id.in_(agent_runs))
-            counts["agent_tool_runs"] += self._deleted(
-                agent_tool_runs,
-                or_(agent_tool_runs.c.parent_thread_id.in_(chunk), agent_tool_runs.c.child_thread_id.in_(chunk)),
-            )
-            for key_chunk in _chunks(keys):
-                counts["outbox"] += self._deleted(outbox, outbox.c.key.in_(key_chunk))
             for run_chunk in _chunks(run_ids):
-                counts["outbox"] += self._deleted(outbox, _run_outbox_keys(run_chunk))
-            counts["tool_calls"] += self._deleted(tool_calls, tool_calls.c.thread_id.in_(chunk))
+                tool_runs.extend(
+                    self.conn.execute(
+                        select(agent_tool_runs.c.run_id).where(agent_tool_runs.c.child_run_id.in_(run_chunk))
+                    ).scalars()
+                )
+            for key_chunk in _chunks(_run_outbox_keys(run_steps, tool_runs)):
+                counts["outbox"] += self._deleted(outbox, outbox.c.key.in_(key_chunk))
+            # Every lookup walks an index: calls by run, agent-tool runs by parent thread or by
+            # child run (a child's own record, when the child is erased without its parent).
+            for run_chunk in _chunks(run_ids):
+                keys = list(
+                    self.conn.execute(
+                        select(tool_calls.c.effect_key).where(tool_calls.c.run_id.in_(run_chunk))
+                    ).scalars()
+                )
+                for key_chunk in _chunks(keys):
+                    counts["outbox"] += self._deleted(outbox, outbox.c.key.in_(key_chunk))
+                counts["tool_calls"] += self._deleted(tool_calls, tool_calls.c.run_id.in_(run_chunk))
+                mine = agent_tool_runs.c.child_run_id.in_(run_chunk)
+                counts["milestones"] += self._deleted(
+                    milestones, milestones.c.agent_tool_run_id.in_(select(agent_tool_runs.c.run_id).where(mine))
+                )
+                counts["agent_tool_runs"] += self._deleted(agent_tool_runs, mine)
+            started_here = agent_tool_runs.c.parent_thread_id.in_(chunk)
+            counts["milestones"] += self._deleted(
+                milestones, milestones.c.agent_tool_run_id.in_(select(agent_tool_runs.c.run_id).where(started_here))
+            )
+            counts["agent_tool_runs"] += self._deleted(agent_tool_runs, started_here)
             counts["model_usage"] += self._deleted(model_usage, model_usage.c.thread_id.in_(chunk))
             for table in (events, messages, variables, permission_grants, retention_holds, runs):
                 counts[table.name] += self._deleted(table, table.c.thread_id.in_(chunk))
@@ -379,18 +404,17 @@ class HistoryQueries:
         return int(self.conn.execute(query).scalar_one())
 
 
-def _run_outbox_keys(run_ids: Sequence[str]) -> Any:
-    """The outbox keys that name one of these runs: its steps, its deliveries, its finish callback."""
-    return or_(
-        *(
-            or_(
-                outbox.c.key.startswith(f"step:{run}:", autoescape=True),
-                outbox.c.key.startswith(f"deliver:{run}:", autoescape=True),
-                outbox.c.key == f"finish:{run}",
-            )
-            for run in run_ids
-        )
-    )
+def _run_outbox_keys(run_steps: Sequence[tuple[str, int]], tool_runs: Sequence[str]) -> list[str]:
+    """Every outbox key that can name one of these runs: each of its steps' (``step:<run>:<n>``)
+    and its finish callback's (``finish:<run>``), and each agent-tool run's deliveries'
+    (``deliver:<agent-tool run>:<status>``). Exact keys, so the delete walks the primary key."""
+    keys: list[str] = []
+    for run_id, step in run_steps:
+        keys.extend(f"step:{run_id}:{n}" for n in range(max(step, 0) + 2))
+        keys.append(f"finish:{run_id}")
+    for tool_run in dict.fromkeys(tool_runs):
+        keys.extend(f"deliver:{tool_run}:{status}" for status in AGENT_TOOL_STATUSES)
+    return keys
 
 
 #: The tables an erasure report counts, in the order it lists them.

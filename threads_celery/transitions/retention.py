@@ -16,6 +16,7 @@ A sweep that finds nothing due changes nothing: a second sweep right after a fir
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -189,12 +190,16 @@ def sweep(
             return totals
         if after is None:
             break
+        if not totals.dry_run:
+            time.sleep(policy.pause_s)
     while True:
         trimmed = trim_events_batch(store, policy, now=now, dry_run=dry_run)
         totals.events += trimmed.deleted
         totals.events_through = trimmed.through_id
         if not trimmed.more:
             return totals
+        if not totals.dry_run:
+            time.sleep(policy.pause_s)
 
 
 __all__ = ["Cursor", "EventsBatch", "SweepBatch", "SweepTotals", "sweep", "sweep_batch", "trim_events_batch"]

@@ -48,7 +48,7 @@ def install_retention_task(app: Celery, holder: RuntimeHolder) -> None:
         policy = holder.settings.retention
 
         def publish_next(**kwargs: Any) -> None:
-            options: dict[str, Any] = {}
+            options: dict[str, Any] = {"countdown": policy.pause_s} if policy.pause_s else {}
             if message_priority("threads.step", recovered=False, broker_url=str(app.conf.broker_url or "")) is not None:
                 options["priority"] = WORK_PRIORITY
             self.apply_async(kwargs={"dry_run": dry_run, **kwargs}, **options)

@@ -71,7 +71,15 @@ def test_a_finished_run_with_an_unguarded_call_still_started_is_refused(tmp_path
             threads.erase(thread_id="t_crash")
         report = threads.erase(tenant="default")
         assert report.threads == () and [t for t, _ in report.refused] == ["t_crash"]
-        # Once a person settles the call, the thread can go.
+        # A call that never began (still pending when its run ended) does not keep the thread.
+        with threads.store.transaction() as tx:
+            tx.conn.execute(update(tool_calls).values(status="pending"))
+        assert threads.export(io.StringIO(), thread_id="t_crash").threads == ("t_crash",)
+        # Parked (it may have happened): kept until a person settles it, then the thread can go.
+        with threads.store.transaction() as tx:
+            tx.conn.execute(update(tool_calls).values(status="parked"))
+        with pytest.raises(HistoryRefused, match="without an outcome"):
+            threads.erase(thread_id="t_crash")
         with threads.store.transaction() as tx:
             tx.conn.execute(update(tool_calls).values(status="completed", resolution="assume_done"))
         assert threads.erase(thread_id="t_crash").threads == ("t_crash",)
