@@ -130,8 +130,9 @@ def make_due_again(store: Any, ids: list[str]) -> None:
         tx.conn.execute(delete(outbox).where(outbox.c.key.like("step:due-%")))
 
 
-def prune_process(url: str, batch_size: int, pause_ms: float, report: Any) -> None:
-    """The sweep, batch by batch, in a process of its own; reports rows deleted and seconds."""
+def prune_process(url: str, batch_size: int, pause_ms: float, report: Any, stop: Any) -> None:
+    """The sweep, batch by batch, in a process of its own, until done or ``stop`` is set;
+    reports rows deleted, batches and seconds."""
     from threads_celery.decisions.retention import RetentionPolicy
     from threads_celery.transitions.publishing import open_store
     from threads_celery.transitions.retention import sweep_batch
@@ -147,7 +148,7 @@ def prune_process(url: str, batch_size: int, pause_ms: float, report: Any) -> No
         rows += sum(batch.rows.values())
         batches += 1
         after = batch.next_after
-        if after is None:
+        if after is None or stop.is_set():
             break
         time.sleep(pause_ms / 1000)
     report.put((rows, batches, time.perf_counter() - started))
@@ -190,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=200)
     parser.add_argument("--pause-ms", type=float, default=0.0)
     parser.add_argument("--repeat", type=int, default=1, help="sittings, each on a database of its own")
+    parser.add_argument(
+        "--control", action="store_true", help="no prune in the second phase: what the phases differ by without one"
+    )
     parser.add_argument("--pg-host", default="127.0.0.1")
     parser.add_argument("--pg-port", type=int, default=5432)
     parser.add_argument("--pg-user", default="postgres")
@@ -232,28 +236,45 @@ def one_sitting(args: argparse.Namespace) -> None:
         )  # fmt: skip
         with store.transaction() as tx:
             tx.upsert_agent(bench_turns.name, bench_turns.config_hash(), bench_turns.describe(), runs.utcnow())
-            _run, entries = runs.submit_run(
-                tx, agent=bench_turns.name, config_hash=bench_turns.config_hash(),
-                message=f"turns {3 * args.turns + 100}", now=runs.utcnow(),
-            )  # fmt: skip
-        queue.extend(entries)
-        drive(runtime, queue, store, due, 50, args.tick_every)  # warm-up
-        base_steps, base_ticks = drive(runtime, queue, store, due, args.turns, args.tick_every)
 
-        report: Any = multiprocessing.get_context("spawn").Queue()
-        pruner = multiprocessing.get_context("spawn").Process(
-            target=prune_process, args=(url, args.batch_size, args.pause_ms, report)
-        )
-        pruner.start()
-        time.sleep(1.0)  # the pruner's imports and first batch
-        during_steps, during_ticks = drive(
-            runtime, queue, store, due, args.turns, args.tick_every, stop=lambda: not pruner.is_alive()
-        )
-        pruner.join()
-        rows, batches, seconds = report.get(timeout=60)
+        def fresh_run() -> None:
+            """A new live run for each phase: both phases' steps read histories of the same lengths."""
+            queue.clear()
+            with store.transaction() as tx:
+                _run, entries = runs.submit_run(
+                    tx, agent=bench_turns.name, config_hash=bench_turns.config_hash(),
+                    message=f"turns {args.turns + 60}", now=runs.utcnow(),
+                )  # fmt: skip
+            queue.extend(entries)
+            drive(runtime, queue, store, due, 50, args.tick_every)  # warm-up
+
+        fresh_run()
+        base_steps, base_ticks = drive(runtime, queue, store, due, args.turns, args.tick_every)
+        fresh_run()
+        if args.control:
+            during_steps, during_ticks = drive(runtime, queue, store, due, args.turns, args.tick_every)
+            rows, batches, seconds = 0, 0, 0.0
+        else:
+            spawn = multiprocessing.get_context("spawn")
+            report: Any = spawn.Queue()
+            stop = spawn.Event()
+            pruner = spawn.Process(target=prune_process, args=(url, args.batch_size, args.pause_ms, report, stop))
+            pruner.start()
+            time.sleep(1.0)  # the pruner's imports and first batch
+            during_steps, during_ticks = drive(
+                runtime, queue, store, due, args.turns, args.tick_every, stop=lambda: not pruner.is_alive()
+            )
+            stop.set()  # a paced prune may outlast the turns measured: what it did so far is its speed
+            rows, batches, seconds = report.get(timeout=600)
+            pruner.join()
         store.dispose()
 
-    print(f"prune: {rows} rows in {batches} batches, {seconds:.1f} s ({rows / seconds:,.0f} rows/s)")
+    if seconds:
+        print(
+            f"prune: {rows} rows in {batches} batches, {seconds:.1f} s ({rows / seconds:,.0f} rows/s; stopped once measured)"
+        )
+    else:
+        print("control: no prune in the second phase")
     print(f"measured during the prune: {len(during_steps)} steps, {len(during_ticks)} ticks")
     print(f"{'':24}{'p50 ms':>9}{'p99 ms':>9}")
     for label, values in (("step, no prune", base_steps), ("step, during prune", during_steps),
