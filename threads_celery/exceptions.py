@@ -229,3 +229,20 @@ class EffectUnknown(ThreadsError):
 
 class DeployRefused(RuntimeFailure):
     """The deploy command was refused; nothing was changed."""
+
+
+class HistoryRefused(RuntimeFailure):
+    """Export, erasure or retention refuses this thread now (it is running, holds a call whose
+    effect has no outcome yet, or is held); nothing of it was changed."""
+
+    def __init__(self, thread_id: str, reason: str) -> None:
+        self.thread_id, self.reason = thread_id, reason
+        super().__init__(reason)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.thread_id, self.reason))
+
+
+class HistoryFormatError(ThreadsError, ValueError):
+    """A history export (or archive) cannot be read: not JSON Lines, no header, or a format
+    version this release does not know."""

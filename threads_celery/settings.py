@@ -17,6 +17,7 @@ from threads_celery.decisions.provider_limits import (
     rate_limits_from_json,
     retry_for_from_env,
 )
+from threads_celery.decisions.retention import RETENTION_VARIABLE, RetentionPolicy
 from threads_celery.decisions.usage import PRICES_VARIABLE, Prices
 from threads_celery.exceptions import ConfigError
 
@@ -143,6 +144,11 @@ class Settings:
     # THREADS_DEPLOY_LIVENESS_S: a version with no worker seen for this long has no live worker;
     # its unfinished runs are flagged stranded (deploy status, the console, metrics).
     deploy_liveness_s: float = 30.0
+    # THREADS_RETENTION: how long finished threads are kept, and what the sweep does with them
+    # (decisions/retention.py); the default keeps everything.
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    # THREADS_RETENTION_INTERVAL_S: how often Beat starts a retention sweep (when a policy is set).
+    retention_interval_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.task_time_limit_s >= self.visibility_timeout_s:
@@ -226,6 +232,8 @@ class Settings:
             "deploy_version": env.get("THREADS_DEPLOY_VERSION", "").strip() or None,
             "deploy_heartbeat_s": _float(env, "THREADS_DEPLOY_HEARTBEAT_S", 5.0),
             "deploy_liveness_s": _float(env, "THREADS_DEPLOY_LIVENESS_S", 30.0),
+            "retention": RetentionPolicy.from_json(env.get(RETENTION_VARIABLE, "")),
+            "retention_interval_s": _float(env, "THREADS_RETENTION_INTERVAL_S", 3600.0),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -70,7 +70,14 @@ def find_app(name: str, *, cwd: Path, python_path: list[Path], ledger: Path) -> 
     return found
 
 
-EXPECTED_TASKS = ["threads.deliver", "threads.reconcile", "threads.scheduled_run", "threads.step", "threads.tool"]
+EXPECTED_TASKS = [
+    "threads.deliver",
+    "threads.reconcile",
+    "threads.retention_sweep",
+    "threads.scheduled_run",
+    "threads.step",
+    "threads.tool",
+]
 
 
 def test_celery_finds_the_app_by_the_package_name_outside_the_repository(tmp_path: Path) -> None:

@@ -96,6 +96,7 @@ from threads_celery.api.events import (
     last_event_seq,
     parse_cursor,
 )
+from threads_celery.api.history import add_history_routes
 from threads_celery.api.readiness import install_health
 from threads_celery.api.tenancy import (
     Caller,
@@ -186,7 +187,9 @@ def create_api(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     install_error_handlers(app)
     install_health(app, threads)
-    app.include_router(v1_routes(threads, caller_of, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s))
+    app.include_router(
+        v1_routes(threads, caller_of, keepalive_s=keepalive_s, poll_interval_s=poll_interval_s, environ=env)
+    )
     if console_enabled(env) if console is None else console:
         console_app = (
             create_console(threads, caller=caller, env=env)
@@ -211,8 +214,11 @@ def v1_routes(
     keepalive_s: float,
     poll_interval_s: float,
     route_class: type[APIRoute] = APIRoute,
+    environ: Mapping[str, str] | None = None,
 ) -> APIRouter:
     """The ``/v1`` routes, each asking ``caller_of`` (a dependency answering a :class:`Caller`).
+    ``environ`` (default: the process's) says whether the history routes are on
+    (``THREADS_API_HISTORY``, :mod:`threads_celery.api.history`).
 
     ``route_class`` is FastAPI's default for the API's own app (whose exception handlers answer
     errors), and :class:`~threads_celery.api.router.ApiRoute` for a router that goes into
@@ -406,6 +412,7 @@ def v1_routes(
     add_usage_routes(router, threads, caller_of=caller_of)
     add_branch_routes(router, threads, caller_of=caller_of)
     add_deploy_routes(router, threads, caller_of=caller_of)
+    add_history_routes(router, threads, caller_of=caller_of, environ=os.environ if environ is None else environ)
     for add_chat_routes in (add_vercel_ai_routes, add_ag_ui_routes):
         add_chat_routes(router, threads, caller_of=caller_of, keepalive_s=keepalive_s)
     return router

@@ -24,6 +24,7 @@ from threads_celery.exceptions import (
     CallNotFound,
     CallStateError,
     ConfigError,
+    HistoryRefused,
     InvalidArguments,
     ModelUnavailable,
     PayloadTooLarge,
@@ -46,6 +47,8 @@ ERROR_STATUS: dict[type[ThreadsError], tuple[int, str]] = {
     CallStateError: (409, "call_state_conflict"),
     ThreadBusy: (409, "thread_busy"),
     BranchPointNotFound: (404, "message_not_found"),
+    # Export or erasure of a thread that is running, has a call without an outcome, or is held.
+    HistoryRefused: (409, "history_refused"),
     InvalidArguments: (422, "invalid_arguments"),
     PayloadTooLarge: (413, "payload_too_large"),
     StoreUnavailable: (503, "store_unavailable"),

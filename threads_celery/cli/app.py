@@ -32,6 +32,7 @@ import sys
 import typer
 
 from threads_celery.cli.deploy import deploy_app, runs_upgrade
+from threads_celery.cli.history import history_app
 from threads_celery.cli.people import approve, deny, parked, resolve
 from threads_celery.cli.run import resume, run
 from threads_celery.cli.runs import events, runs_app, usage_command
@@ -96,6 +97,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(thread_app, name="thread")
 app.add_typer(deploy_app, name="deploy")
 runs_app.command("upgrade")(runs_upgrade)
+app.add_typer(history_app, name="history")
 
 if __name__ == "__main__":
     app()

@@ -22,6 +22,7 @@ from sqlalchemy.exc import OperationalError
 from threads_celery.client.agent_tools import AgentToolsMixin
 from threads_celery.client.branches import BranchesMixin
 from threads_celery.client.caller_tx import CallerTransaction
+from threads_celery.client.history import HistoryMixin
 from threads_celery.client.in_process import InProcessWorkerMixin
 from threads_celery.client.live import LiveMixin
 from threads_celery.client.people import NEEDS_A_PERSON, PeopleMixin
@@ -60,7 +61,7 @@ WAIT_POLL_MIN_S = 0.004
 WAIT_POLL_MAX_S = 0.2
 
 
-class Threads(AgentToolsMixin, BranchesMixin, InProcessWorkerMixin, LiveMixin, PeopleMixin):
+class Threads(AgentToolsMixin, BranchesMixin, InProcessWorkerMixin, LiveMixin, PeopleMixin, HistoryMixin):
     """The runtime handle.
 
     ``Threads(database_url=..., broker_url=...)`` talks to a PostgreSQL ledger and a broker

@@ -30,8 +30,10 @@ CONTROL_QUEUE: Final = WORK_QUEUE + CONTROL_SUFFIX
 RECONCILE_TASK: Final = "threads.reconcile"
 DELIVER_TASK: Final = "threads.deliver"
 SCHEDULED_RUN_TASK: Final = "threads.scheduled_run"
+RETENTION_TASK: Final = "threads.retention_sweep"
+"""One bounded batch of the retention sweep (Beat starts a sweep; each batch publishes the next)."""
 
-CONTROL_TASKS: Final = frozenset({RECONCILE_TASK, DELIVER_TASK, SCHEDULED_RUN_TASK})
+CONTROL_TASKS: Final = frozenset({RECONCILE_TASK, DELIVER_TASK, SCHEDULED_RUN_TASK, RETENTION_TASK})
 """Tasks that keep the control queue whatever an agent or tool asks for."""
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "CONTROL_TASKS",
     "DELIVER_TASK",
     "RECONCILE_TASK",
+    "RETENTION_TASK",
     "SCHEDULED_RUN_TASK",
     "URGENT_PRIORITY",
     "WORK_PRIORITY",

@@ -40,6 +40,7 @@ from threads_celery.store.console_queries import ConsoleQueries
 from threads_celery.store.deploy_queries import DeployQueries
 from threads_celery.store.direct import DirectStatements
 from threads_celery.store.grant_queries import GrantQueries
+from threads_celery.store.history_queries import HistoryQueries
 from threads_celery.store.message_queries import MessageQueries
 from threads_celery.store.metrics_queries import MetricsQueries
 from threads_celery.store.operations import OwnOperations, claim_params, commit_result_params
@@ -134,6 +135,7 @@ class Tx(
     MetricsQueries,
     ConsoleQueries,
     DeployQueries,
+    HistoryQueries,
 ):
     """The named queries of one transaction."""
 

@@ -404,3 +404,17 @@ deploy_marks = Table(
     Column("at", UTCDateTime, nullable=False),
     Index(None, "run_id"),
 )
+
+# A thread that retention keeps whatever its policy says (a legal hold, a support case): the
+# sweep and the prune command leave its whole tree alone (migration 0015). Erasure refuses it.
+retention_holds = Table(
+    "retention_holds",
+    metadata,
+    Column("thread_id", Id, ForeignKey("threads.id", ondelete="CASCADE"), primary_key=True),
+    Column("reason", Text, nullable=False),
+    Column("held_by", String(255), nullable=False),
+    Column("held_at", UTCDateTime, nullable=False),
+)
+
+# The range the retention sweep walks, oldest first, in bounded batches (migration 0015).
+Index("ix_threads_created_at_id", threads.c.created_at, threads.c.id)

@@ -31,6 +31,7 @@ from threads_celery.celery_settings import merge_celery_settings
 from threads_celery.decisions.backbone import (
     CONTROL_TASKS,
     RECONCILE_TASK,
+    RETENTION_TASK,
     WORK_PRIORITY,
     WORK_QUEUE,
     control_queue_for,
@@ -221,6 +222,14 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
     }
     if version is not None:  # the deployment version whose queues this app's workers consume
         config[DEPLOY_VERSION_SETTING] = version
+    if settings.retention.enabled:
+        # The retention sweep: its first batch; each batch publishes the next (see
+        # threads_celery.worker.retention_task), so no task holds a worker for long.
+        config["beat_schedule"]["threads-retention"] = {
+            "task": RETENTION_TASK,
+            "schedule": timedelta(seconds=settings.retention_interval_s),
+            "options": {"queue": control_queue_for(work_queue)},
+        }
     if message_priority(STEP_TASK, recovered=False, broker_url=broker_url) is not None:
         # What Celery sends itself (a task's retry) queues as ordinary work, behind recoveries;
         # the control tasks carry their route's priority.

@@ -46,6 +46,7 @@ from threads_celery.transitions.publishing import (
 )
 from threads_celery.transitions.runs import utcnow
 from threads_celery.worker import deploy_heartbeat, output_capture, quiet_ticks
+from threads_celery.worker.retention_task import install_retention_task
 from threads_celery.worker.tasks import install_tasks
 
 
@@ -117,6 +118,7 @@ def install_worker(
     # it (the in-process worker's ticker, Beat's scheduler, tests) reaches the runtime here.
     app.threads_runtime = holder  # type: ignore[attr-defined]  # declared on ThreadsCelery only
     install_tasks(app, holder)
+    install_retention_task(app, holder)
     return holder
 
 
